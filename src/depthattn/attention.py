@@ -1,0 +1,76 @@
+"""Qwen3 GQA attention with the value seam.
+
+Legend: B batch, T time (this call), S key slots, H query heads, K KV heads, D head dim, C hidden size.
+
+Order (Qwen3 and spec-depth-attention.md §3.1): project, per-head RMSNorm of q and k over D, **then** RoPE. The
+value seam sits between the projections and the sequence attention: with Depth-Attention sources, the raw value is
+replaced by the depth-mixed value (§3.4), which is what the attention reads and the cache stores. Keys are never mixed.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import Tensor, nn
+
+from .cache import KVCache
+from .config import ModelConfig
+from .functional import apply_rope, attention, depth_mix
+from .layers import RMSNorm
+
+
+class Attention(nn.Module):
+    """Causal GQA self-attention with q/k RMSNorm before RoPE (HF ``Qwen3Attention`` names and math)."""
+
+    def __init__(self, cfg: ModelConfig, device=None):
+        super().__init__()
+        C, H, K, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = H, K, D
+        self.q_proj = nn.Linear(C, H * D, bias=False, device=device)
+        self.k_proj = nn.Linear(C, K * D, bias=False, device=device)
+        self.v_proj = nn.Linear(C, K * D, bias=False, device=device)
+        self.o_proj = nn.Linear(H * D, C, bias=False, device=device)
+        self.q_norm = RMSNorm(D, cfg.rms_norm_eps, device=device)
+        self.k_norm = RMSNorm(D, cfg.rms_norm_eps, device=device)
+
+    def project(self, x_BTC: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotated normalised q ``[B,H,T,D]``, rotated normalised K̂ ``[B,K,T,D]`` and raw v ``[B,K,T,D]``."""
+        B, T, _ = x_BTC.shape
+        q_BHTD = self.q_norm(self.q_proj(x_BTC).view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)
+        k_BKTD = self.k_norm(self.k_proj(x_BTC).view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v_BKTD = self.v_proj(x_BTC).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q_BHTD, cos, sin), apply_rope(k_BKTD, cos, sin), v_BKTD
+
+    def forward(
+        self,
+        x_BTC: Tensor,
+        sources: Sequence[tuple[Tensor, Tensor]],
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        cache: KVCache | None = None,
+        layer_idx: int = 0,
+        cache_start: int = 0,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Attend over the sequence; return the output ``[B, T, C]`` and this layer's (K̂, Ṽ) for this call.
+
+        Args:
+            sources: (K̂_j, Ṽ_j) of this layer's depth candidates for the same positions, ``[B, K, T, D]`` each;
+                empty for a plain Qwen3 layer.
+            mask: additive ``[B|1, 1, T, S]`` mask aligned to absolute slots, or None for plain causal attention
+                over exactly these T positions (no padding, no cache offset).
+            cache: when given, K̂ and Ṽ are written to ``layer_idx``'s slots from ``cache_start`` and the attention
+                reads every filled slot.
+        """
+        q_BHTD, k_BKTD, v_BKTD = self.project(x_BTC, cos, sin)
+        if sources:  # Depth-Attention value seam (arXiv 2606.05014, spec §3.2–3.4): mix along depth, same position
+            keys = [k for k, _ in sources] + [k_BKTD]
+            values = [v for _, v in sources] + [v_BKTD]
+            v_BKTD = depth_mix(q_BHTD, keys, values)
+        if cache is not None:
+            k_all, v_all = cache.write(layer_idx, cache_start, k_BKTD, v_BKTD)
+        else:
+            k_all, v_all = k_BKTD, v_BKTD
+        o_BHTD = attention(q_BHTD, k_all, v_all, mask, is_causal=mask is None and x_BTC.shape[1] > 1)
+        B, T, _ = x_BTC.shape
+        return self.o_proj(o_BHTD.transpose(1, 2).reshape(B, T, -1)), (k_BKTD, v_BKTD)

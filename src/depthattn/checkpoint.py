@@ -1,0 +1,117 @@
+"""Model checkpoints: a folder with ``model.safetensors`` and ``config.json`` (``ModelConfig``), written atomically.
+
+A checkpoint folder is first assembled under a temporary name beside the target and then renamed into place, so a
+crash never leaves a half-written checkpoint under the real name. Loading checks the config, the file, every key
+and every shape, and raises ``ValueError`` naming the file on any mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Callable
+
+import torch
+from safetensors import SafetensorsError
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .model import DecoderLM
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+
+
+def write_folder_atomically(path: str | os.PathLike, fill: Callable[[str], None]) -> None:
+    """Create folder ``path`` by calling ``fill(tmpdir)`` on a temporary sibling, then renaming it into place.
+
+    An existing folder at ``path`` is replaced only after ``fill`` succeeded.
+    """
+    path = os.path.abspath(os.fspath(path))
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".tmp-{os.path.basename(path)}-")
+    try:
+        fill(tmp)
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(dir=parent, prefix=f".old-{os.path.basename(path)}-")
+            os.rmdir(old)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def model_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors, tied LM head stored once (safetensors refuses shared storage)."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def save_model_files(model: DecoderLM, folder: str) -> None:
+    """Write ``model.safetensors`` and ``config.json`` into an existing folder (no atomicity of its own)."""
+    save_file(model_state_dict(model), os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    model.config.save_json(os.path.join(folder, CONFIG_NAME))
+
+
+def save_model(model: DecoderLM, path: str | os.PathLike) -> None:
+    """Write a model checkpoint folder atomically."""
+    write_folder_atomically(path, lambda tmp: save_model_files(model, tmp))
+
+
+def load_config(path: str | os.PathLike) -> ModelConfig:
+    """Read ``config.json`` of a checkpoint folder. Raises ``ValueError`` / ``FileNotFoundError`` naming it."""
+    file = os.path.join(os.fspath(path), CONFIG_NAME)
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{file} not found: {os.fspath(path)!r} is not a depthattn checkpoint folder")
+    return ModelConfig.load_json(file)
+
+
+def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read ``model.safetensors``; a truncated or corrupt file raises ``ValueError`` naming it."""
+    file = os.path.join(os.fspath(path), WEIGHTS_NAME)
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{file} not found: the checkpoint has no safetensors weights")
+    try:
+        return load_file(file)
+    except (SafetensorsError, OSError, RuntimeError) as e:
+        raise ValueError(f"cannot read weights {file} (truncated or corrupt?): {e}") from e
+
+
+def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: str) -> None:
+    """Copy ``state`` into ``model`` with strict key and shape checks; errors name ``source``."""
+    expected = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state = dict(state)
+        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{source} does not match the model config: missing keys {missing[:5]}"
+                         f"{'…' if len(missing) > 5 else ''}, unexpected keys {unexpected[:5]}"
+                         f"{'…' if len(unexpected) > 5 else ''}")
+    for key, tensor in expected.items():
+        if tuple(state[key].shape) != tuple(tensor.shape):
+            raise ValueError(f"{source}: {key} has shape {tuple(state[key].shape)}, the config needs "
+                             f"{tuple(tensor.shape)}")
+    model.load_state_dict(state, strict=True)
+
+
+def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
+               dtype: torch.dtype | None = None) -> DecoderLM:
+    """Build the model of a checkpoint folder and load its weights (strict)."""
+    cfg = load_config(path)
+    state = load_state(path)
+    model = DecoderLM(cfg)
+    load_weights_into(model, state, os.path.join(os.fspath(path), WEIGHTS_NAME))
+    model.to(device=device)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    return model.eval()

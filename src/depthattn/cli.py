@@ -1,0 +1,45 @@
+"""Command-line interface: ``depthattn <command>``.
+
+Each command lives in its own module that exposes ``register(subparsers)``; that function adds one sub-parser and
+sets ``func`` to a plain typed function taking the parsed arguments. This file only assembles them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: (module, attribute) pairs; each module's ``register(subparsers)`` adds its commands.
+COMMAND_MODULES = (
+    "depthattn.commands.inspect_cmd",
+    "depthattn.data.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="depthattn",
+        description="Depth-Attention (arXiv 2606.05014) and cross-layer baselines: data, training, evaluation, "
+        "generation and comparison.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+    except (ValueError, FileNotFoundError) as e:  # bad input: one clear message, no traceback
+        print(f"depthattn {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

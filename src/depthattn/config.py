@@ -1,0 +1,229 @@
+"""Model configuration: one dataclass in the Hugging Face ``Qwen3Config`` vocabulary.
+
+Field names follow ``transformers.Qwen3Config`` so that no mapping layer is needed. ``cross_layer`` selects the
+cross-layer method; method knobs carry the method's name as a prefix. Knobs of a method that is not selected are
+allowed and have no effect (one set of overrides can serve every method of a comparison).
+
+Resolved defaults (``depth_attention_stride``) are written into the config, so a saved checkpoint never depends on a
+default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+#: Every value ``cross_layer`` accepts. "none" is the plain Qwen3 decoder.
+CROSS_LAYER_METHODS = ("none", "depth_attention", "denseformer", "mhc", "attnres")
+#: Methods for which ``num_loops > 1`` is defined (spec-depth-attention.md §11).
+LOOPABLE_METHODS = ("none", "depth_attention")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a Qwen3-style decoder with an optional cross-layer method.
+
+    Raises:
+        ValueError: on construction, naming the field and the value, for any impossible setting (see ``validate``).
+    """
+
+    vocab_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+
+    cross_layer: str = "none"
+    num_loops: int = 1
+    # Depth-Attention (arXiv 2606.05014); stride None resolves to max(1, L_virtual // 2).
+    depth_attention_stride: int | None = None
+    depth_attention_window: int = 0
+    # DenseFormer (arXiv 2402.02622): dilation k, period p.
+    denseformer_dilation: int = 1
+    denseformer_period: int = 1
+    # mHC (arXiv 2512.24880).
+    mhc_num_streams: int = 4
+    mhc_alpha_init: float = 0.01
+    mhc_sinkhorn_iters: int = 20
+    # Attention Residuals (arXiv 2603.15031); block size counted in sublayers; recency None = Kimi form.
+    attnres_block_size: int = 12
+    attnres_recency_bias: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.depth_attention_stride is None and isinstance(self.num_hidden_layers, int) and isinstance(
+            self.num_loops, int
+        ):
+            self.depth_attention_stride = max(1, (self.num_hidden_layers * max(self.num_loops, 1)) // 2)
+        self.validate()
+
+    # ------------------------------------------------------------------ derived quantities
+    @property
+    def num_virtual_layers(self) -> int:
+        """Layers applied per forward: ``num_hidden_layers * num_loops`` (spec §11)."""
+        return self.num_hidden_layers * self.num_loops
+
+    @property
+    def group_size(self) -> int:
+        """GQA group size g = H / H_kv."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Reject impossible values with one ``ValueError`` naming the field and the value."""
+
+        def need(ok: bool, name: str, why: str) -> None:
+            if not ok:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is invalid: {why}")
+
+        for name in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
+                 "must be an integer >= 1")
+        need(self.head_dim % 2 == 0, "head_dim", "RoPE needs an even head_dim")
+        need(self.num_attention_heads % self.num_key_value_heads == 0, "num_attention_heads",
+             f"must be divisible by num_key_value_heads={self.num_key_value_heads}")
+        for name in ("rope_theta", "initializer_range"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, name, "must be a finite number > 0")
+        need(isinstance(self.rms_norm_eps, (int, float)) and math.isfinite(self.rms_norm_eps)
+             and self.rms_norm_eps >= 0, "rms_norm_eps", "must be a finite number >= 0")
+        need(isinstance(self.tie_word_embeddings, bool), "tie_word_embeddings", "must be true or false")
+        need(self.cross_layer in CROSS_LAYER_METHODS, "cross_layer", f"must be one of {CROSS_LAYER_METHODS}")
+        need(isinstance(self.num_loops, int) and not isinstance(self.num_loops, bool) and self.num_loops >= 1,
+             "num_loops", "must be an integer >= 1")
+        need(self.num_loops == 1 or self.cross_layer in LOOPABLE_METHODS, "num_loops",
+             f"looped models are defined only for cross_layer in {LOOPABLE_METHODS}, "
+             f"not {self.cross_layer!r} (spec-depth-attention.md §11)")
+        need(isinstance(self.depth_attention_stride, int) and self.depth_attention_stride >= 1,
+             "depth_attention_stride", "must be an integer >= 1")
+        need(isinstance(self.depth_attention_window, int) and self.depth_attention_window >= 0,
+             "depth_attention_window", "must be an integer >= 0")
+        need(isinstance(self.denseformer_dilation, int) and self.denseformer_dilation >= 1,
+             "denseformer_dilation", "must be an integer >= 1")
+        need(isinstance(self.denseformer_period, int) and self.denseformer_period >= 1,
+             "denseformer_period", "must be an integer >= 1")
+        need(isinstance(self.mhc_num_streams, int) and self.mhc_num_streams >= 1,
+             "mhc_num_streams", "must be an integer >= 1")
+        need(isinstance(self.mhc_sinkhorn_iters, int) and self.mhc_sinkhorn_iters >= 1,
+             "mhc_sinkhorn_iters", "must be an integer >= 1")
+        need(isinstance(self.mhc_alpha_init, (int, float)) and math.isfinite(self.mhc_alpha_init),
+             "mhc_alpha_init", "must be a finite number")
+        need(isinstance(self.attnres_block_size, int) and self.attnres_block_size >= 1,
+             "attnres_block_size", "must be an integer >= 1 (counted in sublayers)")
+        need(self.attnres_recency_bias is None or (isinstance(self.attnres_recency_bias, (int, float))
+                                                   and math.isfinite(self.attnres_recency_bias)),
+             "attnres_recency_bias", "must be null (Kimi form) or a finite number")
+
+    # ------------------------------------------------------------------ presets and overrides
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        """Build a named preset (``tiny``, ``small``, ``360m``, ``1.5b``, ``3b``) with field overrides.
+
+        Raises:
+            ValueError: unknown preset name or unknown field name.
+        """
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        values = dict(PRESETS[name])
+        values.update(overrides)
+        return cls.from_dict(values)
+
+    def replace(self, **overrides: Any) -> "ModelConfig":
+        """A copy with some fields changed; re-resolves the default stride if depth changes and no stride is given."""
+        values = self.to_dict()
+        check_keys(overrides, "ModelConfig override")
+        if ("num_hidden_layers" in overrides or "num_loops" in overrides) and "depth_attention_stride" not in overrides:
+            values["depth_attention_stride"] = None
+        values.update(overrides)
+        return ModelConfig(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
+        """Build from a mapping; unknown keys raise ``ValueError`` naming them."""
+        check_keys(values, "ModelConfig")
+        return cls(**dict(values))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def save_json(self, path: str | os.PathLike) -> None:
+        """Write the config as JSON atomically (temp file, then rename)."""
+        atomic_write_text(path, self.to_json() + "\n")
+
+    @classmethod
+    def load_json(cls, path: str | os.PathLike) -> "ModelConfig":
+        """Read a config written by ``save_json``. Raises ``ValueError`` naming the file if it is not valid."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                values = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read model config {os.fspath(path)!r}: {e}") from e
+        if not isinstance(values, dict):
+            raise ValueError(f"model config {os.fspath(path)!r} must hold a JSON object")
+        return cls.from_dict(values)
+
+
+def check_keys(values: Mapping[str, Any], what: str) -> None:
+    """Raise ``ValueError`` naming any key of ``values`` that is not a ``ModelConfig`` field."""
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown {what} key(s) {unknown}; valid keys are {sorted(names)}")
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# Paper-scale shapes come from spec-depth-attention.md §12 (the authors' released configs).
+PRESETS: dict[str, dict[str, Any]] = {
+    # Tests: 4 layers, GQA group 2, stride 2 (layer 3 reads layers 0 and 2).
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                 rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=False),
+    # CPU main job: ~11M parameters at vocab 8192.
+    "small": dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
+                  rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=False),
+    "360m": dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=32,
+                 num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
+                 rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=False),
+    "1.5b": dict(vocab_size=50304, hidden_size=1536, intermediate_size=4096, num_hidden_layers=48,
+                 num_attention_heads=24, num_key_value_heads=6, head_dim=64, max_position_embeddings=2048,
+                 rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.01, tie_word_embeddings=False),
+    "3b": dict(vocab_size=50304, hidden_size=2048, intermediate_size=6912, num_hidden_layers=48,
+               num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=2048,
+               rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.01, tie_word_embeddings=False),
+}

@@ -1,0 +1,124 @@
+"""Generation on the KV cache: ``prefill``, ``decode_one_token``, sampling, ``generate`` / ``generate_stream``.
+
+Legend: B batch, T prompt length, V vocab.
+
+Left-padded batches work: the attention mask marks real tokens, RoPE positions count real tokens only, and the
+cache remembers which slots are padding. ``naive_generate`` (no cache, a full forward per token) is the reference
+twin the tests compare against.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from .cache import KVCache
+from .model import DecoderLM
+
+
+def sample(logits_BV: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+           generator: torch.Generator | None = None) -> Tensor:
+    """Next tokens ``[B]`` (int64) from last-position logits; ``temperature == 0`` is greedy (argmax).
+
+    ``top_k`` keeps the k most likely tokens; ``top_p`` keeps the smallest set whose probability reaches p.
+    """
+    if temperature == 0:
+        return logits_BV.argmax(-1)
+    logits = logits_BV.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= top_p  # keep tokens until the mass before them reaches top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be >= 1")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must be in (0, 1]")
+
+
+@torch.inference_mode()
+def prefill(model: DecoderLM, input_ids_BT: Tensor, attention_mask_BT: Tensor | None, cache: KVCache) -> Tensor:
+    """Run the prompt through the model into ``cache``; return the last position's logits ``[B, V]``."""
+    return model(input_ids_BT, attention_mask=attention_mask_BT, cache=cache).logits[:, -1]
+
+
+@torch.inference_mode()
+def decode_one_token(model: DecoderLM, token_B: Tensor, cache: KVCache) -> Tensor:
+    """Append one token per row to ``cache``; return the next logits ``[B, V]``."""
+    return model(token_B[:, None], cache=cache).logits[:, -1]
+
+
+def generate_stream(model: DecoderLM, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                    top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None,
+                    seed: int | None = None, attention_mask: Tensor | None = None) -> Iterator[Tensor]:
+    """Yield the next token of every row (``[B]`` int64) one step at a time, using the KV cache.
+
+    Rows that produced ``eos_token_id`` keep yielding it; the stream ends when every row has, or after
+    ``max_new_tokens`` steps. Raises ``ValueError`` for bad sampling options or a prompt plus budget longer than
+    ``max_position_embeddings``.
+    """
+    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    B, T = input_ids.shape
+    if T + max_new_tokens > model.config.max_position_embeddings:
+        raise ValueError(f"prompt length {T} + max_new_tokens {max_new_tokens} exceeds max_position_embeddings="
+                         f"{model.config.max_position_embeddings}")
+    if max_new_tokens == 0:
+        return
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    try:
+        cache = model.new_cache(B, T + max_new_tokens)
+        logits = prefill(model, input_ids, attention_mask, cache)
+        done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        for step in range(max_new_tokens):
+            token = sample(logits, temperature, top_k, top_p, generator)
+            if eos_token_id is not None:
+                token = token.masked_fill(done, eos_token_id)
+                done |= token == eos_token_id
+            yield token
+            if step + 1 == max_new_tokens or bool(done.all()):
+                return
+            logits = decode_one_token(model, token, cache)
+    finally:
+        model.train(was_training)
+
+
+def generate(model: DecoderLM, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None,
+             seed: int | None = None, attention_mask: Tensor | None = None) -> Tensor:
+    """Prompt plus generated tokens, ``[B, T + n]`` int64 (n ≤ max_new_tokens; finished rows padded with EOS)."""
+    new = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed,
+                               attention_mask))
+    if not new:
+        return input_ids
+    return torch.cat([input_ids, torch.stack(new, dim=1)], dim=1)
+
+
+@torch.inference_mode()
+def naive_generate(model: DecoderLM, input_ids: Tensor, max_new_tokens: int,
+                   attention_mask: Tensor | None = None) -> Tensor:
+    """Greedy reference without a cache: one full forward over the whole sequence per new token."""
+    ids = input_ids
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        token = model(ids, attention_mask=mask).logits[:, -1].argmax(-1)
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones_like(token[:, None], dtype=mask.dtype)], dim=1)
+    return ids

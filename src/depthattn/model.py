@@ -1,0 +1,224 @@
+"""The decoder: embedding → (num_loops ×) pre-norm blocks → final RMSNorm → LM head.
+
+Legend: B batch, T time (this call), S key slots, L virtual layers, C hidden size, V vocab.
+
+With ``cross_layer="none"`` this is exactly Hugging Face's ``Qwen3ForCausalLM`` (same state-dict keys, same math).
+Cross-layer methods enter through two seams only: the residual seam (``residual.py``, registry ``RESIDUAL``) and the
+value seam (Depth-Attention, ``depth_attention.py``). One model, one cache, one generation path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .attention import Attention
+from .cache import KVCache
+from .config import ModelConfig
+from .depth_attention import model_plan, source_layers
+from .functional import causal_padding_mask, rope_cos_sin, rope_inv_freq
+from .layers import RMSNorm, SwiGLU
+from .residual import RESIDUAL
+
+
+@dataclass
+class ModelOutput:
+    """``logits`` ``[B, T, V]`` (float, model dtype); ``loss``: mean next-token cross-entropy (nats) or None."""
+
+    logits: Tensor
+    loss: Tensor | None = None
+
+
+class DecoderLayer(nn.Module):
+    """One Qwen3 block calling the residual seam (``cross_layer``) around attention and MLP."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, device=None):
+        super().__init__()
+        self.self_attn = Attention(cfg, device=device)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, device=device)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
+        self.cross_layer = RESIDUAL[cfg.cross_layer][0](cfg, layer_idx)
+
+    def forward(self, state, sources, cos, sin, mask, cache=None, layer_idx=0, cache_start=0):
+        """Returns the new residual state and this layer's (K̂, Ṽ) ``[B, K, T, D]`` for later depth sources."""
+        x = self.cross_layer.read(state, 0)
+        a, kv = self.self_attn(self.input_layernorm(x), sources, cos, sin, mask, cache, layer_idx, cache_start)
+        state = self.cross_layer.write(state, 0, a)
+        x = self.cross_layer.read(state, 1)
+        state = self.cross_layer.write(state, 1, self.mlp(self.post_attention_layernorm(x)))
+        return state, kv
+
+
+class Backbone(nn.Module):
+    """Holds the HF-named parameters ``model.embed_tokens``, ``model.layers.{i}``, ``model.norm``."""
+
+    def __init__(self, cfg: ModelConfig, device=None):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, device=device) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
+        self.cross_layer = RESIDUAL[cfg.cross_layer][1](cfg)
+
+
+class DecoderLM(nn.Module):
+    """Qwen3-style causal LM with an optional cross-layer method (``cfg.cross_layer``).
+
+    ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,past+T] bool/int, position_ids [B,T], cache,
+    labels [B,T])`` → ``ModelOutput``. Raises ``ValueError`` naming the argument for ids outside the vocabulary,
+    positions beyond ``max_position_embeddings``, too little cache room, or a mask of the wrong shape or dtype.
+    """
+
+    def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None):
+        super().__init__()
+        cfg.validate()
+        self.config = cfg
+        self.model = Backbone(cfg, device=device)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        #: Static Depth-Attention plan over virtual layers (empty tuples for other methods).
+        self.plan = model_plan(cfg)
+        self.sources = source_layers(self.plan)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, device=device), persistent=False)
+        #: Set from outside (``parallelize.apply_activation_checkpointing``); non-reentrant, training only.
+        self.activation_checkpointing = False
+        self.init_weights()
+
+    # ------------------------------------------------------------------ init
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise every parameter; meta-device safe. Per-parameter table (spec-baselines.md §2):
+
+        ========================================  =============================================
+        parameter                                 init
+        ========================================  =============================================
+        model.embed_tokens.weight                 N(0, initializer_range²)
+        model.layers.*.self_attn.{q,k,v,o}_proj   N(0, initializer_range²)
+        model.layers.*.mlp.{gate,up,down}_proj    N(0, initializer_range²)
+        lm_head.weight (untied)                   N(0, initializer_range²)
+        all RMSNorm weights (incl. q/k_norm)      ones
+        *.cross_layer.*                           the method's ``init_weights(cfg)`` (vanilla-equivalent start)
+        inv_freq (buffer)                         rope_theta ** (-2i / head_dim)
+        ========================================  =============================================
+        """
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for module in self.modules():
+            if module is not self and hasattr(module, "init_weights"):
+                module.init_weights(self.config)
+        self.inv_freq.copy_(rope_inv_freq(self.config.head_dim, self.config.rope_theta, device=self.inv_freq.device))
+
+    # ------------------------------------------------------------------ input checks
+    def _check_inputs(self, input_ids, attention_mask, position_ids, labels, past: int) -> None:
+        cfg = self.config
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (
+                torch.int64, torch.int32):
+            raise ValueError(f"input_ids must be an int64 tensor [B, T], got "
+                             f"{getattr(input_ids, 'dtype', type(input_ids))} of shape {tuple(getattr(input_ids, 'shape', ()))}")
+        B, T = input_ids.shape
+        if T == 0:
+            raise ValueError("input_ids has no tokens (T=0)")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"input_ids contains token id {bad} outside the vocabulary [0, {cfg.vocab_size})")
+        if attention_mask is not None:
+            if not isinstance(attention_mask, Tensor) or attention_mask.dtype.is_floating_point or \
+                    attention_mask.dtype.is_complex:
+                raise ValueError(f"attention_mask must be a bool or integer tensor of 0/1, got "
+                                 f"{getattr(attention_mask, 'dtype', type(attention_mask))}")
+            if attention_mask.shape not in ((B, T), (B, past + T)):
+                raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} must be (B, T)=({B}, {T})"
+                                 f" or (B, past+T)=({B}, {past + T})")
+            if attention_mask.dtype != torch.bool and ((attention_mask != 0) & (attention_mask != 1)).any():
+                raise ValueError("attention_mask must hold only 0 and 1")
+        if position_ids is not None and (position_ids.shape != (B, T) or position_ids.dtype.is_floating_point):
+            raise ValueError(f"position_ids must be an integer tensor of shape ({B}, {T}), got "
+                             f"{position_ids.dtype} {tuple(position_ids.shape)}")
+        if labels is not None and labels.shape != (B, T):
+            raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape ({B}, {T})")
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                cache: KVCache | None = None, labels: Tensor | None = None) -> ModelOutput:
+        """Logits for ``input_ids`` (and the loss when ``labels`` are given; labels are shifted inside, -100 and
+        padded positions ignored). With a ``cache``, the tokens continue the cached ones at slot ``cache.length``."""
+        cfg = self.config
+        past = cache.length if cache is not None else 0
+        self._check_inputs(input_ids, attention_mask, position_ids, labels, past)
+        B, T = input_ids.shape
+        device = input_ids.device
+        new_mask = None if attention_mask is None else attention_mask[:, -T:].bool()
+        if cache is not None:
+            if attention_mask is not None and attention_mask.shape[1] == past + T and past > 0 and not torch.equal(
+                    attention_mask[:, :past].bool(), cache.key_mask[:, :past]):
+                raise ValueError("attention_mask's first past columns disagree with the cached padding mask")
+            cache.reserve(new_mask if new_mask is not None else torch.ones(B, T, dtype=torch.bool, device=device))
+            key_mask = cache.key_mask[:, :past + T]
+        else:
+            key_mask = new_mask
+        if position_ids is None:
+            position_ids = self._positions(key_mask, past, B, T, device)
+        if int(position_ids.max()) >= cfg.max_position_embeddings or int(position_ids.min()) < 0:
+            raise ValueError(f"positions reach {int(position_ids.max())}, beyond max_position_embeddings="
+                             f"{cfg.max_position_embeddings}")
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(position_ids, self.inv_freq, h.dtype)
+        padded = key_mask is not None and not bool(key_mask.all())
+        mask = None
+        if padded or (past > 0 and T > 1):
+            mask = causal_padding_mask(key_mask, past, T, past + T, h.dtype, device)
+        h = self._layers(h, cos, sin, mask, cache, past)
+        if cache is not None:
+            cache.advance(T)
+        logits = self.lm_head(self.model.norm(h))
+        loss = None
+        if labels is not None:
+            labels = labels if new_mask is None else labels.masked_fill(~new_mask, -100)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return ModelOutput(logits=logits, loss=loss)
+
+    @staticmethod
+    def _positions(key_mask: Tensor | None, past: int, B: int, T: int, device) -> Tensor:
+        """RoPE positions: the count of real tokens before each one (first real token at 0); pads get 0."""
+        if key_mask is None:
+            return torch.arange(past, past + T, device=device).expand(B, T)
+        pos = key_mask.long().cumsum(1) - 1
+        return pos[:, past:].clamp(min=0)
+
+    def _layers(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None,
+                past: int) -> Tensor:
+        """Run the virtual layers u = r·L_phys + l, feeding each its static Depth-Attention sources."""
+        state = self.model.cross_layer.begin(h)
+        saved: dict[int, tuple[Tensor, Tensor]] = {}
+        use_ckpt = self.activation_checkpointing and self.training and cache is None and torch.is_grad_enabled()
+        layers = self.model.layers
+        for u, cands in enumerate(self.plan):
+            layer = layers[u % len(layers)]
+            sources = tuple(saved[j] for j in cands)
+            if use_ckpt:
+                state, kv = checkpoint(layer, state, sources, cos, sin, mask, None, u, past, use_reentrant=False)
+            else:
+                state, kv = layer(state, sources, cos, sin, mask, cache, u, past)
+            if u in self.sources:
+                saved[u] = kv
+        return self.model.cross_layer.end(state)
+
+    # ------------------------------------------------------------------ conveniences
+    def new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
+        """An empty cache on this model's device and dtype."""
+        p = self.lm_head.weight
+        return KVCache.empty(self.config, batch_size, max_seq_len, dtype=p.dtype, device=p.device)
+
+    def num_params(self) -> int:
+        """Parameters actually allocated (tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters())
