@@ -1,0 +1,187 @@
+"""The document-corpus format, the embedded corpus, and atomic file writes.
+
+A *corpus folder* (the embedded corpus under ``depthattn/data/corpus/`` and every ``depthattn data fetch`` output)
+holds one ``<source>.jsonl.gz`` per source -- one JSON object per line with ``id``, ``source``, ``title`` and
+``text``, one line per document -- and a ``manifest.json``::
+
+    {"format": "depthattn-corpus", "format_version": 1, "name": ..., "documents": N, "characters": N,
+     "sources": [{"name", "package", "registry", "version", "licence", "description",
+                  "documents", "characters", "file", "bytes", "sha256"}, ...]}
+
+Files are gzip-compressed with a zero timestamp and no file name, so rebuilding from the same packages gives
+byte-identical files (and sha256).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from depthattn.data.sources import Document
+
+CORPUS_FORMAT = "depthattn-corpus"
+EMBEDDED_DIR = Path(__file__).resolve().parent / "corpus"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# atomic writes
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path`` (``os.replace``), else is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; written files are ordinary data files
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_json(path: str | Path, obj: object) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# writing and reading corpus folders
+
+
+def encode_documents(docs: Iterable[Document]) -> bytes:
+    """Deterministic ``.jsonl.gz`` bytes for ``docs`` (gzip level 9, mtime 0, no stored file name)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=9, mtime=0) as gz:
+        for d in docs:
+            gz.write((json.dumps(d.to_json(), ensure_ascii=False) + "\n").encode("utf-8"))
+    return buf.getvalue()
+
+
+def write_corpus(out_dir: str | Path, sources: list[tuple[dict, list[Document]]], name: str) -> dict:
+    """Write one ``<source>.jsonl.gz`` per ``(manifest_entry, documents)`` pair and ``manifest.json``, atomically.
+
+    Returns the manifest. Each file is written to a temporary name first, so an interrupted write leaves the
+    previous files intact.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for entry, docs in sources:
+        data = encode_documents(docs)
+        file = f"{entry['name']}.jsonl.gz"
+        atomic_write_bytes(out_dir / file, data)
+        entries.append({**entry, "documents": len(docs), "characters": sum(len(d.text) for d in docs),
+                        "file": file, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    manifest = {"format": CORPUS_FORMAT, "format_version": 1, "name": name,
+                "documents": sum(e["documents"] for e in entries),
+                "characters": sum(e["characters"] for e in entries),
+                "bytes": sum(e["bytes"] for e in entries), "sources": entries}
+    atomic_write_json(out_dir / "manifest.json", manifest)
+    return manifest
+
+
+def is_corpus_dir(path: str | Path) -> bool:
+    manifest = Path(path) / "manifest.json"
+    if not manifest.is_file():
+        return False
+    try:
+        return json.loads(manifest.read_text(encoding="utf-8")).get("format") == CORPUS_FORMAT
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def read_manifest(corpus_dir: str | Path) -> dict:
+    path = Path(corpus_dir) / "manifest.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: corpus manifest not found")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if manifest.get("format") != CORPUS_FORMAT or not isinstance(manifest.get("sources"), list):
+        raise ValueError(f"{path}: not a {CORPUS_FORMAT} manifest (missing `format` or `sources`)")
+    return manifest
+
+
+def verify_corpus(corpus_dir: str | Path) -> dict:
+    """Check every file listed in the manifest against its sha256; returns the manifest or raises ValueError."""
+    corpus_dir = Path(corpus_dir)
+    manifest = read_manifest(corpus_dir)
+    for entry in manifest["sources"]:
+        path = corpus_dir / entry["file"]
+        if not path.is_file():
+            raise ValueError(f"{path}: listed in the manifest but missing")
+        if sha256_file(path) != entry["sha256"]:
+            raise ValueError(f"{path}: sha256 does not match manifest.json")
+    return manifest
+
+
+def read_jsonl_documents(path: str | Path, source: str = "") -> Iterator[Document]:
+    """Documents from a ``.jsonl`` / ``.jsonl.gz`` file: one JSON object with a ``text`` field per line."""
+    path = Path(path)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise ValueError(f"{path}:{lineno}: expected a JSON object with a string `text` field")
+                yield Document(id=str(row.get("id", f"{path.name}:{lineno}")), text=row["text"],
+                               source=str(row.get("source", source)), title=str(row.get("title", "")))
+    except (OSError, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise ValueError(f"{path}: file not found") from e
+        raise ValueError(f"{path}: cannot read ({e})") from e
+
+
+def read_corpus_dir(corpus_dir: str | Path, verify: bool = True) -> list[Document]:
+    """All documents of a corpus folder, in manifest order (sha256-checked when ``verify``)."""
+    corpus_dir = Path(corpus_dir)
+    manifest = verify_corpus(corpus_dir) if verify else read_manifest(corpus_dir)
+    docs: list[Document] = []
+    for entry in manifest["sources"]:
+        docs.extend(read_jsonl_documents(corpus_dir / entry["file"], source=entry["name"]))
+    return docs
+
+
+def embedded_manifest() -> dict:
+    """The manifest of the corpus shipped inside the package."""
+    return read_manifest(EMBEDDED_DIR)
+
+
+def embedded_corpus_documents() -> list[tuple[str, str]]:
+    """The embedded corpus as ``(doc_id, text)`` pairs, in manifest order (files are sha256-checked)."""
+    return [(d.id, d.text) for d in read_corpus_dir(EMBEDDED_DIR)]
