@@ -100,14 +100,19 @@ def attention_ref(q_BHTD: Tensor, k_BKSD: Tensor, v_BKSD: Tensor, mask: Tensor |
 
 
 # ----------------------------------------------------------------------------- Depth-Attention
+def _acc(x: Tensor) -> Tensor:
+    """Upcast to the accumulation dtype: float32, or float64 for float64 inputs (so gradcheck is exact)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def depth_query(q_BHTD: Tensor, num_kv_heads: int) -> Tensor:
     """Group-mean depth query ``q̄`` in float32, ``[B, K, T, D]`` (spec §3.2): mean of the G query heads of a KV head."""
-    return q_BHTD.float().unflatten(1, (num_kv_heads, -1)).mean(2)
+    return _acc(q_BHTD).unflatten(1, (num_kv_heads, -1)).mean(2)
 
 
 def depth_logits(qbar_BKTD: Tensor, keys: Sequence[Tensor]) -> Tensor:
     """Depth scores ``<q̄, K̂_j> / sqrt(D)`` for each candidate key, float32 ``[B, K, T, N]`` (spec §3.3)."""
-    k_BKTND = torch.stack([k.float() for k in keys], dim=-2)
+    k_BKTND = torch.stack([_acc(k) for k in keys], dim=-2)
     scale = 1.0 / math.sqrt(qbar_BKTD.shape[-1])
     return (k_BKTND @ (qbar_BKTD * scale).unsqueeze(-1)).squeeze(-1)
 
@@ -119,7 +124,7 @@ def depth_weights(q_BHTD: Tensor, keys: Sequence[Tensor]) -> Tensor:
 
 def _mix_forward(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     w_BKTN = depth_weights(q_BHTD, keys)
-    v_BKTND = torch.stack([v.float() for v in values], dim=-2)
+    v_BKTND = torch.stack([_acc(v) for v in values], dim=-2)
     out_BKTD = (w_BKTN.unsqueeze(-2) @ v_BKTND).squeeze(-2)
     return out_BKTD.to(values[-1].dtype), w_BKTN
 
@@ -144,13 +149,13 @@ class _DepthMix(torch.autograd.Function):
         keys, values = kv[:n], kv[n:]
         K, D = keys[0].shape[1], q_BHTD.shape[-1]
         scale = 1.0 / math.sqrt(D)
-        g32 = grad_BKTD.float()
-        v_BKTND = torch.stack([v.float() for v in values], dim=-2)
+        g32 = _acc(grad_BKTD)
+        v_BKTND = torch.stack([_acc(v) for v in values], dim=-2)
         dw_BKTN = (v_BKTND @ g32.unsqueeze(-1)).squeeze(-1)
         dlogit_BKTN = w_BKTN * (dw_BKTN - (w_BKTN * dw_BKTN).sum(-1, keepdim=True))  # softmax backward
         grads: list[Tensor | None] = [None, None]
         if ctx.needs_input_grad[0]:
-            k_BKTND = torch.stack([k.float() for k in keys], dim=-2)
+            k_BKTND = torch.stack([_acc(k) for k in keys], dim=-2)
             dqbar_BKTD = (dlogit_BKTN.unsqueeze(-2) @ k_BKTND).squeeze(-2) * scale
             groups = q_BHTD.shape[1] // K
             dq = (dqbar_BKTD / groups).unsqueeze(2).expand(-1, -1, groups, -1, -1).flatten(1, 2)

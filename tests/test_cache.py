@@ -1,0 +1,159 @@
+"""KV cache and generation: cached decode equals the full forward; bad input gets one clear error."""
+
+import pytest
+import torch
+
+from depthattn import KVCache, ModelConfig, generate, generate_stream, naive_generate
+from depthattn.generate import sample
+
+from conftest import left_padded_batch, make_model
+
+METHODS = ["none", "depth_attention"]
+
+
+def _cached_logits(model, ids, mask, chunks):
+    """Feed ``ids`` through a cache in chunks of the given sizes; return the concatenated logits."""
+    cache = model.new_cache(ids.shape[0], ids.shape[1])
+    outs, start = [], 0
+    for n in chunks:
+        with torch.no_grad():
+            outs.append(model(ids[:, start:start + n], attention_mask=mask[:, :start + n], cache=cache).logits)
+        start += n
+    assert start == ids.shape[1] and cache.length == start
+    return torch.cat(outs, dim=1), cache
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("chunks", [[4] + [1] * 8, [5, 3, 1, 2, 1], [1] * 12, [12]])
+def test_cached_decode_equals_full_forward_left_padded(method, chunks):
+    model = make_model(cross_layer=method)  # 5 layers, stride 2, GQA group 2
+    assert model.config.group_size == 2 and model.plan[-1] == ((0, 2) if method != "none" else ())
+    ids, mask = left_padded_batch(512, [12, 7], seed=5)
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+    cached, _ = _cached_logits(model, ids, mask, chunks)
+    torch.testing.assert_close(cached[mask], full[mask], atol=1e-5, rtol=0)
+    assert torch.isfinite(cached).all()
+
+
+def test_cache_holds_the_mixed_values_of_the_full_forward_and_is_vanilla_sized():
+    model = make_model()
+    ids, mask = left_padded_batch(512, [8, 8], seed=2)
+    cache = model.new_cache(2, 8)
+    inputs = {}
+    hooks = [layer.self_attn.register_forward_hook(lambda m, a, out, i=i: inputs.__setitem__(i, out[1]))
+             for i, layer in enumerate(model.model.layers)]
+    with torch.no_grad():
+        model(ids, attention_mask=mask, cache=cache)
+    for h in hooks:
+        h.remove()
+    for layer in range(5):
+        k, v = inputs[layer]
+        assert torch.equal(cache.k[layer], k) and torch.equal(cache.v[layer], v)
+    cfg = model.config
+    assert cache.v.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 8, cfg.head_dim)
+    assert cache.bytes_per_token() == 2 * 5 * 2 * 16 * 4
+    bf16 = KVCache.empty(cfg, 1, 4, dtype=torch.bfloat16)
+    assert bf16.bytes_per_token() == 2 * 5 * 2 * 16 * 2
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_generation_equals_naive_full_forward_generation(method):
+    model = make_model(cross_layer=method)
+    ids, mask = left_padded_batch(512, [6, 3], seed=7)
+    fast = generate(model, ids, max_new_tokens=8, temperature=0, attention_mask=mask)
+    slow = naive_generate(model, ids, 8, attention_mask=mask)
+    assert torch.equal(fast, slow)
+    # Each row alone generates the same continuation as in the padded batch.
+    for b, n in enumerate([6, 3]):
+        alone = generate(model, ids[b:b + 1, -n:], max_new_tokens=8, temperature=0)
+        assert torch.equal(alone[0, n:], fast[b, 6:])
+
+
+def test_sampling_is_seeded_and_respects_top_k_and_top_p():
+    model = make_model()
+    ids = torch.randint(1, 512, (2, 4))
+    a = generate(model, ids, 6, temperature=1.0, top_k=5, seed=11)
+    b = generate(model, ids, 6, temperature=1.0, top_k=5, seed=11)
+    assert torch.equal(a, b)
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    g = torch.Generator().manual_seed(0)
+    draws = {int(sample(logits, 1.0, top_k=2, generator=g)) for _ in range(200)}
+    assert draws == {2, 3}
+    draws = {int(sample(logits, 1.0, top_p=0.5, generator=g)) for _ in range(200)}
+    assert draws == {3}  # p(3) = 0.64 already reaches 0.5
+    assert int(sample(logits, 0.0)) == 3
+
+
+def test_stream_stops_at_eos_and_generate_pads_finished_rows():
+    model = make_model(cross_layer="none")
+    ids = torch.randint(1, 512, (1, 4))
+    first = generate(model, ids, 1, temperature=0)[0, -1].item()
+    steps = list(generate_stream(model, ids, 10, temperature=0, eos_token_id=first))
+    assert len(steps) == 1 and steps[0].item() == first
+
+
+def test_reorder_and_crop():
+    model = make_model()
+    ids = torch.randint(1, 512, (2, 6))
+    cache = model.new_cache(2, 8)
+    with torch.no_grad():
+        model(ids, cache=cache)
+    k0 = cache.k.clone()
+    cache.reorder(torch.tensor([1, 0]))
+    assert torch.equal(cache.k[:, 0], k0[:, 1])
+    cache.crop(3)
+    assert cache.length == 3
+    with torch.no_grad():
+        step = model(ids[[1, 0], 3:4], cache=cache).logits[:, -1]
+        full = model(ids[[1, 0], :4]).logits[:, -1]
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_attention_heads=4, num_key_value_heads=3), "num_attention_heads"),
+    (dict(depth_attention_stride=0), "depth_attention_stride=0"),
+    (dict(depth_attention_window=-1), "depth_attention_window=-1"),
+    (dict(cross_layer="bogus"), "cross_layer='bogus'"),
+    (dict(head_dim=15), "head_dim=15"),
+    (dict(num_loops=0), "num_loops=0"),
+])
+def test_invalid_configs_raise_value_error_naming_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_preset("tiny", **kwargs)
+
+
+def test_unknown_preset_and_key():
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        ModelConfig.from_preset("huge")
+    with pytest.raises(ValueError, match="hidden_dim"):
+        ModelConfig.from_preset("tiny", hidden_dim=3)
+
+
+def test_bad_forward_inputs_raise_value_error_naming_the_argument():
+    model = make_model()
+    ids = torch.randint(0, 512, (2, 5))
+    with pytest.raises(ValueError, match="token id 512"):
+        model(torch.full((1, 3), 512))
+    with pytest.raises(ValueError, match="token id -1"):
+        model(torch.full((1, 3), -1))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(torch.zeros(1, 257, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention_mask shape"):
+        model(ids, attention_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attention_mask must be a bool or integer"):
+        model(ids, attention_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="input_ids must be an int64"):
+        model(ids.float())
+    cache = model.new_cache(2, 6)
+    with torch.no_grad():
+        model(ids, cache=cache)
+        with pytest.raises(ValueError, match="cache capacity=6"):
+            model(ids[:, :2], cache=cache)
+    assert cache.length == 5  # the failed call wrote nothing
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, ids, -1)
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings"):
+        generate(model, ids, 300)
+    with pytest.raises(ValueError, match="top_p"):
+        generate(model, ids, 2, top_p=1.5)
