@@ -185,11 +185,12 @@ def strip_gutenberg(text: str) -> str:
 
 
 def normalize_text(text: str) -> str:
-    """Unix newlines, no trailing spaces, at most one blank line in a row, no leading/trailing blank lines."""
+    """Unix newlines, no trailing spaces, at most one blank line in a row, no leading/trailing whitespace, one
+    final newline."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\ufeff", "")
     text = re.sub(r"[ \t]+\n", "\n", text)
     text = re.sub(r"\n{3,}", "\n\n", text)
-    return text.strip("\n").rstrip() + "\n" if text.strip() else ""
+    return text.strip() + "\n" if text.strip() else ""
 
 
 # ------------------------------------------------------------------------------------------------------------------
