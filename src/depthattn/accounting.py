@@ -12,12 +12,22 @@ from typing import Callable
 
 import torch
 
+from . import attnres, denseformer, mhc
 from .config import ModelConfig
 from .depth_attention import model_plan
 
-#: cross_layer -> function(cfg) giving the method's added parameters / forward FLOPs per token.
-EXTRA_PARAMS: dict[str, Callable[[ModelConfig], int]] = {}
-EXTRA_FLOPS: dict[str, Callable[[ModelConfig], float]] = {}
+#: cross_layer -> function(cfg) giving the method's added parameters / forward FLOPs per token
+#: (formulas: spec-baselines.md §3, §5, §6 and docs/methods.md).
+EXTRA_PARAMS: dict[str, Callable[[ModelConfig], int]] = {
+    "denseformer": denseformer.extra_params, "mhc": mhc.extra_params, "attnres": attnres.extra_params,
+}
+EXTRA_FLOPS: dict[str, Callable[[ModelConfig], float]] = {
+    "denseformer": denseformer.extra_flops, "mhc": mhc.extra_flops, "attnres": attnres.extra_flops,
+}
+#: cross_layer -> function(cfg) giving the per-token in-flight residual-state elements (default: hidden_size).
+INFLIGHT_ELEMENTS: dict[str, Callable[[ModelConfig], int]] = {
+    "denseformer": denseformer.inflight_elements, "mhc": mhc.inflight_elements, "attnres": attnres.inflight_elements,
+}
 
 
 def layer_params(cfg: ModelConfig) -> int:
@@ -90,3 +100,11 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat
     """``2 · L_virtual · K · D · itemsize``: identical for every method (the value slot holds Ṽ for Depth-Attention)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 2 * cfg.num_virtual_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+
+
+def inflight_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Residual-state elements a token carries through depth × itemsize (spec-baselines.md §7): C for vanilla and
+    Depth-Attention, (L + 1)·C DenseFormer, n·C mHC, (largest source list)·C AttnRes. A prefill chunk of T tokens
+    holds T times this."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return INFLIGHT_ELEMENTS.get(cfg.cross_layer, lambda c: c.hidden_size)(cfg) * itemsize

@@ -42,13 +42,15 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, device=device)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
-        self.cross_layer = RESIDUAL[cfg.cross_layer][0](cfg, layer_idx)
+        self.cross_layer = RESIDUAL[cfg.cross_layer][0](cfg, layer_idx, device=device)
 
     def forward(self, state, sources, cos, sin, mask, cache=None, layer_idx=0, cache_start=0):
         """Returns the new residual state and this layer's (K̂, Ṽ) ``[B, K, T, D]`` for later depth sources."""
+        state = self.cross_layer.prepare(state, 0)
         x = self.cross_layer.read(state, 0)
         a, kv = self.self_attn(self.input_layernorm(x), sources, cos, sin, mask, cache, layer_idx, cache_start)
         state = self.cross_layer.write(state, 0, a)
+        state = self.cross_layer.prepare(state, 1)
         x = self.cross_layer.read(state, 1)
         state = self.cross_layer.write(state, 1, self.mlp(self.post_attention_layernorm(x)))
         return state, kv
@@ -62,7 +64,7 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device=device)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, device=device) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
-        self.cross_layer = RESIDUAL[cfg.cross_layer][1](cfg)
+        self.cross_layer = RESIDUAL[cfg.cross_layer][1](cfg, device=device)
 
 
 class DecoderLM(nn.Module):
