@@ -27,10 +27,10 @@ from depthattn.data import (
     load_prepared,
     prepare_corpus,
     sequential_batches,
+    shards,
     split_documents,
 )
 from depthattn.data import cli as data_cli
-from depthattn.data import shards
 from depthattn.data.corpus import EMBEDDED_DIR, read_corpus_dir
 from depthattn.data.sources import (
     Document,
@@ -199,7 +199,8 @@ def test_r_lazyload_reader(tmp_path, docs):
 def test_strip_gutenberg(docs):
     body = docs["shakespeare/macbeth"][:3000]
     wrapped = ("The Project Gutenberg EBook of Macbeth\r\n\r\n*** START OF THE PROJECT GUTENBERG EBOOK MACBETH ***\r\n"
-               + body.replace("\n", "\r\n") + "\r\n\r\n\r\n\r\nEnd of the Project Gutenberg EBook of Macbeth\r\nlicence")
+               + body.replace("\n", "\r\n")
+               + "\r\n\r\n\r\n\r\nEnd of the Project Gutenberg EBook of Macbeth\r\nlicence")
     assert strip_gutenberg(wrapped) == strip_gutenberg(body)
     assert strip_gutenberg(wrapped).startswith(body.lstrip("\n")[:200])
 

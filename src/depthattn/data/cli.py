@@ -78,8 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--out", required=True, help="output folder")
     q.add_argument("--input", action="extend", nargs="+", default=None, metavar="PATH",
                    help="`embedded` (default), a .txt file or folder, .jsonl[.gz] with a `text` field, a `data fetch` "
-                        "folder, or a datasets save_to_disk folder; several may follow one --input, and --input may repeat")
-    q.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary size incl. <|endoftext|> (default 8192)")
+                        "folder, or a datasets save_to_disk folder; takes several paths and may repeat")
+    q.add_argument("--vocab-size", type=int, default=8192,
+                   help="BPE vocabulary size incl. <|endoftext|> (default 8192)")
     q.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
     q.add_argument("--val-fraction", type=float, default=0.05,
                    help="target fraction of characters held out, as whole documents (default 0.05)")

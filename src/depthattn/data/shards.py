@@ -92,8 +92,8 @@ def _resolve_dtype(dtype: str, vocab_size: int) -> str:
     if dtype == "auto":
         return "uint16" if vocab_size <= UINT16_MAX_VOCAB else "uint32"
     if dtype == "uint16" and vocab_size > UINT16_MAX_VOCAB:
-        raise ValueError(f"--dtype uint16 cannot hold a vocabulary of {vocab_size} tokens (at most {UINT16_MAX_VOCAB}); "
-                         f"use --dtype uint32 or auto")
+        raise ValueError(f"--dtype uint16 cannot hold a vocabulary of {vocab_size} tokens "
+                         f"(at most {UINT16_MAX_VOCAB}); use --dtype uint32 or auto")
     return dtype
 
 
@@ -315,11 +315,9 @@ def sequential_batches(tokens: np.ndarray, batch_size: int, seq_len: int,
     Every token after the first is a target exactly once, up to the last full window; ``b <= batch_size``.
     """
     n_windows = (len(tokens) - 1) // seq_len
-    done = 0
-    for first in range(0, n_windows, batch_size):
+    for done, first in enumerate(range(0, n_windows, batch_size)):
         if max_batches is not None and done >= max_batches:
             return
         idx = range(first, min(first + batch_size, n_windows))
         yield torch.from_numpy(np.stack([np.asarray(tokens[i * seq_len:i * seq_len + seq_len + 1], dtype=np.int64)
                                          for i in idx]))
-        done += 1

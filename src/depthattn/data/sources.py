@@ -64,7 +64,7 @@ def _run_tool(cmd: list[str], cwd: Path, tool: str, what: str) -> None:
     if cmd[0] != sys.executable and shutil.which(cmd[0]) is None:
         raise MissingToolError(f"`{tool}` is required to download {what}, but it was not found on PATH")
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
     except OSError as e:  # pragma: no cover - race between which() and exec
         raise MissingToolError(f"`{tool}` is required to download {what}: {e}") from e
     if proc.returncode != 0:
@@ -80,7 +80,9 @@ def _only_new_file(dest: Path, before: set[str], what: str) -> Path:
 
 
 def download_deb(package: str, dest: str | Path, version: str | None = None) -> Path:
-    """``apt-get download package[=version]`` into ``dest``; returns the ``.deb`` path (run ``apt-get update`` first)."""
+    """``apt-get download package[=version]`` into ``dest``; returns the ``.deb`` path.
+
+    Run ``apt-get update`` first."""
     dest = Path(dest)
     spec = f"{package}={version}" if version else package
     before = set(os.listdir(dest))
@@ -167,10 +169,10 @@ def extract_deb(path: str | Path, dest: str | Path) -> Path:
 # ------------------------------------------------------------------------------------------------------------------
 # text clean-up
 
-_GUTENBERG_START = re.compile(r"^\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+_GUTENBERG_START = re.compile(r"^\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.MULTILINE | re.IGNORECASE)
 _GUTENBERG_END = re.compile(
     r"^(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG.*|End of (the )?Project Gutenberg.*|"
-    r"End of this Project Gutenberg.*)$", re.M | re.I)
+    r"End of this Project Gutenberg.*)$", re.MULTILINE | re.IGNORECASE)
 
 
 def strip_gutenberg(text: str) -> str:
@@ -196,7 +198,7 @@ def normalize_text(text: str) -> str:
 # ------------------------------------------------------------------------------------------------------------------
 # SWORD zText / zCom
 
-_OSIS_DROP = re.compile(r"<note\b[^>]*>.*?</note>|<title\b[^>]*>\s*</title>", re.S)
+_OSIS_DROP = re.compile(r"<note\b[^>]*>.*?</note>|<title\b[^>]*>\s*</title>", re.DOTALL)
 _OSIS_BREAK = re.compile(r"<(?:lb|p|l)\b[^>]*/>|<div\b[^>]*\beID=[^>]*/>|</title>|<chapter\b[^>]*sID=[^>]*/>|"
                          r"<div\b[^>]*type=\"book\"[^>]*/>|<br\s*/?>|</p>")
 _TAG = re.compile(r"<[^>]*>")
