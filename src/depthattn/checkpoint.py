@@ -13,7 +13,7 @@ import tempfile
 from typing import Callable
 
 import torch
-from safetensors import SafetensorsError
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
@@ -71,6 +71,9 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
     file = os.path.join(os.fspath(path), CONFIG_NAME)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: {os.fspath(path)!r} is not a depthattn checkpoint folder")
+    from .hf.convert import is_qwen3_folder, qwen3_to_model_config, _read_json  # HF Qwen3 folders too
+    if is_qwen3_folder(path):
+        return qwen3_to_model_config(_read_json(file), source=file)
     return ModelConfig.load_json(file)
 
 
@@ -81,7 +84,7 @@ def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{file} not found: the checkpoint has no safetensors weights")
     try:
         return load_file(file)
-    except (SafetensorsError, OSError, RuntimeError) as e:
+    except (SafetensorError, OSError, RuntimeError) as e:
         raise ValueError(f"cannot read weights {file} (truncated or corrupt?): {e}") from e
 
 
@@ -106,11 +109,14 @@ def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: 
 
 def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None) -> DecoderLM:
-    """Build the model of a checkpoint folder and load its weights (strict)."""
-    cfg = load_config(path)
-    state = load_state(path)
-    model = DecoderLM(cfg)
-    load_weights_into(model, state, os.path.join(os.fspath(path), WEIGHTS_NAME))
+    """Build the model of a checkpoint folder and load its weights (strict); a Hugging Face Qwen3 folder
+    (``"model_type": "qwen3"``) loads as ``cross_layer="none"`` (``depthattn.hf.convert.load_qwen3``)."""
+    from .hf.convert import is_qwen3_folder, load_qwen3
+    if is_qwen3_folder(path):
+        model = load_qwen3(path)
+    else:
+        model = DecoderLM(load_config(path))
+        load_weights_into(model, load_state(path), os.path.join(os.fspath(path), WEIGHTS_NAME))
     model.to(device=device)
     if dtype is not None:
         model.to(dtype=dtype)

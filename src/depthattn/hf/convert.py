@@ -1,0 +1,196 @@
+"""Hugging Face Qwen3 checkpoints in and out.
+
+Our parameter names are Hugging Face Qwen3's (``model.embed_tokens``, ``model.layers.{i}.self_attn.{q,k,v,o}_proj``,
+``…{q,k}_norm``, ``…mlp.{gate,up,down}_proj``, ``…input_layernorm``, ``…post_attention_layernorm``, ``model.norm``,
+``lm_head``), so conversion is a config mapping plus a strict 1:1 copy of tensors:
+
+* **in** (any ``cross_layer``): Depth-Attention adds no parameters, so a Qwen3 checkpoint loads exactly; methods
+  with parameters (``*.cross_layer.*``) keep their vanilla-equivalent initialisation from ``DecoderLM.init_weights``.
+* **out** (``cross_layer="none"``, ``num_loops=1`` only): a folder that ``Qwen3ForCausalLM.from_pretrained`` loads.
+
+Qwen3 features the core does not implement are refused with a ``ValueError`` naming the field: attention bias,
+sliding-window layers, RoPE scaling (``rope_type`` other than ``"default"``), an activation other than SiLU,
+attention dropout, and head layouts the core cannot express (``num_attention_heads`` not a multiple of
+``num_key_value_heads``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from depthattn.checkpoint import save_model, write_folder_atomically
+from depthattn.config import ModelConfig
+from depthattn.model import DecoderLM
+
+#: ModelConfig fields whose Qwen3Config field has the same name and meaning.
+SHARED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
+                 "tie_word_embeddings", "initializer_range")
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: not a Hugging Face checkpoint folder")
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from e
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return values
+
+
+def is_qwen3_folder(path: str | os.PathLike) -> bool:
+    """True when ``path/config.json`` exists and declares ``"model_type": "qwen3"``."""
+    file = os.path.join(os.fspath(path), "config.json")
+    if not os.path.isfile(file):
+        return False
+    try:
+        return _read_json(file).get("model_type") == "qwen3"
+    except ValueError:
+        return False
+
+
+def qwen3_to_model_config(values: dict[str, Any], source: str = "Qwen3 config", **overrides: Any) -> ModelConfig:
+    """Map a Qwen3 ``config.json`` dict (v4 ``rope_theta`` or v5 ``rope_parameters`` form) to a ``ModelConfig``.
+
+    ``overrides`` set depthattn-only fields (``cross_layer``, method knobs). Raises ``ValueError`` naming the field
+    for any Qwen3 feature the core does not implement.
+    """
+    def refuse(field: str, why: str) -> None:
+        raise ValueError(f"{source}: {field}={values.get(field)!r} is not supported ({why})")
+
+    if values.get("model_type", "qwen3") != "qwen3":
+        refuse("model_type", "expected 'qwen3'")
+    if values.get("attention_bias", False):
+        refuse("attention_bias", "the core's projections have no bias")
+    if values.get("use_sliding_window", False):
+        refuse("use_sliding_window", "the core uses full causal attention in every layer")
+    layer_types = values.get("layer_types")
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        refuse("layer_types", "only 'full_attention' layers exist in the core")
+    if values.get("hidden_act", "silu") != "silu":
+        refuse("hidden_act", "the core's MLP is SwiGLU with SiLU")
+    if float(values.get("attention_dropout", 0.0) or 0.0) != 0.0:
+        refuse("attention_dropout", "the core has no attention dropout")
+    if values.get("rope_scaling"):
+        refuse("rope_scaling", "only default RoPE is implemented")
+    rope = values.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_theta", "rope_type"}:
+        refuse("rope_parameters", "only {'rope_theta': θ, 'rope_type': 'default'} is implemented")
+    theta = rope.get("rope_theta", values.get("rope_theta", 10000.0))
+    fields: dict[str, Any] = {name: values[name] for name in SHARED_FIELDS if values.get(name) is not None}
+    if "head_dim" not in fields and "hidden_size" in values and "num_attention_heads" in values:
+        fields["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+    if fields.get("num_key_value_heads") is None and "num_attention_heads" in fields:
+        fields["num_key_value_heads"] = fields["num_attention_heads"]
+    heads, kv = fields.get("num_attention_heads"), fields.get("num_key_value_heads")
+    if heads is not None and kv is not None and (kv < 1 or heads % kv):
+        refuse("num_key_value_heads", f"num_attention_heads={heads} must be a multiple of it (GQA layout)")
+    fields["rope_theta"] = float(theta)
+    fields.update(overrides)
+    return ModelConfig.from_dict(fields)
+
+
+def model_config_to_qwen3(cfg: ModelConfig) -> dict[str, Any]:
+    """The ``Qwen3Config`` keyword arguments for a ``cross_layer="none"``, unlooped ``ModelConfig``.
+
+    Raises ``ValueError`` for any other method (Qwen3 has no cross-layer mixing) or ``num_loops > 1``.
+    """
+    if cfg.cross_layer != "none":
+        raise ValueError(f"cannot export cross_layer={cfg.cross_layer!r} to Qwen3: only cross_layer='none' models are "
+                         f"plain Qwen3 (Qwen3ForCausalLM has no cross-layer mixing); share it as a depthattn "
+                         f"checkpoint or with DepthAttnForCausalLM.save_pretrained instead")
+    if cfg.num_loops != 1:
+        raise ValueError(f"cannot export num_loops={cfg.num_loops} to Qwen3: a looped model reuses its layers, "
+                         f"which Qwen3ForCausalLM cannot express")
+    values = {name: getattr(cfg, name) for name in SHARED_FIELDS}
+    values.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_act="silu", attention_bias=False,
+                  attention_dropout=0.0, use_sliding_window=False, use_cache=True,
+                  rope_parameters={"rope_theta": float(cfg.rope_theta), "rope_type": "default"})
+    return values
+
+
+def read_qwen3_state(path: str) -> dict[str, torch.Tensor]:
+    """Tensors of a Hugging Face folder: ``model.safetensors`` or a sharded ``model.safetensors.index.json``."""
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        files = [single]
+    elif os.path.isfile(index):
+        files = [os.path.join(path, f) for f in sorted(set(_read_json(index).get("weight_map", {}).values()))]
+    else:
+        raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(file))
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ValueError(f"cannot read weights {file} (truncated or corrupt?): {e}") from e
+    return state
+
+
+def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
+    """Build a ``DecoderLM`` from a Hugging Face Qwen3 folder (as ``Qwen3ForCausalLM.save_pretrained`` writes it).
+
+    ``overrides`` select the method (``cross_layer="depth_attention"``, knobs). Qwen3 tensors load 1:1 (float32
+    or their stored dtype, cast to the model's float32); parameters only our method has (``*.cross_layer.*``) keep
+    their vanilla-equivalent init. Raises ``ValueError`` naming the file for unknown or missing tensors or shapes.
+    """
+    path = os.fspath(path)
+    cfg = qwen3_to_model_config(_read_json(os.path.join(path, "config.json")),
+                                source=os.path.join(path, "config.json"), **overrides)
+    state = read_qwen3_state(path)
+    model = DecoderLM(cfg)
+    expected = model.state_dict()
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        expected.pop("lm_head.weight", None)
+    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(k for k in set(expected) - set(state) if ".cross_layer." not in f".{k}")
+    if unexpected or missing:
+        raise ValueError(f"{path}: weights do not match a Qwen3 model of its config.json: unexpected "
+                         f"{unexpected[:5]}, missing {missing[:5]}")
+    with torch.no_grad():
+        for key, tensor in state.items():
+            if tuple(tensor.shape) != tuple(expected[key].shape):
+                raise ValueError(f"{path}: {key} has shape {tuple(tensor.shape)}, config.json needs "
+                                 f"{tuple(expected[key].shape)}")
+            expected[key].copy_(tensor.to(expected[key].dtype))
+    return model.eval()
+
+
+def save_qwen3(model: DecoderLM, path: str | os.PathLike) -> None:
+    """Write ``model`` (``cross_layer="none"``) as a Hugging Face Qwen3 folder, atomically.
+
+    Writes ``config.json`` (``model_type="qwen3"``, v5 ``rope_parameters``) and ``model.safetensors`` (tied
+    ``lm_head`` stored once, as transformers does). Raises ``ValueError`` for models Qwen3 cannot express.
+    """
+    values = model_config_to_qwen3(model.config)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    dtype = next(iter(state.values())).dtype
+    values["dtype"] = str(dtype).removeprefix("torch.")
+
+    def fill(tmp: str) -> None:
+        save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(values, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    write_folder_atomically(path, fill)
+
+
+def convert_from_qwen3(src: str | os.PathLike, out: str | os.PathLike, **overrides: Any) -> DecoderLM:
+    """Qwen3 folder → depthattn checkpoint folder (``save_model``); returns the model."""
+    model = load_qwen3(src, **overrides)
+    save_model(model, out)
+    return model

@@ -1,0 +1,257 @@
+"""``DepthAttnForCausalLM``: a thin ``PreTrainedModel`` + ``GenerationMixin`` shell around the core ``DecoderLM``.
+
+Legend: B batch, T time (this call), S cache slots, V vocab.
+
+No model code lives here. The wrapper owns a ``DecoderLM`` and registers the core's own ``model`` (backbone) and
+``lm_head`` modules as its children, so the state dict holds exactly the core's keys (``model.*``, ``lm_head.*``, the
+Hugging Face Qwen3 names) and a ``cross_layer="none"`` export is a valid Qwen3 checkpoint. The core itself is kept
+out of the module tree (it would duplicate every key); its one buffer (``inv_freq``) follows ``.to()`` through
+``_apply``.
+
+The cache transformers sees is ``DepthAttnCache``, a ``transformers.Cache`` that owns one core ``KVCache`` and grows
+it on demand. It stores what the core stores: keys and the depth-mixed values Ṽ (spec-depth-attention.md §7.1),
+vanilla-sized. Beam search reorders it generically (``reorder_cache``), and it can be cropped.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from depthattn.cache import KVCache
+from depthattn.functional import rope_inv_freq
+from depthattn.model import DecoderLM
+
+from .configuration import DepthAttnConfig
+
+
+class DepthAttnCache(Cache):
+    """A ``transformers.Cache`` backed by one growing ``depthattn.KVCache`` (K̂ and Ṽ per virtual layer).
+
+    The model calls ``core_for(batch_size, new_tokens)`` before each forward; the first call allocates, later calls
+    double the capacity when needed (copying the filled slots). ``update`` is not used: the core writes its own slots.
+    """
+
+    is_compileable = False
+
+    def __init__(self, config: DepthAttnConfig | None = None, initial_capacity: int = 64):
+        super().__init__(layers=[])
+        self.config = config
+        self.initial_capacity = initial_capacity
+        self.kv: KVCache | None = None
+
+    # ------------------------------------------------------------------ growth
+    def core_for(self, model_config, batch_size: int, new_tokens: int, dtype: torch.dtype,
+                 device: torch.device) -> KVCache:
+        """The core cache, with room for ``new_tokens`` more tokens per row."""
+        kv = self.kv
+        if kv is None:
+            cap = max(self.initial_capacity, new_tokens)
+            self.kv = KVCache(model_config.num_virtual_layers, batch_size, model_config.num_key_value_heads,
+                              model_config.head_dim, cap, dtype=dtype, device=device)
+            return self.kv
+        if kv.length + new_tokens > kv.capacity:
+            cap = max(2 * kv.capacity, kv.length + new_tokens)
+            L, B, K, _, D = kv.k.shape
+            grown = KVCache(L, B, K, D, cap, dtype=kv.k.dtype, device=kv.k.device)
+            n = kv.length
+            grown.k[:, :, :, :n] = kv.k[:, :, :, :n]
+            grown.v[:, :, :, :n] = kv.v[:, :, :, :n]
+            grown.key_mask[:, :n] = kv.key_mask[:, :n]
+            grown.length = n
+            self.kv = grown
+        return self.kv
+
+    # ------------------------------------------------------------------ the Cache interface generate() uses
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        raise NotImplementedError("DepthAttnCache is written by the depthattn core, not through update()")
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.kv is None else self.kv.length
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1  # grows without bound (the model checks max_position_embeddings)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.kv is not None:
+            self.kv.reorder(beam_idx.to(self.kv.k.device))
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self.reorder_cache(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.kv is not None:
+            index = torch.arange(self.kv.batch_size, device=self.kv.k.device).repeat_interleave(repeats)
+            self.kv.reorder(index)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``tokens_to_remove`` tokens (negative: keep that many from the start... HF semantics:
+        a non-negative value is the new length)."""
+        if self.kv is None:
+            return
+        new_len = self.kv.length + tokens_to_remove if tokens_to_remove < 0 else tokens_to_remove
+        self.kv.crop(new_len)
+
+    def reset(self) -> None:
+        if self.kv is not None:
+            self.kv.reset()
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.kv is not None
+
+    @property
+    def is_croppable(self) -> bool:
+        return True
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * (0 if self.kv is None else self.kv.num_layers)
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False] * (0 if self.kv is None else self.kv.num_layers)
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False] * (0 if self.kv is None else self.kv.num_layers)
+
+    def __len__(self) -> int:
+        return 0 if self.kv is None else self.kv.num_layers
+
+    def __repr__(self) -> str:
+        return f"DepthAttnCache(length={self.get_seq_length()}, capacity={0 if self.kv is None else self.kv.capacity})"
+
+
+class DepthAttnPreTrainedModel(PreTrainedModel):
+    config_class = DepthAttnConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["DecoderLayer"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module):
+        """All initialisation is the core's ``DecoderLM.init_weights`` (its docstring is the per-parameter table)."""
+        core = getattr(self, "core", None) if module is self else None
+        if core is not None:
+            core.init_weights()
+
+
+class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
+    """Hugging Face causal LM delegating to ``depthattn.DecoderLM``.
+
+    ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,S+T] 0/1, position_ids [B,T], cache, labels [B,T],
+    use_cache, logits_to_keep)`` → ``CausalLMOutputWithPast(loss, logits [B,T',V], cache)``. ``past_key_values`` is
+    accepted as the pre-5.24 name of ``cache``. Errors are the core's ``ValueError``s (ids outside the vocabulary,
+    positions beyond ``max_position_embeddings``, bad masks), plus ``ValueError`` for a cache that is not a
+    ``DepthAttnCache`` holding tokens (a ``DynamicCache`` cannot hold our depth sources' layout).
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: DepthAttnConfig, core: DecoderLM | None = None):
+        super().__init__(config)
+        if core is None:
+            core = DecoderLM(config.to_model_config())
+        object.__setattr__(self, "core", core)  # not a submodule: its children are registered below
+        self.model = core.model
+        self.lm_head = core.lm_head
+        if not config.tie_word_embeddings:
+            self._tied_weights_keys = {}
+        self.post_init()
+
+    @classmethod
+    def from_core(cls, core: DecoderLM, **config_kwargs) -> "DepthAttnForCausalLM":
+        """Wrap an existing ``DecoderLM`` (shares its parameters; nothing is copied)."""
+        cfg = DepthAttnConfig.from_model_config(core.config, **config_kwargs)
+        return cls(cfg, core=core).to(core.lm_head.weight.device)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``; then the core's non-persistent RoPE buffer, which transformers
+        builds on the meta device and never loads, is recomputed on the weights' device."""
+        model = super().from_pretrained(*args, **kwargs)
+        core, p = model.core, model.lm_head.weight
+        if core.inv_freq.device != p.device:
+            cfg = core.config
+            core._buffers["inv_freq"] = rope_inv_freq(cfg.head_dim, cfg.rope_theta, device=p.device)
+        return model
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        core = self.__dict__.get("core")
+        if core is not None:
+            for name, buf in core._buffers.items():
+                if buf is not None:
+                    core._buffers[name] = fn(buf)
+        return self
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        core = self.__dict__.get("core")
+        if core is not None:
+            core.training = mode
+        return self
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """Give ``generate()`` a ``DepthAttnCache`` instead of transformers' default ``DynamicCache``."""
+        if model_kwargs.get("cache") is None and model_kwargs.get("past_key_values") is None \
+                and generation_config.use_cache is not False:
+            model_kwargs["cache"] = DepthAttnCache(self.config)
+            return
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, cache: Cache | None = None, labels: Tensor | None = None,
+                use_cache: bool | None = None, logits_to_keep: int | Tensor = 0, inputs_embeds=None,
+                past_key_values: Cache | None = None, return_dict: bool | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
+        if inputs_embeds is not None:
+            raise ValueError("DepthAttnForCausalLM takes input_ids only (inputs_embeds is not supported)")
+        if input_ids is None:
+            raise ValueError("input_ids is required")
+        if cache is None:
+            cache = past_key_values
+        if use_cache is None:
+            use_cache = self.config.use_cache if not self.training else False
+        if cache is not None and not isinstance(cache, DepthAttnCache):
+            if cache.get_seq_length() > 0:
+                raise ValueError(f"cache must be a DepthAttnCache (got a filled {type(cache).__name__})")
+            cache = None
+        if cache is None and use_cache:
+            cache = DepthAttnCache(self.config)
+        kv = None
+        if cache is not None:
+            B, T = input_ids.shape
+            p = self.lm_head.weight
+            kv = cache.core_for(self.core.config, B, T, p.dtype, p.device)
+        out = self.core(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=kv,
+                        labels=labels)
+        logits = out.logits
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            logits = logits[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, Tensor):
+            logits = logits[:, logits_to_keep]
+        return CausalLMOutputWithPast(loss=out.loss, logits=logits, cache=cache)
+
+
+def register() -> None:
+    """Register ``depthattn`` with ``AutoConfig`` / ``AutoModelForCausalLM`` and for ``trust_remote_code`` export."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    AutoConfig.register(DepthAttnConfig.model_type, DepthAttnConfig, exist_ok=True)
+    AutoModelForCausalLM.register(DepthAttnConfig, DepthAttnForCausalLM, exist_ok=True)
+    DepthAttnConfig.register_for_auto_class("AutoConfig")
+    DepthAttnForCausalLM.register_for_auto_class("AutoModelForCausalLM")
