@@ -1,0 +1,123 @@
+"""``depthattn eval`` and the checkpoint helpers shared with ``generate`` and ``compare``."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .. import checkpoint as ckpt
+from ..config import atomic_write_text
+from ..train import (TOKENIZER_FILE, TRAIN_CONFIG_FILE, autocast_dtype, latest_checkpoint, resolve_device,
+                     run_of_checkpoint)
+
+
+def load_for_inference(path: str | os.PathLike, device: str = "auto"):
+    """(model in eval mode, ``tokenizers.Tokenizer``, checkpoint folder, torch device) for a checkpoint or run
+    folder. All weight loading goes through ``checkpoint.load_model``. Raises ``ValueError`` /
+    ``FileNotFoundError`` naming the file."""
+    from ..data import load_tokenizer
+
+    folder = latest_checkpoint(path)
+    dev = resolve_device(device)
+    model = ckpt.load_model(folder, device=dev)
+    tok_file = folder / TOKENIZER_FILE
+    if not tok_file.is_file():
+        raise FileNotFoundError(f"{tok_file} not found: the checkpoint has no tokenizer")
+    tokenizer = load_tokenizer(tok_file)
+    if tokenizer.get_vocab_size(with_added_tokens=True) > model.config.vocab_size:
+        raise ValueError(f"{tok_file} has {tokenizer.get_vocab_size(with_added_tokens=True)} tokens, more than the "
+                         f"model's vocab_size={model.config.vocab_size}")
+    return model, tokenizer, folder, dev
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def eval_data_dir(folder: Path, data: str | None) -> Path:
+    """``--data`` if given (its tokenizer must be the checkpoint's), else the data the run was trained on."""
+    if data is None:
+        run = run_of_checkpoint(folder)
+        if run is None:
+            raise ValueError(f"{folder} is not inside a run folder, so its training data is unknown; pass --data DIR")
+        data = run["data"]
+    data = Path(data)
+    tok = data / TOKENIZER_FILE
+    if not tok.is_file():
+        raise FileNotFoundError(f"{tok} not found: {data} is not a prepared data folder")
+    if _sha256(tok) != _sha256(folder / TOKENIZER_FILE):
+        raise ValueError(f"tokenizer mismatch: {tok} differs from the checkpoint's {folder / TOKENIZER_FILE}; "
+                         f"evaluate on data prepared with the checkpoint's tokenizer (data prepare --tokenizer)")
+    return data
+
+
+def default_seq_len(folder: Path, model) -> int:
+    file = folder / TRAIN_CONFIG_FILE
+    if file.is_file():
+        return int(json.loads(file.read_text(encoding="utf-8"))["seq_len"])
+    return min(1024, model.config.max_position_embeddings)
+
+
+def zero_shot(model, tokenizer, tasks: list[str], limit, batch_size: int, harness: str, out_dir) -> dict:
+    """Call ``depthattn.eval.zero_shot.run_zero_shot`` (imported lazily). Raises ``ValueError`` if not installed."""
+    try:
+        from ..eval.zero_shot import run_zero_shot
+    except ImportError as e:
+        raise ValueError(f"zero-shot tasks are not installed in this build of depthattn ({e}); "
+                         f"--tasks needs depthattn.eval.zero_shot") from e
+    return run_zero_shot(model, tokenizer, tasks=tasks, limit=limit, batch_size=batch_size, harness=harness,
+                         out_dir=out_dir)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Validation loss, perplexity (= exp(loss)) and bits per byte of a checkpoint on held-out text; optionally
+    zero-shot tasks (--tasks). CHECKPOINT is a checkpoint folder or a run folder (its newest checkpoint)."""
+    from ..data import load_prepared
+    from ..eval.perplexity import evaluate_perplexity
+
+    model, tokenizer, folder, dev = load_for_inference(args.checkpoint, args.device)
+    results: dict = {"checkpoint": str(folder)}
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else []
+    if not args.skip_perplexity:
+        data_dir = eval_data_dir(folder, args.data)
+        data = load_prepared(data_dir)
+        seq_len = args.seq_len or default_seq_len(folder, model)
+        res = evaluate_perplexity(model, data.split(args.split), tokenizer, seq_len=seq_len,
+                                  batch_size=args.batch_size, max_tokens=args.max_tokens, device=dev,
+                                  amp_dtype=autocast_dtype("auto", dev), progress=not args.no_progress)
+        results.update(data=str(data_dir), split=args.split, **res.to_dict())
+        print(f"{args.split} loss {res.loss:.6f}  perplexity {res.perplexity:.4f}  bits/byte {res.bits_per_byte:.6f}  "
+              f"({res.tokens:,d} tokens, {res.bytes:,d} bytes, seq_len {seq_len})")
+    if tasks:
+        out_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else None
+        zs = zero_shot(model, tokenizer, tasks, args.limit, args.batch_size, args.harness, out_dir)
+        results["zero_shot"] = zs
+        print(zs.get("markdown", ""))
+    if args.out:
+        atomic_write_text(args.out, json.dumps(results, indent=2, default=str) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("eval", help="perplexity / bits per byte (and zero-shot tasks) of a checkpoint",
+                              description=run_eval.__doc__)
+    p.add_argument("checkpoint", help="checkpoint folder, or run folder (its newest checkpoint)")
+    p.add_argument("--data", default=None, help="prepared data folder (default: the run's training data)")
+    p.add_argument("--split", default="val", choices=("val", "train"), help="which split (default val)")
+    p.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N predicted tokens")
+    p.add_argument("--seq-len", type=int, default=None, help="window length (default: the training seq_len)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows (or task requests) per batch (default 8)")
+    p.add_argument("--tasks", default=None, help="comma-separated zero-shot tasks (needs depthattn.eval.zero_shot)")
+    p.add_argument("--limit", type=int, default=None, help="examples per task")
+    p.add_argument("--harness", choices=("native", "lm-eval"), default="native", help="zero-shot scorer")
+    p.add_argument("--skip-perplexity", action="store_true", help="only run --tasks")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_eval)

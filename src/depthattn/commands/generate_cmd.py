@@ -1,0 +1,77 @@
+"""``depthattn generate``: stream text from a checkpoint with the KV cache."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Iterator
+
+import torch
+
+from ..generate import generate_stream
+
+
+def stream_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 100, temperature: float = 0.8,
+                top_k: int | None = 50, top_p: float | None = None, seed: int | None = 0,
+                device: torch.device | str = "cpu") -> Iterator[str]:
+    """Yield decoded text pieces of the continuation of ``prompt`` (``generate_stream``, KV cache), stopping at
+    ``<|endoftext|>``. A piece is emitted once its bytes form complete UTF-8 characters."""
+    from ..data import EOS_TOKEN
+
+    ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+    if not ids:
+        raise ValueError("--prompt must not be empty")
+    eos = tokenizer.token_to_id(EOS_TOKEN)
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+    new: list[int] = []
+    shown = ""
+    for token in generate_stream(model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                                 top_p=top_p, eos_token_id=eos, seed=seed):
+        t = int(token[0])
+        if t == eos:
+            break
+        new.append(t)
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next byte-level token
+            continue
+        yield text[len(shown):]
+        shown = text
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    if len(text) > len(shown):
+        yield text[len(shown):]
+
+
+def generate_text(model, tokenizer, prompt: str, **kw) -> str:
+    """The whole continuation of ``prompt`` as one string (``stream_text`` joined)."""
+    return "".join(stream_text(model, tokenizer, prompt, **kw))
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Continue --prompt with a checkpoint (checkpoint folder or run folder), streaming to stdout; stops at EOS."""
+    from .eval_cmd import load_for_inference
+
+    model, tokenizer, _, dev = load_for_inference(args.checkpoint, args.device)
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 0")
+    sys.stdout.write(args.prompt)
+    for piece in stream_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                             device=dev):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("generate", help="generate text from a checkpoint (KV cache)",
+                              description=run_generate.__doc__)
+    p.add_argument("checkpoint", help="checkpoint folder, or run folder (its newest checkpoint)")
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=100, help="at most this many new tokens (default 100)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=50, help="keep the k most likely tokens (default 50)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
+    p.set_defaults(func=run_generate)

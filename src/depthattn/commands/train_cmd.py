@@ -1,0 +1,138 @@
+"""``depthattn train``: train a model from a preset, a TOML config and ``--set`` overrides."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from ..train import (TrainConfig, latest_checkpoint, load_toml, parse_value, read_run, resolve_model_config,
+                     split_overrides, train)
+
+DEFAULT_PRESET = "small"
+
+
+def default_data_dir() -> Path:
+    """Cache folder for the embedded corpus prepared with the default settings
+    (``$DEPTHATTN_CACHE`` or ``$XDG_CACHE_HOME/depthattn`` or ``~/.cache/depthattn``, then ``data/embedded``)."""
+    root = os.environ.get("DEPTHATTN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "depthattn")
+    return Path(root) / "data" / "embedded"
+
+
+def ensure_data(path: str | os.PathLike | None, progress: bool = True, log=print) -> Path:
+    """A prepared data folder: ``path`` as given (must be prepared), or the default cache folder, prepared from the
+    embedded corpus (``data.prepare_corpus``, default settings) if it has no ``meta.json`` yet."""
+    from ..data import load_prepared, prepare_corpus
+
+    if path is not None:
+        load_prepared(path)  # validates; ValueError naming the file if it is not prepared
+        return Path(path)
+    folder = default_data_dir()
+    if not (folder / "meta.json").is_file():
+        log(f"preparing the embedded corpus into {folder} (once)")
+        prepare_corpus(folder, None, progress=progress)
+    return folder
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``train`` and ``compare``: preset, config file, overrides."""
+    p.add_argument("--preset", default=None, help=f"model preset: tiny, small, 360m, 1.5b, 3b (default "
+                                                  f"{DEFAULT_PRESET}, or the config file's)")
+    p.add_argument("--config", default=None, metavar="TOML",
+                   help="TOML file with optional `preset`, `data`, [model] and [train] tables")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a ModelConfig or TrainConfig field (repeatable), e.g. --set hidden_size=128")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (TrainConfig.steps)")
+    p.add_argument("--tokens", type=int, default=None, help="training tokens (TrainConfig.tokens; steps win)")
+    p.add_argument("--seed", type=int, default=None, help="TrainConfig.seed")
+    p.add_argument("--loops", type=int, default=None, help="ModelConfig.num_loops (looped Transformer)")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="prepared data folder (default: the embedded corpus, prepared once into a cache folder)")
+    p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in the backward pass")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def gather_settings(args: argparse.Namespace, extra_model: dict | None = None) -> tuple[str, dict, dict, Any]:
+    """(preset, model overrides, train overrides, data path) from config file, then flags, then ``--set``."""
+    preset, data, model, train_kw = None, None, {}, {}
+    if args.config:
+        doc = load_toml(args.config)
+        preset, data, model, train_kw = doc["preset"], doc["data"], doc["model"], doc["train"]
+    preset = args.preset or preset or DEFAULT_PRESET
+    data = args.data or data
+    flags = {"steps": args.steps, "tokens": args.tokens, "seed": args.seed, "device": args.device}
+    train_kw.update({k: v for k, v in flags.items() if v is not None})
+    if args.steps is not None and args.tokens is None:
+        train_kw.pop("tokens", None)
+    if args.tokens is not None and args.steps is None:
+        train_kw.pop("steps", None)
+    if args.compile:
+        train_kw["compile"] = True
+    if args.activation_checkpointing:
+        train_kw["activation_checkpointing"] = True
+    if args.loops is not None:
+        model["num_loops"] = args.loops
+    model.update(extra_model or {})
+    pairs = {}
+    for item in args.set:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r} must look like KEY=VALUE")
+        key, value = item.split("=", 1)
+        pairs[key.strip()] = parse_value(value.strip())
+    m, t = split_overrides(pairs, "--set")
+    model.update(m)
+    train_kw.update(t)
+    return preset, model, train_kw, data
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train a model; writes a run folder (run.json, metrics.jsonl, checkpoints/) to --out."""
+    if args.resume:
+        run = read_run(args.resume)
+        if args.config or args.preset or args.set or args.init_from:
+            raise ValueError("--resume continues a run with its recorded config; drop --config/--preset/--set/"
+                             "--init-from (only --device, --compile, --activation-checkpointing may change)")
+        from ..config import ModelConfig
+
+        model_cfg = ModelConfig.from_dict(run["model"])
+        overrides = {k: v for k, v in {"device": args.device}.items() if v is not None}
+        if args.compile:
+            overrides["compile"] = True
+        if args.activation_checkpointing:
+            overrides["activation_checkpointing"] = True
+        train_cfg = TrainConfig.from_dict({**run["train"], **overrides})
+        data = args.data or run["data"]
+        result = train(args.resume, model_cfg, train_cfg, data, resume=True, progress=not args.no_progress)
+    else:
+        preset, model_kw, train_kw, data = gather_settings(args, {"cross_layer": args.cross_layer}
+                                                           if args.cross_layer else None)
+        if "steps" not in train_kw and "tokens" not in train_kw:
+            train_kw["steps"] = 200
+        train_cfg = TrainConfig.from_dict(train_kw)
+        train_cfg.total_steps()  # refuse a budget shorter than one step before any work
+        from ..data import load_prepared
+
+        data_dir = ensure_data(data, progress=not args.no_progress)
+        prepared = load_prepared(data_dir)
+        model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / "tokenizer.json"))
+        out = args.out or os.path.join("runs", f"{preset}-{model_cfg.cross_layer}")
+        result = train(out, model_cfg, train_cfg, data_dir, init_from=args.init_from, progress=not args.no_progress)
+    print(f"trained {result.steps} steps, {result.tokens:,d} tokens; final val loss "
+          f"{result.final_val_loss:.4f}; checkpoint {result.checkpoint}" if result.final_val_loss is not None else
+          f"stopped at step {result.steps}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train a model (preset + config + overrides)", description=run_train.__doc__)
+    add_model_options(p)
+    p.add_argument("--cross-layer", default=None, help="ModelConfig.cross_layer (none, depth_attention, ...)")
+    p.add_argument("--out", default=None, help="run folder (default runs/<preset>-<cross_layer>)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
+                   help="start from this checkpoint's weights (its cross_layer may differ)")
+    p.set_defaults(func=run_train)

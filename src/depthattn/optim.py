@@ -1,0 +1,76 @@
+"""Optimizer and learning-rate schedule: AdamW with decay on matrices only, linear warm-up then cosine to a floor.
+
+Recipe (spec-depth-attention.md §12, the authors' released configs): AdamW β = (0.9, 0.95), eps 1e-8, weight decay
+0.1, 2 % linear warm-up, cosine decay to 0.1 × peak, gradient clipping at 1.0.
+
+Weight-decay groups (spec-baselines.md §8, "recommendation"): a parameter decays iff it is a matrix (``ndim >= 2``):
+every projection, the token embedding and the untied LM head. Vectors and scalars never decay: RMSNorm gains
+(including ``q_norm`` / ``k_norm``) and every cross-layer scalar, vector or bias (DenseFormer α, mHC α / b,
+AttnRes w / g / b, all ``< 2``-D and living under ``cross_layer``). Matrices whose name matches a pattern in
+``NO_DECAY_PATTERNS`` (a method may register one) are exempt as well. ``param_groups`` returns the decision per name so
+that the run folder can log it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+from torch import nn
+
+#: Regular expressions (``re.search`` on the parameter name) of matrices that must not decay; methods may append.
+NO_DECAY_PATTERNS: list[str] = []
+
+
+def decays(name: str, param: torch.Tensor) -> bool:
+    """Whether parameter ``name`` gets weight decay: matrices only, minus ``NO_DECAY_PATTERNS`` (module docstring)."""
+    if param.ndim < 2:
+        return False
+    return not any(re.search(p, name) for p in NO_DECAY_PATTERNS)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> tuple[list[dict], dict[str, list[str]]]:
+    """AdamW parameter groups ``[decay, no_decay]`` and the names in each (``{"decay": [...], "no_decay": [...]}``).
+
+    Tied weights (the same tensor under two names) appear once.
+    """
+    seen: set[int] = set()
+    groups: dict[str, list] = {"decay": [], "no_decay": []}
+    names: dict[str, list[str]] = {"decay": [], "no_decay": []}
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        key = "decay" if decays(name, p) else "no_decay"
+        groups[key].append(p)
+        names[key].append(name)
+    return ([{"params": groups["decay"], "weight_decay": weight_decay},
+             {"params": groups["no_decay"], "weight_decay": 0.0}], names)
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
+                    eps: float = 1e-8) -> tuple[torch.optim.AdamW, dict[str, list[str]]]:
+    """AdamW over ``param_groups(model, weight_decay)``; returns the optimizer and the group names."""
+    groups, names = param_groups(model, weight_decay)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps), names
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
+
+    Linear warm-up ``(step + 1) / warmup_steps`` for ``step < warmup_steps``, then cosine from 1 down to
+    ``min_lr_ratio`` at ``step = total_steps - 1``: ``r + (1 - r) · ½ (1 + cos(π · p))`` with
+    ``p = (step - warmup) / max(1, total - 1 - warmup)`` clipped to [0, 1].
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, max(0.0, (step - warmup_steps) / max(1, total_steps - 1 - warmup_steps)))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
+                    min_lr_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
+    """``LambdaLR`` applying ``lr_factor``; call ``scheduler.step()`` once after every optimizer step."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, min_lr_ratio))
