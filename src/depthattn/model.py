@@ -104,7 +104,16 @@ class DecoderLM(nn.Module):
         model.layers.*.mlp.{gate,up,down}_proj    N(0, initializer_range²)
         lm_head.weight (untied)                   N(0, initializer_range²)
         all RMSNorm weights (incl. q/k_norm)      ones
-        *.cross_layer.*                           the method's ``init_weights(cfg)`` (vanilla-equivalent start)
+        *.cross_layer.*                           the method's ``init_weights(cfg)``, rows below
+        layers.*.cross_layer.alpha (denseformer)  α_{i,i} = 1, others 0 (exactly vanilla)
+        *.connectors.*.norm.weight (mhc)          ones
+        *.connectors.*.phi.weight (mhc)           N(0, initializer_range²)
+        *.connectors.*.alpha (mhc)                mhc_alpha_init (pre, post, res)
+        *.connectors.*.bias (mhc)                 [logit(1/n)] * n, [0] * n, log(0.99 I + 0.01/(n-1) off-diag)
+        model.cross_layer.readout (mhc)           zeros (mean over streams)
+        *.cross_layer.query (attnres)             zeros (uniform depth weights)
+        *.cross_layer.key_gain (attnres)          ones
+        *.cross_layer.recency_bias (attnres)      attnres_recency_bias (recency variant only)
         inv_freq (buffer)                         rope_theta ** (-2i / head_dim)
         ========================================  =============================================
         """
