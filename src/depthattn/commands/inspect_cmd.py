@@ -1,58 +1,107 @@
-"""``depthattn inspect``: parameters, FLOPs per token and KV-cache bytes of a config, per method."""
+"""``depthattn inspect``: analytical costs of a preset per cross-layer method (nothing is allocated).
+
+Per method: parameters and those added over vanilla; forward FLOPs per token and the method's extra FLOPs as % of
+the vanilla forward (spec-baselines.md §1 denominator); KV-cache bytes per token; in-flight bytes per token (the
+residual state a token carries through depth, spec-baselines.md §7); and the prefill working set, in-flight bytes ×
+prompt length T. Bytes are for bfloat16 activations.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
-from ..accounting import kv_cache_bytes_per_token, num_flops, num_params
-from ..config import CROSS_LAYER_METHODS, PRESETS, ModelConfig
+from ..accounting import inflight_bytes_per_token, kv_cache_bytes_per_token, num_flops, num_params
+from ..config import CROSS_LAYER_METHODS, LOOPABLE_METHODS, PRESETS, ModelConfig, check_keys
 
 
-def inspect_rows(preset: str, methods: list[str], loops: int, seq_len: int) -> list[dict]:
-    """One row of costs per method for ``preset`` (analytical; nothing is allocated)."""
-    base = ModelConfig.from_preset(preset, num_loops=loops)
+def inspect_rows(preset: str, methods: list[str], loops: int, seq_len: int, prompt_len: int = 2048,
+                 overrides: dict | None = None) -> list[dict]:
+    """One row of costs per method for ``preset`` (analytical; nothing is allocated).
+
+    Raises ``ValueError`` for an unknown preset, method, override key or an invalid combination (e.g. loops > 1
+    with a method that does not support looping).
+    """
+    overrides = dict(overrides or {})
+    base = ModelConfig.from_preset(preset, num_loops=loops, **overrides)
     vanilla_params = num_params(base)
     rows = []
     for method in methods:
-        cfg = ModelConfig.from_preset(preset, cross_layer=method, num_loops=loops)
+        cfg = base.replace(cross_layer=method)
         fl = num_flops(cfg, seq_len)
+        inflight = inflight_bytes_per_token(cfg, torch.bfloat16)
         rows.append(dict(
             method=method, params=num_params(cfg), params_added=num_params(cfg) - vanilla_params,
             flops_per_token=fl.vanilla + fl.extra, extra_flops=fl.extra, extra_pct=100 * fl.ratio,
             extra_pct_with_attention=100 * fl.ratio_with_attention,
             kv_bytes_per_token_bf16=kv_cache_bytes_per_token(cfg, torch.bfloat16),
+            inflight_bytes_per_token_bf16=inflight, prompt_len=prompt_len,
+            prefill_working_set_bytes_bf16=inflight * prompt_len,
         ))
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    head = ("| method | params | added | fwd FLOPs/token | extra FLOPs | extra % | extra % incl. attn | "
-            "KV bytes/token (bf16) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    """A Markdown table of ``inspect_rows`` output."""
+    T = rows[0]["prompt_len"] if rows else 0
+    head = ("| method | params | added | fwd FLOPs/token | extra FLOPs/token | extra % | extra % incl. attn | "
+            f"KV bytes/token | in-flight bytes/token | prefill working set (T={T}) |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
         lines.append(f"| {r['method']} | {r['params']:,} | {r['params_added']:,} | {r['flops_per_token']:.4g} | "
-                     f"{r['extra_flops']:,.0f} | {r['extra_pct']:.4f} | {r['extra_pct_with_attention']:.4f} | "
-                     f"{r['kv_bytes_per_token_bf16']:,} |")
+                     f"{r['extra_flops']:,.0f} | {r['extra_pct']:.3f} | {r['extra_pct_with_attention']:.3f} | "
+                     f"{r['kv_bytes_per_token_bf16']:,} | {r['inflight_bytes_per_token_bf16']:,} | "
+                     f"{r['prefill_working_set_bytes_bf16'] / 2**20:,.1f} MiB |")
     return "\n".join(lines)
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """``KEY=VALUE`` strings (VALUE as JSON, else a string) → dict; raises ``ValueError`` naming a bad item."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} must look like KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    check_keys(out, "--set")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    methods = args.cross_layer.split(",") if args.cross_layer else ["none", "depth_attention"]
+    """Print the cost table of ``--preset`` for the ``--cross-layer`` methods."""
+    if args.cross_layer in (None, "all"):  # with loops > 1: only the methods for which looping is defined
+        methods = list(CROSS_LAYER_METHODS if args.loops == 1 else LOOPABLE_METHODS)
+    else:
+        methods = [m.strip() for m in args.cross_layer.split(",") if m.strip()]
     for m in methods:
         if m not in CROSS_LAYER_METHODS:
-            raise ValueError(f"--cross-layer {m!r} is not one of {CROSS_LAYER_METHODS}")
-    print(f"preset {args.preset}, loops {args.loops}, attention at seq_len {args.seq_len}")
-    print(format_table(inspect_rows(args.preset, methods, args.loops, args.seq_len)))
+            raise ValueError(f"--cross-layer {m!r} is not one of {CROSS_LAYER_METHODS} (or 'all')")
+    if args.prompt_len < 1:
+        raise ValueError(f"--prompt-len {args.prompt_len} must be >= 1")
+    if args.seq_len < 1:
+        raise ValueError(f"--seq-len {args.seq_len} must be >= 1")
+    overrides = parse_overrides(args.set or [])
+    rows = inspect_rows(args.preset, methods, args.loops, args.seq_len, args.prompt_len, overrides)
+    print(f"preset {args.preset}, loops {args.loops}, attention at seq_len {args.seq_len}, prompt length "
+          f"{args.prompt_len}, bfloat16 bytes" + (f", overrides {overrides}" if overrides else ""))
+    print(format_table(rows))
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("inspect", help="parameters, FLOPs per token and KV-cache bytes of a preset, per method",
-                       description=__doc__)
+    p = sub.add_parser("inspect", help="parameters, FLOPs, KV-cache and in-flight bytes of a preset, per method",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    p.add_argument("--cross-layer", default=None, help="comma-separated methods (default: none,depth_attention)")
+    p.add_argument("--cross-layer", default="all", help="comma-separated methods, or 'all' (default)")
     p.add_argument("--loops", type=int, default=1, help="num_loops (looped Transformer)")
     p.add_argument("--seq-len", type=int, default=2048, help="sequence length for the attention FLOPs term")
+    p.add_argument("--prompt-len", type=int, default=2048, help="prompt length T for the prefill working set")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="ModelConfig override, e.g. attnres_recency_bias=3.0 (repeatable)")
     p.set_defaults(func=run)
