@@ -241,6 +241,17 @@ def test_tokenizer_round_trips_real_text(prepared, docs):
     assert tok.get_vocab_size() == 512 and tok.token_to_id(EOS_TOKEN) == 0
 
 
+def test_literal_eos_in_text_is_not_a_document_end(prepared, docs, tmp_path):
+    text = docs[SLICE_IDS[0]][:2000]
+    tok = load_prepared(prepared).tokenizer
+    ids = shards._encode_split(tok, [Document("a", f"{text}{EOS_TOKEN}{text}")], 0, "uint16", tmp_path / "x.bin",
+                               "encode test", False)
+    arr = np.fromfile(tmp_path / "x.bin", dtype=np.uint16)
+    assert ids["tokens"] == len(arr) and int((arr == 0).sum()) == 1 and arr[-1] == 0
+    assert tok.decode(arr[:-1].tolist()) == f"{text}{EOS_TOKEN}{text}"
+    assert tok.encode_special_tokens is False
+
+
 def test_train_shard_decodes_to_train_documents(prepared, docs):
     data = load_prepared(prepared)
     ids = data.train.tolist()

@@ -99,7 +99,20 @@ def _resolve_dtype(dtype: str, vocab_size: int) -> str:
 
 def _encode_split(tok: Tokenizer, docs: list[Document], eos_id: int, dtype: str, path: Path, desc: str,
                   progress: bool) -> dict:
-    """Encode ``docs`` (each followed by EOS) into ``path``; returns the split's counts."""
+    """Encode ``docs`` (each followed by EOS) into ``path``; returns the split's counts.
+
+    A literal ``<|endoftext|>`` inside a document is encoded as plain text, so only the appended EOS ids mark
+    document ends.
+    """
+    tok.encode_special_tokens = True
+    try:
+        return _encode_split_inner(tok, docs, eos_id, dtype, path, desc, progress)
+    finally:
+        tok.encode_special_tokens = False
+
+
+def _encode_split_inner(tok: Tokenizer, docs: list[Document], eos_id: int, dtype: str, path: Path, desc: str,
+                        progress: bool) -> dict:
     n_tokens = n_bytes = n_chars = 0
     batch: list[str] = []
     with open(path, "wb") as f, tqdm(total=sum(len(d.text) for d in docs), unit="char", unit_scale=True, desc=desc,
