@@ -282,16 +282,16 @@ def test_mhc_with_zero_phi_equals_vanilla(n):
 
 @torch.no_grad()
 def test_mhc_default_init_is_near_vanilla():
-    """Measured max |Δlogit| ≈ 6e-4 against logits of std ≈ 0.2: the dynamic logits perturb Hpre/Hpost/Hres by
-    ~3e-3 (α·σ·√(nC), spec §5), which moves each residual update by a fraction of that. We allow 5e-3 absolute and
-    2 % relative (RMS of the difference over RMS of the logits)."""
+    """The dynamic logits α·x̃φ have std α·σ·√(nC) = 0.01·0.02·16 = 3.2e-3 at tiny scale (spec §5), which perturbs
+    Hpre/Hpost/Hres — and hence each residual update — by a relative ~1e-3. Measured (seed 5): max |Δlogit| 6.3e-4,
+    RMS(Δ)/RMS(logits) 6.6e-4 with logits of std 0.16. We allow 5e-3 absolute and 5e-3 relative RMS."""
     vanilla = build(tiny())
     model = vanilla_weights_into(build(tiny("mhc"), seed=5), vanilla)
     ids, mask = padded_batch(512)
     a, b = model(ids, attention_mask=mask).logits[mask], vanilla(ids, attention_mask=mask).logits[mask]
     diff = (a - b)
     assert diff.abs().max() < 5e-3
-    assert diff.pow(2).mean().sqrt() / b.pow(2).mean().sqrt() < 2e-2
+    assert diff.pow(2).mean().sqrt() / b.pow(2).mean().sqrt() < 5e-3
     assert diff.abs().max() > 0  # the default φ really is not zero
 
 
@@ -398,3 +398,19 @@ def test_attnres_recency_current_weight_at_init(S, b):
     for w, k in zip(rec, others):
         expected = math.exp(b) / (math.exp(b) + k)
         torch.testing.assert_close(w[..., -1], torch.full_like(w[..., -1], expected), atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------- inspect and docs
+def test_inspect_tables_in_docs_are_current(capsys):
+    """docs/methods.md holds the output of ``depthattn inspect`` for 360m, 1.5b and 3b (regenerate if this fails)."""
+    from pathlib import Path
+
+    from depthattn.cli import main
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "methods.md").read_text(encoding="utf-8")
+    for preset in ("360m", "1.5b", "3b"):
+        assert main(["inspect", "--preset", preset, "--cross-layer", "all", "--prompt-len", "2048"]) == 0
+        table = capsys.readouterr().out.splitlines()[1:]
+        assert len(table) == 2 + 5 and "\n".join(table) in doc, preset
+    assert main(["inspect", "--preset", "tiny", "--cross-layer", "mhc", "--loops", "2"]) == 2
+    assert "num_loops=2" in capsys.readouterr().err
