@@ -13,7 +13,7 @@ from .train_cmd import add_model_options, gather_settings
 
 #: The default budget: ``small`` preset at seq_len 128, batch 8 → 1,024 tokens per step; measured on a shared
 #: 2-core CPU (docs/training.md), both methods together finish within 15 minutes.
-DEFAULT_TRAIN = dict(steps=300, batch_size=8, seq_len=128, lr=2e-3, warmup=0.05, eval_every=25, eval_windows=16,
+DEFAULT_TRAIN = dict(steps=240, batch_size=8, seq_len=128, lr=2e-3, warmup=0.05, eval_every=20, eval_windows=16,
                      eval_batch_size=16, save_every=100, keep_last=1, log_every=1)
 DEFAULT_EVAL_TOKENS = 16384
 

@@ -1,0 +1,223 @@
+"""Training loop, optimizer, schedule, checkpoints/resume and perplexity, on a slice of the embedded corpus."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from depthattn import DecoderLM, ModelConfig
+from depthattn.data import embedded_corpus_documents, load_prepared, prepare_corpus
+from depthattn.eval.perplexity import evaluate_perplexity, token_byte_lengths
+from depthattn.optim import build_optimizer, lr_factor
+from depthattn.train import (TrainConfig, checkpoint_dirs, init_from_checkpoint, load_toml, read_metrics,
+                             resolve_model_config, train)
+
+TRAIN = dict(steps=8, batch_size=4, seq_len=64, lr=3e-3, warmup=0.1, eval_every=4, eval_windows=4, save_every=4,
+             keep_last=3)
+
+
+def make_data(folder: Path) -> Path:
+    """Real text: the first 24,000 characters of six embedded documents, BPE vocab 512."""
+    docs = embedded_corpus_documents()[:6]
+    src = folder / "slice.jsonl"
+    src.write_text("".join(json.dumps({"text": text[:24000]}) + "\n" for _, text in docs), encoding="utf-8")
+    prepare_corpus(folder / "data", [str(src)], vocab_size=512, val_fraction=0.2, progress=False)
+    return folder / "data"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return make_data(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg(data_dir) -> ModelConfig:
+    return resolve_model_config("tiny", {"cross_layer": "depth_attention"}, load_prepared(data_dir).vocab_size,
+                                "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory, data_dir, tiny_cfg):
+    run = tmp_path_factory.mktemp("runs") / "a"
+    train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, progress=False)
+    return run
+
+
+def tree_hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------------------------------------ optimizer
+def test_weight_decay_groups_matrices_only():
+    model = DecoderLM(ModelConfig.from_preset("tiny", cross_layer="depth_attention"))
+    opt, names = build_optimizer(model, lr=1e-3, weight_decay=0.1)
+    params = dict(model.named_parameters())
+    assert set(names["decay"]) == {n for n, p in params.items() if p.ndim >= 2}
+    assert set(names["no_decay"]) == {n for n, p in params.items() if p.ndim < 2}
+    assert "model.layers.0.self_attn.k_norm.weight" in names["no_decay"]
+    assert "model.embed_tokens.weight" in names["decay"]
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8
+
+
+def test_lr_schedule_warmup_then_cosine_to_floor():
+    warm, total = 10, 110
+    f = [lr_factor(s, warm, total, 0.1) for s in range(total)]
+    assert f[:warm] == pytest.approx([(s + 1) / warm for s in range(warm)])
+    assert f[warm] == pytest.approx(1.0) and f[-1] == pytest.approx(0.1)
+    mid = warm + (total - 1 - warm) // 2
+    assert f[mid] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (mid - warm) / (total - 1 - warm))))
+    assert all(a >= b for a, b in zip(f[warm:], f[warm + 1:]))
+
+
+# ------------------------------------------------------------------------------------------------ training
+def test_loss_decreases_on_real_text(run_a):
+    rows = read_metrics(run_a)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    losses = [r["loss"] for r in rows]
+    assert losses[0] > math.log(512) - 0.3  # starts near uniform over the vocabulary
+    assert np.mean(losses[-2:]) < losses[0] - 0.25
+    val = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert len(val) == 2 and val[1] < val[0]
+    peak = TRAIN["lr"]
+    assert rows[0]["lr"] == pytest.approx(peak * lr_factor(0, 1, 8, 0.1))
+    run = json.loads((run_a / "run.json").read_text())
+    assert run["train"]["steps"] == 8 and run["model"]["vocab_size"] == 512
+    assert set(run["versions"]) >= {"torch", "transformers", "tokenizers", "depthattn"}
+    summary = json.loads((run_a / "summary.json").read_text())
+    assert summary["final_val_loss"] == val[-1] and summary["tokens"] == 8 * 4 * 64
+
+
+def test_resume_repeats_uninterrupted_run_exactly(run_a, tmp_path, data_dir, tiny_cfg):
+    run = tmp_path / "b"
+    shutil.copytree(run_a, run)
+    before = read_metrics(run)
+    shutil.rmtree(run / "checkpoints" / "step_00000008")  # "crash" after step 8 was logged but before its save
+    train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
+    after = read_metrics(run)
+    keys = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss")
+    assert [[r.get(k) for k in keys] for r in after] == [[r.get(k) for k in keys] for r in before]
+    a = torch.load(run_a / "checkpoints/step_00000008/trainer_state.pt", weights_only=True)
+    b = torch.load(run / "checkpoints/step_00000008/trainer_state.pt", weights_only=True)
+    assert a["step"] == b["step"] == 8 and a["tokens_seen"] == b["tokens_seen"]
+    assert (run_a / "checkpoints/step_00000008/model.safetensors").read_bytes() == \
+        (run / "checkpoints/step_00000008/model.safetensors").read_bytes()
+
+
+def test_same_seed_same_losses_other_seed_differs(run_a, tmp_path, data_dir, tiny_cfg):
+    ref = [r["loss"] for r in read_metrics(run_a)][:3]
+    train(tmp_path / "s", tiny_cfg, TrainConfig(**TRAIN), data_dir, stop_after=3, progress=False)
+    assert [r["loss"] for r in read_metrics(tmp_path / "s")] == ref
+    assert not (tmp_path / "s" / "summary.json").exists()
+    train(tmp_path / "t", tiny_cfg, TrainConfig(**{**TRAIN, "seed": 1}), data_dir, stop_after=2, progress=False)
+    assert [r["loss"] for r in read_metrics(tmp_path / "t")] != ref[:2]
+
+
+def test_init_from_other_method_copies_weights(run_a):
+    model = DecoderLM(ModelConfig.from_dict({**json.loads((run_a / "run.json").read_text())["model"],
+                                             "cross_layer": "none"}))
+    kept = init_from_checkpoint(model, checkpoint_dirs(run_a)[-1])
+    assert kept == []
+    src = DecoderLM(ModelConfig.from_dict(json.loads((run_a / "run.json").read_text())["model"]))
+    init_from_checkpoint(src, checkpoint_dirs(run_a)[-1])
+    for (n, p), (_, q) in zip(model.state_dict().items(), src.state_dict().items()):
+        assert torch.equal(p, q), n
+
+
+# ------------------------------------------------------------------------------------------------ bad inputs
+def test_budget_shorter_than_one_step(tmp_path, data_dir, tiny_cfg):
+    with pytest.raises(ValueError, match="shorter than one optimizer step of 256 tokens"):
+        train(tmp_path / "x", tiny_cfg, TrainConfig(**{**TRAIN, "steps": None, "tokens": 100}), data_dir)
+    assert not (tmp_path / "x").exists()
+
+
+def test_vocab_mismatch_names_both(data_dir):
+    with pytest.raises(ValueError, match=r"vocab_size=1000 .* 512 tokens"):
+        resolve_model_config("tiny", {"vocab_size": 1000}, 512, str(data_dir / "tokenizer.json"))
+
+
+def test_unknown_toml_key(tmp_path):
+    cfg = tmp_path / "x.toml"
+    cfg.write_text('preset = "tiny"\n[train]\nsteps = 3\nlearning_rate = 1e-3\n')
+    with pytest.raises(ValueError, match=r"x\.toml: unknown \[train\] key\(s\) \['learning_rate'\]"):
+        load_toml(cfg)
+    cfg.write_text('[model]\nhidden = 3\n')
+    with pytest.raises(ValueError, match=r"unknown \[model\] key\(s\) \['hidden'\]"):
+        load_toml(cfg)
+
+
+def test_shipped_configs_parse():
+    root = Path(__file__).resolve().parents[1] / "configs"
+    files = sorted(root.glob("*.toml"))
+    assert {"tiny.toml", "small.toml", "3b_depth_attention.toml"} <= {f.name for f in files}
+    for f in files:
+        doc = load_toml(f)
+        ModelConfig.from_preset(doc["preset"], **doc["model"])
+        TrainConfig.from_dict(doc["train"]).total_steps()
+
+
+def test_truncated_checkpoint_and_other_config_leave_run_untouched(run_a, tmp_path, data_dir, tiny_cfg):
+    run = tmp_path / "c"
+    shutil.copytree(run_a, run)
+    weights = run / "checkpoints/step_00000008/model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:len(data) // 2])
+    before = tree_hashes(run)
+    with pytest.raises(ValueError, match=r"step_00000008/model\.safetensors"):
+        train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
+    assert tree_hashes(run) == before
+    weights.write_bytes(data)
+    with pytest.raises(ValueError, match=r"differs from the recorded one \(hidden_size: 64 vs 32"):
+        train(run, tiny_cfg.replace(hidden_size=32), TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
+    # a checkpoint of another architecture dropped into the run folder
+    other = json.loads((run / "checkpoints/step_00000008/config.json").read_text())
+    other["num_hidden_layers"] = 2
+    (run / "checkpoints/step_00000008/config.json").write_text(json.dumps(other))
+    before = tree_hashes(run)
+    with pytest.raises(ValueError, match=r"step_00000008 was written for another model config "
+                                         r"\(num_hidden_layers: 2 vs 4\)"):
+        train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
+    assert tree_hashes(run) == before
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, progress=False)
+    assert tree_hashes(run) == before
+
+
+# ------------------------------------------------------------------------------------------------ perplexity
+def test_byte_lengths_match_meta(data_dir):
+    data = load_prepared(data_dir)
+    lengths = token_byte_lengths(data.tokenizer)
+    assert int(lengths[data.val].sum()) == data.num_bytes("val")
+    assert int(lengths[data.train].sum()) == data.num_bytes("train")
+    assert lengths[data.eos_token_id] == 0
+
+
+def test_perplexity_matches_slow_twin(run_a, data_dir):
+    from depthattn.checkpoint import load_model
+
+    data = load_prepared(data_dir)
+    model = load_model(checkpoint_dirs(run_a)[-1])
+    tokens = np.asarray(data.val[:1000])
+    res = evaluate_perplexity(model, tokens, data.tokenizer, seq_len=64, batch_size=5, progress=False)
+    # slow twin: one window at a time, per-token loss, the tail window included
+    nats, n = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(tokens) - 1, 64):
+            w = torch.from_numpy(tokens[s:s + 65].astype(np.int64))[None]
+            nats += float(F.cross_entropy(model(w[:, :-1]).logits[0].double(), w[0, 1:], reduction="sum"))
+            n += w.shape[1] - 1
+    assert res.tokens == n == len(tokens) - 1
+    assert res.nats == pytest.approx(nats, rel=1e-5)
+    assert res.perplexity == pytest.approx(math.exp(res.loss), rel=1e-12)
+    nbytes = int(token_byte_lengths(data.tokenizer)[tokens[1:]].sum())
+    assert res.bytes == nbytes
+    assert res.bits_per_byte == pytest.approx(res.nats / (math.log(2) * nbytes), rel=1e-12)
