@@ -6,6 +6,7 @@ from .cache import KVCache
 from .config import PRESETS, ModelConfig
 from .generate import generate, generate_stream, naive_generate
 from .model import DecoderLM, ModelOutput
+from . import hf  # noqa: E402,F401  registers model_type "depthattn" with transformers' Auto classes
 
 __version__ = "0.1.0"
 __all__ = [

@@ -89,3 +89,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="token storage type (auto: uint16 up to 65,536 tokens, else uint32)")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
     q.set_defaults(func=prepare)
+    __import__("depthattn.commands.fetch_eval_cmd", fromlist=["_"]).register_data_subcommand(sub)  # benchmarks

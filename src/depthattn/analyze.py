@@ -1,0 +1,83 @@
+"""Depth-Attention weights on held-out text: which earlier layers each layer's value mix reads.
+
+Legend: B batch, K KV heads, T time, H query heads, D head dim, N candidates (sources then self), L virtual layers.
+
+The weights are computed with ``depthattn.functional.depth_weights`` on the q and K̂ the model itself produces:
+forward hooks on every ``self_attn`` module capture the attention's inputs (its normalised input, the sources'
+(K̂, Ṽ), RoPE tables) and its output K̂; q comes from the module's own ``project``. Nothing of the model forward is
+re-implemented and nothing is added to the model (hooks are removed afterwards).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .functional import depth_weights
+
+
+@torch.inference_mode()
+def depth_weight_means(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None = None) -> dict:
+    """Mean Depth-Attention weight per (virtual) layer and candidate, over batch, KV heads and real tokens.
+
+    Returns ``{"layers": [{"layer": u, "candidates": [j..., u], "weights": [...]}, ...], "num_tokens": n}``;
+    the weights of a layer sum to 1 (self last). Layers without sources (layer 0, or any method other than
+    depth_attention) have the single candidate self with weight 1.
+    Raises ``ValueError`` if ``model.config.cross_layer`` is not "depth_attention".
+    """
+    if model.config.cross_layer != "depth_attention":
+        raise ValueError(f"depth-attention weights need cross_layer='depth_attention', the checkpoint has "
+                         f"{model.config.cross_layer!r}")
+    sums: dict[int, torch.Tensor] = {}
+    mask = None if attention_mask_BT is None else attention_mask_BT.bool()
+
+    def hook(module, args, output):
+        x_BTC, sources, cos, sin = args[0], args[1], args[2], args[3]
+        u = args[6] if len(args) > 6 else 0
+        q_BHTD, _, _ = module.project(x_BTC, cos, sin)
+        k_self = output[1][0]
+        w_BKTN = depth_weights(q_BHTD, [k for k, _ in sources] + [k_self])
+        m = torch.ones(w_BKTN.shape[0], w_BKTN.shape[2], dtype=torch.bool) if mask is None else mask
+        w = w_BKTN.permute(0, 2, 1, 3)[m.to(w_BKTN.device)]  # [n_real, K, N]
+        sums[u] = sums.get(u, 0) + w.sum(dim=(0, 1)).double()
+
+    handles = [layer.self_attn.register_forward_hook(hook) for layer in model.model.layers]
+    was_training = model.training
+    model.eval()
+    try:
+        model(input_ids_BT, attention_mask=attention_mask_BT)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    n_tokens = int(mask.sum()) if mask is not None else input_ids_BT.numel()
+    K = model.config.num_key_value_heads
+    layers = []
+    for u, cands in enumerate(model.plan):
+        w = (sums[u] / (n_tokens * K)).tolist()
+        layers.append(dict(layer=u, candidates=list(cands) + [u], weights=w))
+    return dict(layers=layers, num_tokens=n_tokens)
+
+
+def heatmap(result: dict, path: str, title: str = "Depth-Attention weights") -> None:
+    """Save a layer × source heat map PNG (rows: reading layer; columns: source layer, self on the diagonal)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    L = len(result["layers"])
+    grid = [[math.nan] * L for _ in range(L)]
+    for row in result["layers"]:
+        for j, w in zip(row["candidates"], row["weights"]):
+            grid[row["layer"]][j] = w
+    fig, ax = plt.subplots(figsize=(1.0 + 0.35 * L, 0.8 + 0.35 * L))
+    im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis")
+    ax.set_xlabel("source layer j (diagonal: self)")
+    ax.set_ylabel("layer l")
+    ax.set_title(f"{title} ({result['num_tokens']} tokens)")
+    fig.colorbar(im, ax=ax, label="mean weight")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

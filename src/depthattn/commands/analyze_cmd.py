@@ -1,0 +1,67 @@
+"""``depthattn analyze CHECKPOINT [--prompt TEXT | --data DIR] --out DIR``: mean Depth-Attention weight of every
+layer over its candidates (self and each source) on held-out text, as ``depth_weights.json`` and a heat map
+``depth_weights.png``.
+
+``--prompt`` is tokenised with CHECKPOINT/tokenizer.json (or ``--tokenizer``); ``--data`` reads the validation
+tokens of a ``depthattn data prepare`` folder (``--windows`` windows of ``--seq-len`` tokens from its start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analyze import depth_weight_means, heatmap
+    from ..checkpoint import load_model
+    from ..config import atomic_write_text
+
+    if bool(args.prompt) == bool(args.data):
+        raise ValueError("give exactly one of --prompt TEXT or --data DIR")
+    model = load_model(args.checkpoint)
+    if args.prompt:
+        from tokenizers import Tokenizer
+
+        tok_path = args.tokenizer or os.path.join(args.checkpoint, "tokenizer.json")
+        if not os.path.isfile(tok_path):
+            raise ValueError(f"--prompt needs a tokenizer: {tok_path} not found (pass --tokenizer PATH)")
+        ids = Tokenizer.from_file(tok_path).encode(args.prompt, add_special_tokens=False).ids
+        if not ids:
+            raise ValueError("--prompt is empty after tokenisation")
+        ids_BT = torch.tensor([ids[: model.config.max_position_embeddings]])
+    else:
+        from ..data import load_prepared
+
+        val = load_prepared(args.data).val
+        T = min(args.seq_len, model.config.max_position_embeddings)
+        n = min(args.windows, len(val) // T)
+        if n < 1:
+            raise ValueError(f"{args.data}: validation split has {len(val)} tokens, fewer than --seq-len {T}")
+        ids_BT = torch.from_numpy(val[: n * T].astype("int64")).view(n, T)
+    result = depth_weight_means(model, ids_BT)
+    os.makedirs(args.out, exist_ok=True)
+    atomic_write_text(os.path.join(args.out, "depth_weights.json"), json.dumps(result, indent=1) + "\n")
+    heatmap(result, os.path.join(args.out, "depth_weights.png"))
+    for row in result["layers"]:
+        pairs = ", ".join(f"{'self' if j == row['layer'] else j}:{w:.3f}" for j, w in zip(row["candidates"],
+                                                                                         row["weights"]))
+        print(f"layer {row['layer']:3d}  {pairs}")
+    print(f"wrote {args.out}/depth_weights.json and depth_weights.png ({result['num_tokens']} tokens)")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("analyze", help="Depth-Attention weights per layer on held-out text (JSON + heat map)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="depthattn checkpoint folder (cross_layer='depth_attention')")
+    p.add_argument("--prompt", help="text to analyse")
+    p.add_argument("--data", help="prepared data folder (its val split is used)")
+    p.add_argument("--tokenizer", help="tokenizer.json for --prompt (default: CHECKPOINT/tokenizer.json)")
+    p.add_argument("--seq-len", type=int, default=256, help="window length for --data (default 256)")
+    p.add_argument("--windows", type=int, default=8, help="number of windows for --data (default 8)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=run)

@@ -1,0 +1,169 @@
+"""Hugging Face wrapper and Qwen3 conversion: exact logits, save/load, generate() = native = cache-free forward."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from depthattn import DecoderLM, ModelConfig, generate, naive_generate  # noqa: E402
+from depthattn.checkpoint import load_model, save_model  # noqa: E402
+from depthattn.config import CROSS_LAYER_METHODS  # noqa: E402
+from depthattn.hf import DepthAttnCache, DepthAttnConfig, DepthAttnForCausalLM  # noqa: E402
+from depthattn.hf.convert import load_qwen3, qwen3_to_model_config, save_qwen3  # noqa: E402
+from depthattn.residual import RESIDUAL  # noqa: E402
+
+METHODS = [m for m in CROSS_LAYER_METHODS if m in RESIDUAL]
+
+
+def tiny(method="none", **kw):
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset("tiny", cross_layer=method, vocab_size=128, **kw)
+    core = DecoderLM(cfg).eval()
+    with torch.no_grad():  # move method parameters off their vanilla init so that the method matters
+        for name, p in core.named_parameters():
+            if "cross_layer" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    return core
+
+
+def left_padded_batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 128, (3, 9), generator=g)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[0, :4] = 0
+    mask[2, :2] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_wrapper_logits_and_generate_match_native(method):
+    core = tiny(method)
+    hf = DepthAttnForCausalLM.from_core(core).eval()
+    ids, mask = left_padded_batch()
+    assert torch.equal(hf(ids, attention_mask=mask).logits, core(ids, attention_mask=mask).logits)
+    assert list(hf.state_dict()) == list(core.state_dict())
+    out = hf.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(out, generate(core, ids, 6, temperature=0, attention_mask=mask))
+    assert torch.equal(out, naive_generate(core, ids, 6, attention_mask=mask))
+    uncached = hf.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                           use_cache=False)
+    assert torch.equal(out, uncached)
+
+
+@pytest.mark.parametrize("method", ["none", "depth_attention"])
+def test_sampling_and_cached_steps(method):
+    core = tiny(method)
+    hf = DepthAttnForCausalLM.from_core(core).eval()
+    ids, mask = left_padded_batch()
+    torch.manual_seed(5)
+    a = hf.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=True, top_k=20, pad_token_id=0)
+    torch.manual_seed(5)
+    b = hf.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=True, top_k=20, pad_token_id=0,
+                    use_cache=False)
+    assert torch.equal(a, b)
+    # step logits from the HF cache equal the full forward, and the cache is vanilla-sized
+    cache = DepthAttnCache(hf.config, initial_capacity=4)  # forces growth
+    full = core(torch.cat([ids, a[:, 9:]], 1), attention_mask=torch.cat([mask, torch.ones(3, 5, dtype=torch.long)], 1))
+    step = hf(ids, attention_mask=mask, cache=cache).logits
+    torch.testing.assert_close(step[:, -1], full.logits[:, 8], atol=1e-5, rtol=0)
+    for t in range(4):
+        m = torch.cat([mask, torch.ones(3, t + 1, dtype=torch.long)], 1)
+        step = hf(a[:, 9 + t:10 + t], attention_mask=m, cache=cache).logits
+        torch.testing.assert_close(step[:, -1], full.logits[:, 9 + t], atol=1e-5, rtol=0)
+    assert cache.get_seq_length() == 13 and cache.kv.k.shape[0] == core.config.num_virtual_layers
+    assert cache.kv.bytes_per_token() == 2 * 4 * 2 * 16 * 4
+
+
+def test_beam_search_cached_equals_uncached():
+    hf = DepthAttnForCausalLM.from_core(tiny("depth_attention")).eval()
+    ids, mask = left_padded_batch()
+    kw = dict(attention_mask=mask, max_new_tokens=5, num_beams=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(hf.generate(ids, **kw), hf.generate(ids, use_cache=False, **kw))
+
+
+def test_save_pretrained_round_trip_and_remote_code(tmp_path):
+    core = tiny("depth_attention")
+    hf = DepthAttnForCausalLM.from_core(core, eos_token_id=3)
+    hf.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["model_type"] == "depthattn" and cfg["rope_parameters"] == {"rope_theta": 10000.0,
+                                                                          "rope_type": "default"}
+    assert cfg["auto_map"]["AutoModelForCausalLM"] == "modeling.DepthAttnForCausalLM"
+    from transformers import AutoModelForCausalLM
+
+    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids, mask = left_padded_batch()
+    assert isinstance(back, DepthAttnForCausalLM)
+    assert torch.equal(back(ids, attention_mask=mask).logits, core(ids, attention_mask=mask).logits)
+    assert back.config.to_model_config() == core.config
+    # trust_remote_code in a fresh interpreter that never imported depthattn.hf itself
+    code = ("import torch,sys; from transformers import AutoModelForCausalLM; "
+            f"m=AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval(); "
+            "print(type(m).__module__); torch.manual_seed(0); "
+            "print(m(torch.arange(1, 9)[None]).logits.sum().item())")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    module, total = res.stdout.split()[-2:]
+    assert module.startswith("transformers_modules")
+    assert float(total) == pytest.approx(core(torch.arange(1, 9)[None]).logits.sum().item(), abs=1e-4)
+
+
+def qwen3_tiny(tmp_path, tie=False):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    qc = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                     rope_theta=5000.0, tie_word_embeddings=tie)
+    q = Qwen3ForCausalLM(qc).eval()
+    q.save_pretrained(tmp_path / "q3")
+    return q
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_qwen3_in_and_out(tmp_path, tie):
+    from transformers import Qwen3ForCausalLM
+
+    from depthattn.cli import main
+
+    q = qwen3_tiny(tmp_path, tie)
+    ids, mask = left_padded_batch()
+    real = mask.bool()  # padded positions' logits are meaningless (they differ between implementations)
+    ref = q(ids, attention_mask=mask).logits[real]
+    ours = load_qwen3(tmp_path / "q3")
+    torch.testing.assert_close(ours(ids, attention_mask=mask).logits[real], ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(load_model(tmp_path / "q3")(ids, attention_mask=mask).logits[real], ref, atol=1e-5, rtol=0)
+    assert main(["convert", "--from-qwen3", str(tmp_path / "q3"), "--out", str(tmp_path / "ck")]) == 0
+    assert main(["convert", "--to-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "q3b")]) == 0
+    back = Qwen3ForCausalLM.from_pretrained(tmp_path / "q3b").eval()
+    torch.testing.assert_close(back(ids, attention_mask=mask).logits[real], ref, atol=1e-5, rtol=0)
+    # Depth-Attention adds no parameters: the same weights load and the first layer is still vanilla
+    da = load_qwen3(tmp_path / "q3", cross_layer="depth_attention")
+    assert da.num_params() == ours.num_params()
+    assert not torch.equal(da(ids).logits, ours(ids).logits)
+
+
+def test_convert_errors(tmp_path):
+    from depthattn.cli import main
+
+    with pytest.raises(ValueError, match="attention_bias"):
+        qwen3_to_model_config({"model_type": "qwen3", "attention_bias": True})
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        qwen3_to_model_config({"model_type": "qwen3", "use_sliding_window": True})
+    with pytest.raises(ValueError, match="rope_parameters"):
+        qwen3_to_model_config({"model_type": "qwen3", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        qwen3_to_model_config({"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 3})
+    with pytest.raises(ValueError, match="cross_layer='depth_attention'"):
+        save_qwen3(tiny("depth_attention"), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    save_model(tiny("depth_attention"), tmp_path / "da")
+    assert main(["convert", "--to-qwen3", str(tmp_path / "da"), "--out", str(tmp_path / "y")]) == 2
+    with pytest.raises(ValueError, match="rope_parameters"):
+        DepthAttnConfig(rope_parameters={"rope_theta": 1.0, "rope_type": "linear", "factor": 2.0})
