@@ -194,8 +194,10 @@ class DecoderLM(nn.Module):
         logits = self.lm_head(self.model.norm(h))
         loss = None
         if labels is not None:
-            labels = labels if new_mask is None else labels.masked_fill(~new_mask, -100)
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+            targets = labels[:, 1:]
+            if new_mask is not None:  # a target counts only if it and the position predicting it are real tokens
+                targets = targets.masked_fill(~(new_mask[:, 1:] & new_mask[:, :-1]), -100)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         return ModelOutput(logits=logits, loss=loss)
 
     @staticmethod
