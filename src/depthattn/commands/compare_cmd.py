@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..compare import CompareSettings, parse_methods, render_table, run_compare
 from ..train import TrainConfig
-from .train_cmd import add_model_options, gather_settings
+from .train_cmd import add_model_options, check_model_settings, gather_settings
 
 #: The default budget: ``small`` preset at seq_len 128, batch 8 → 1,024 tokens per step; measured on a shared
 #: 2-core CPU (docs/training.md), both methods together finish within 15 minutes.
@@ -49,6 +49,8 @@ def run_compare_cmd(args: argparse.Namespace) -> int:
     base.update({k: v for k, v in train_kw.items() if k != "seed"})
     train_cfg = TrainConfig.from_dict(base)
     train_cfg.total_steps()  # a budget shorter than one step fails here, before any work
+    for m in methods:
+        check_model_settings(preset, {**model_kw, "cross_layer": m, "num_loops": args.loops or 1})
     out = Path(args.out)
     data_dir = Path(data) if data else prepare_default_data(out, not args.no_progress)
     settings = CompareSettings(

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..train import (TrainConfig, latest_checkpoint, load_toml, parse_value, read_run, resolve_model_config,
+from ..train import (TrainConfig, load_toml, parse_value, read_run, resolve_model_config,
                      split_overrides, train)
 
 DEFAULT_PRESET = "small"
@@ -89,6 +89,13 @@ def gather_settings(args: argparse.Namespace, extra_model: dict | None = None) -
     return preset, model, train_kw, data
 
 
+def check_model_settings(preset: str, model_kw: dict) -> None:
+    """Validate the preset and model overrides before any data work (vocab_size is checked against the data)."""
+    from ..config import ModelConfig
+
+    ModelConfig.from_preset(preset, **{k: v for k, v in model_kw.items() if k != "vocab_size"})
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Train a model; writes a run folder (run.json, metrics.jsonl, checkpoints/) to --out."""
     if args.resume:
@@ -114,6 +121,7 @@ def run_train(args: argparse.Namespace) -> int:
             train_kw["steps"] = 200
         train_cfg = TrainConfig.from_dict(train_kw)
         train_cfg.total_steps()  # refuse a budget shorter than one step before any work
+        check_model_settings(preset, model_kw)
         from ..data import load_prepared
 
         data_dir = ensure_data(data, progress=not args.no_progress)

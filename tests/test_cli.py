@@ -1,0 +1,171 @@
+"""End to end through ``depthattn.cli.main`` (in-process): train -> resume -> eval -> generate -> compare, and the
+one-line errors for bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from depthattn.cli import main
+from depthattn.train import read_metrics
+
+from test_train import make_data
+
+TINY = ["--preset", "tiny", "--no-progress", "--set", "batch_size=4", "--set", "seq_len=64", "--set",
+        "eval_windows=4", "--set", "eval_every=3", "--set", "save_every=3"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return make_data(tmp_path_factory.mktemp("cli_corpus"))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, data_dir) -> Path:
+    run = tmp_path_factory.mktemp("cli_runs") / "run"
+    assert main(["train", *TINY, "--data", str(data_dir), "--steps", "6", "--cross-layer", "depth_attention",
+                 "--out", str(run)]) == 0
+    return run
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Never prepare into the user's cache folder from a test."""
+    monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path / "cache"))
+
+
+def hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_train_cli_writes_run_folder(run_dir):
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["model"]["cross_layer"] == "depth_attention" and run["train"]["steps"] == 6
+    assert run["model"]["vocab_size"] == 512  # from the data's tokenizer
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
+    ck = run_dir / "checkpoints/step_00000006"
+    assert {p.name for p in ck.iterdir()} == {"model.safetensors", "config.json", "tokenizer.json",
+                                              "train_config.json", "trainer_state.pt"}
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 7)) and all(r["tokens_per_s"] > 0 for r in rows)
+
+
+def test_resume_cli_repeats_the_run(run_dir, tmp_path):
+    run = tmp_path / "r"
+    shutil.copytree(run_dir, run)
+    shutil.rmtree(run / "checkpoints/step_00000006")
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    strip = [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in read_metrics(run)]
+    assert strip == [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in read_metrics(run_dir)]
+
+
+def test_eval_cli_numbers_are_consistent(run_dir, data_dir, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(run_dir), "--no-progress", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    m = re.search(r"val loss (\S+)\s+perplexity (\S+)\s+bits/byte (\S+)\s+\(([\d,]+) tokens, ([\d,]+) bytes", printed)
+    res = json.loads(out.read_text())
+    assert float(m.group(1)) == pytest.approx(res["loss"], abs=1e-6)
+    assert float(m.group(2)) == pytest.approx(res["perplexity"], abs=1e-4)
+    assert res["perplexity"] == pytest.approx(math.exp(res["loss"]), rel=1e-12)
+    assert res["bits_per_byte"] == pytest.approx(res["nats"] / (math.log(2) * res["bytes"]), rel=1e-12)
+    meta = json.loads((data_dir / "meta.json").read_text())
+    assert res["tokens"] == meta["splits"]["val"]["tokens"] - 1  # the whole split; the first token has no context
+    assert res["bytes"] <= meta["splits"]["val"]["bytes"] and int(m.group(5).replace(",", "")) == res["bytes"]
+    # the final periodic validation loss (a subset of windows) is in the same range
+    assert abs(json.loads((run_dir / "summary.json").read_text())["final_val_loss"] - res["loss"]) < 0.5
+
+
+def test_generate_cli_streams_text(run_dir, capsys):
+    assert main(["generate", str(run_dir), "--prompt", "The whale", "--max-new-tokens", "12", "--seed", "3"]) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("The whale") and len(first.strip()) > len("The whale")
+    assert main(["generate", str(run_dir), "--prompt", "The whale", "--max-new-tokens", "12", "--seed", "3"]) == 0
+    assert capsys.readouterr().out == first  # seeded sampling is reproducible
+
+
+def test_compare_cli_report_matches_printed_table(data_dir, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    args = ["compare", *TINY, "--data", str(data_dir), "--steps", "4", "--methods", "none,depth_attention",
+            "--out", str(out), "--eval-tokens", "600"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    report = (out / "report.md").read_text()
+    png = (out / "loss_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in printed.splitlines() if line.startswith("| none") or line.startswith("| depth_attention")}
+    assert set(rows) == {"none", "depth_attention"}
+    for method, cells in rows.items():
+        r = results["methods"][method]["runs"][0]
+        assert "| " + method + " | " + " | ".join(cells) + " |" in report
+        assert int(cells[0].replace(",", "")) == r["params"] == r["params_counted"]
+        assert int(cells[1].replace(",", "")) == r["tokens"] == 4 * 4 * 64
+        assert float(cells[2]) == pytest.approx(r["val_loss"], abs=5e-5)
+        assert float(cells[3]) == pytest.approx(math.exp(r["val_loss"]), abs=5e-3)
+        assert float(cells[4]) == pytest.approx(r["bits_per_byte"], abs=5e-5)
+        assert r["eval_tokens"] == 600 and r["sample"] in report.replace("\n", " ") or r["sample"].strip() == ""
+    a, b = (results["methods"][m]["runs"][0] for m in ("none", "depth_attention"))
+    assert a["params"] == b["params"] and a["kv_bytes_per_token"] == b["kv_bytes_per_token"] == 2 * 4 * 2 * 16 * 2
+    assert b["flops_per_token"] > a["flops_per_token"]
+    assert a["val_loss"] != b["val_loss"]
+    # a second call reuses the finished runs and reproduces the same numbers
+    before = hashes(out / "runs")
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("| none |") == 1
+    again = json.loads((out / "results.json").read_text())
+    assert again["methods"]["none"]["mean"] == results["methods"]["none"]["mean"] or \
+        again["methods"]["none"]["mean"]["val_loss"] == results["methods"]["none"]["mean"]["val_loss"]
+    assert {k: v for k, v in hashes(out / "runs").items() if "checkpoints" in k} == \
+        {k: v for k, v in before.items() if "checkpoints" in k}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--preset", "huge", "--steps", "1"], "unknown preset 'huge'"),
+    (["train", "--preset", "tiny", "--set", "hidden=3"], "--set: unknown key 'hidden'"),
+    (["train", "--preset", "tiny", "--tokens", "10"], "TrainConfig.tokens=10 is shorter than one optimizer step"),
+    (["compare", "--methods", "none,fancy"], "--methods: unknown method(s) ['fancy']"),
+])
+def test_bad_arguments_print_one_error(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and err[0].startswith(f"depthattn {argv[0]}: error:")
+
+
+def test_bad_files_print_one_error_and_touch_nothing(run_dir, data_dir, tmp_path, capsys):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('preset = "tiny"\n[model]\nhidden_sise = 8\n')
+    assert main(["train", "--config", str(cfg), "--data", str(data_dir)]) == 2
+    assert "bad.toml: unknown [model] key(s) ['hidden_sise']" in capsys.readouterr().err
+    assert main(["train", *TINY, "--data", str(data_dir), "--steps", "2", "--set", "vocab_size=1000"]) == 2
+    err = capsys.readouterr().err
+    assert "vocab_size=1000" in err and "512 tokens" in err and "tokenizer.json" in err
+    run = tmp_path / "t"
+    shutil.copytree(run_dir, run)
+    weights = run / "checkpoints/step_00000006/model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    before = hashes(run)
+    assert main(["eval", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "step_00000006/model.safetensors" in err and "truncated or corrupt" in err
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert "step_00000006/model.safetensors" in capsys.readouterr().err
+    assert main(["train", *TINY, "--data", str(data_dir), "--steps", "2", "--out", str(run)]) == 2
+    assert "already holds checkpoints" in capsys.readouterr().err
+    assert hashes(run) == before
+    # evaluating on data with another tokenizer
+    other = tmp_path / "other"
+    shutil.copytree(data_dir, other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    tok["model"]["vocab"]["zzzz"] = tok["model"]["vocab"].pop(next(iter(tok["model"]["vocab"])))
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    assert main(["eval", str(run_dir), "--data", str(other), "--no-progress"]) == 2
+    assert "tokenizer mismatch" in capsys.readouterr().err
