@@ -91,8 +91,8 @@ class DepthAttnCache(Cache):
             self.kv.reorder(index)
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Drop the last ``tokens_to_remove`` tokens (negative: keep that many from the start... HF semantics:
-        a non-negative value is the new length)."""
+        """transformers' semantics: a negative value removes that many tokens from the end; otherwise it is the
+        new length."""
         if self.kv is None:
             return
         new_len = self.kv.length + tokens_to_remove if tokens_to_remove < 0 else tokens_to_remove
