@@ -496,6 +496,15 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     from .data import TokenBatches, load_prepared
 
     run_dir, data_dir = Path(run_dir), Path(data_dir).resolve()
+    if train_cfg.data_parallel == "fsdp":
+        raise ValueError("TrainConfig.data_parallel='fsdp': the trainer does not gather sharded checkpoints yet; "
+                         "use 'ddp'")
+    if train_cfg.data_parallel and not torch.distributed.is_initialized():
+        if "WORLD_SIZE" not in os.environ:
+            raise ValueError(f"TrainConfig.data_parallel={train_cfg.data_parallel!r} needs a torchrun launch")
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available() and train_cfg.device == "auto":
+            train_cfg = train_cfg.replace(device=f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
     data = load_prepared(data_dir)
     if model_cfg.vocab_size != data.vocab_size:
         raise ValueError(f"ModelConfig.vocab_size={model_cfg.vocab_size} does not match the tokenizer's vocabulary of "
@@ -636,6 +645,8 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
                 state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                          "rng": _rng_state(), "step": step, "tokens_seen": tokens_seen, "data_position": step}
                 saved = _save_checkpoint(run_dir, model, train_cfg, data_dir, state)
+            if train_cfg.world_size() > 1 and train_cfg.save_every and step % train_cfg.save_every == 0:
+                torch.distributed.barrier()
     finally:
         bar.close()
         if metrics_file:
