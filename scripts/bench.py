@@ -18,6 +18,7 @@ import torch
 
 from depthattn import DecoderLM, ModelConfig
 from depthattn.generate import decode_one_token, prefill
+from depthattn.parallelize import apply_compile
 
 
 def _sync(device: torch.device) -> None:
@@ -85,6 +86,8 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="parameter dtype for decode; bfloat16 also turns on autocast for training")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = leave)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (parallelize.apply_compile); use with --decode-batches ''")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -98,10 +101,12 @@ def main() -> None:
         torch.manual_seed(0)
         cfg = ModelConfig.from_preset(args.preset, cross_layer=m)
         models[m] = DecoderLM(cfg, device=device)
+        if args.compile:
+            apply_compile(models[m])
         opts[m] = torch.optim.AdamW(models[m].parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, models["none"].config.vocab_size, (args.batch_size, args.seq_len), generator=g).to(device)
-    decode_batches = [int(b) for b in args.decode_batches.split(",")]
+    decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
     train_s = {m: [] for m in methods}
     decode_s = {(m, b): [] for m in methods for b in decode_batches}
     for m in methods:  # warm-up (allocator, kernels)
@@ -126,7 +131,7 @@ def main() -> None:
     ntok = args.batch_size * args.seq_len
     print(f"preset={args.preset} device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} "
           f"train batch={args.batch_size}x{args.seq_len} decode context={args.context} rounds={args.rounds} "
-          f"torch={torch.__version__}")
+          f"torch={torch.__version__} compile={args.compile}")
     head = "| method | train tok/s | train time ratio | " + " | ".join(
         f"decode tok/s (B={b}) | decode time ratio (B={b})" for b in decode_batches) + \
         " | saved activations MiB | activation ratio |" + (" CUDA peak MiB |" if peak else "") + \
