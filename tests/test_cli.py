@@ -94,7 +94,7 @@ def test_generate_cli_streams_text(run_dir, capsys):
 def test_compare_cli_report_matches_printed_table(data_dir, tmp_path, capsys):
     out = tmp_path / "cmp"
     args = ["compare", *TINY, "--data", str(data_dir), "--steps", "4", "--methods", "none,depth_attention",
-            "--out", str(out), "--eval-tokens", "600"]
+            "--out", str(out), "--eval-tokens", "600", "--tasks", "piqa", "--limit", "4"]
     assert main(args) == 0
     printed = capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
@@ -113,6 +113,10 @@ def test_compare_cli_report_matches_printed_table(data_dir, tmp_path, capsys):
         assert float(cells[3]) == pytest.approx(math.exp(r["val_loss"]), abs=5e-3)
         assert float(cells[4]) == pytest.approx(r["bits_per_byte"], abs=5e-5)
         assert r["eval_tokens"] == 600 and r["sample"] in report.replace("\n", " ") or r["sample"].strip() == ""
+        acc = r["zero_shot"]["tasks"]["piqa"]["acc"]
+        assert 0 <= acc <= 1 and r["task_accuracy"] == {"piqa": acc, "average": acc}
+        assert float(cells[-2]) == pytest.approx(acc, abs=5e-5) and float(cells[-1]) == pytest.approx(acc, abs=5e-5)
+    assert "| piqa | average |" in report
     a, b = (results["methods"][m]["runs"][0] for m in ("none", "depth_attention"))
     assert a["params"] == b["params"] and a["kv_bytes_per_token"] == b["kv_bytes_per_token"] == 2 * 4 * 2 * 16 * 2
     assert b["flops_per_token"] > a["flops_per_token"]

@@ -134,14 +134,14 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     }
     if tasks:
         zs = zero_shot(model, tokenizer, tasks, limit, eval_batch_size, harness, str(run_dir / "zero_shot"))
-        out["zero_shot"] = zs
+        out["zero_shot"] = {k: v for k, v in zs.items() if k != "items"}  # per-item predictions stay in the run
         out["task_accuracy"] = _task_accuracies(zs, tasks)
     return out
 
 
 def _task_accuracies(zs: dict, tasks: list[str]) -> dict[str, float]:
-    """Per-task accuracy from ``run_zero_shot``'s result (``{"tasks": {name: {"acc": x} | x}}`` or
-    ``{name: {...}}``), plus ``average``."""
+    """Per-task accuracy from ``run_zero_shot``'s result (``{"tasks": {name: {"acc": x}}, "average_acc": y}``),
+    plus ``average``."""
     table = zs.get("tasks", zs.get("results", zs))
     acc = {}
     for t in tasks:
@@ -151,7 +151,8 @@ def _task_accuracies(zs: dict, tasks: list[str]) -> dict[str, float]:
         if isinstance(v, (int, float)):
             acc[t] = float(v)
     if acc:
-        acc["average"] = float(zs.get("average", sum(acc.values()) / len(acc)))
+        avg = zs.get("average_acc", zs.get("average"))
+        acc["average"] = float(avg) if isinstance(avg, (int, float)) else sum(acc.values()) / len(acc)
     return acc
 
 
