@@ -37,19 +37,25 @@ def test_cached_decode_equals_full_forward_left_padded(method, chunks):
 
 
 def test_cache_holds_the_mixed_values_of_the_full_forward_and_is_vanilla_sized():
+    """Property 11: after a chunked prefill, layer l's value slots equal the Ṽ_l of one uncached full forward."""
     model = make_model()
-    ids, mask = left_padded_batch(512, [8, 8], seed=2)
-    cache = model.new_cache(2, 8)
-    inputs = {}
-    hooks = [layer.self_attn.register_forward_hook(lambda m, a, out, i=i: inputs.__setitem__(i, out[1]))
+    ids, mask = left_padded_batch(512, [8, 5], seed=2)
+    captured = {}
+    hooks = [layer.self_attn.register_forward_hook(lambda m, a, out, i=i: captured.__setitem__(i, out[1]))
              for i, layer in enumerate(model.model.layers)]
     with torch.no_grad():
-        model(ids, attention_mask=mask, cache=cache)
+        model(ids, attention_mask=mask)  # no cache
     for h in hooks:
         h.remove()
+    _, cache = _cached_logits(model, ids, mask, [3, 1, 4])
     for layer in range(5):
-        k, v = inputs[layer]
-        assert torch.equal(cache.k[layer], k) and torch.equal(cache.v[layer], v)
+        k_full, v_full = captured[layer]
+        torch.testing.assert_close(cache.k[layer][mask[:, None, :, None].expand_as(k_full)],
+                                   k_full[mask[:, None, :, None].expand_as(k_full)], atol=1e-5, rtol=0)
+        torch.testing.assert_close(cache.v[layer][mask[:, None, :, None].expand_as(v_full)],
+                                   v_full[mask[:, None, :, None].expand_as(v_full)], atol=1e-5, rtol=0)
+    # Mixed layers store something other than their raw value.
+    assert (cache.v[4] - captured[0][1]).abs().max() > 1e-3
     cfg = model.config
     assert cache.v.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 8, cfg.head_dim)
     assert cache.bytes_per_token() == 2 * 5 * 2 * 16 * 4
@@ -82,7 +88,9 @@ def test_sampling_is_seeded_and_respects_top_k_and_top_p():
     assert draws == {2, 3}
     draws = {int(sample(logits, 1.0, top_p=0.5, generator=g)) for _ in range(200)}
     assert draws == {3}  # p(3) = 0.64 already reaches 0.5
-    assert int(sample(logits, 0.0)) == 3
+    assert int(sample(logits, 0.0)) == 3 and int(sample(logits, 1e-30)) == 3  # tiny temperature is greedy
+    tied = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert len({int(sample(tied, 1.0, top_k=1, generator=g)) for _ in range(50)}) == 1  # exactly k tokens kept
 
 
 def test_stream_stops_at_eos_and_generate_pads_finished_rows():
@@ -91,6 +99,12 @@ def test_stream_stops_at_eos_and_generate_pads_finished_rows():
     first = generate(model, ids, 1, temperature=0)[0, -1].item()
     steps = list(generate_stream(model, ids, 10, temperature=0, eos_token_id=first))
     assert len(steps) == 1 and steps[0].item() == first
+    # Batch: the row that hits EOS first keeps emitting EOS while the other row goes on as it would alone.
+    other = torch.randint(1, 512, (1, 4), generator=torch.Generator().manual_seed(9))
+    alone = generate(model, other, 6, temperature=0)[0, 4:]
+    assert first not in alone.tolist()
+    both = generate(model, torch.cat([ids, other]), 6, temperature=0, eos_token_id=first)
+    assert both[0, 4:].tolist() == [first] * 6 and torch.equal(both[1, 4:], alone)
 
 
 def test_reorder_and_crop():
@@ -100,8 +114,10 @@ def test_reorder_and_crop():
     with torch.no_grad():
         model(ids, cache=cache)
     k0 = cache.k.clone()
+    v0, m0 = cache.v.clone(), cache.key_mask.clone()
     cache.reorder(torch.tensor([1, 0]))
-    assert torch.equal(cache.k[:, 0], k0[:, 1])
+    assert torch.equal(cache.k[:, 0], k0[:, 1]) and torch.equal(cache.v[:, 1], v0[:, 0])
+    assert torch.equal(cache.key_mask[0], m0[1])
     cache.crop(3)
     assert cache.length == 3
     with torch.no_grad():
@@ -143,8 +159,29 @@ def test_bad_forward_inputs_raise_value_error_naming_the_argument():
         model(ids, attention_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="attention_mask must be a bool or integer"):
         model(ids, attention_mask=torch.ones(2, 5))
-    with pytest.raises(ValueError, match="input_ids must be an int64"):
+    with pytest.raises(ValueError, match="input_ids must be an integer tensor"):
         model(ids.float())
+    with pytest.raises(ValueError, match="at least one row"):
+        model(ids[:0])
+    with pytest.raises(ValueError, match="labels contains 600"):
+        model(ids, labels=torch.full((2, 5), 600))
+    with pytest.raises(ValueError, match="labels contains -5"):
+        model(ids, labels=torch.full((2, 5), -5))
+    with pytest.raises(ValueError, match="labels must be an integer tensor"):
+        model(ids, labels=ids.float())
+    with pytest.raises(ValueError, match="no target"):
+        model(ids, labels=torch.full((2, 5), -100))
+    with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
+        model(ids, attention_mask=torch.full((2, 5), 2))
+    with pytest.raises(ValueError, match="position_ids contains -1"):
+        model(ids, position_ids=torch.full((2, 5), -1))
+    with pytest.raises(ValueError, match="position_ids must be an integer tensor"):
+        model(ids, position_ids=[[0, 1, 2, 3, 4]] * 2)
+    small = make_model(num_hidden_layers=4)
+    with pytest.raises(ValueError, match="cache has"):
+        model(ids, cache=small.new_cache(2, 8))
+    with pytest.raises(ValueError, match="cache has"):
+        model(ids, cache=model.new_cache(3, 8))
     cache = model.new_cache(2, 6)
     with torch.no_grad():
         model(ids, cache=cache)
@@ -157,3 +194,12 @@ def test_bad_forward_inputs_raise_value_error_naming_the_argument():
         generate(model, ids, 300)
     with pytest.raises(ValueError, match="top_p"):
         generate(model, ids, 2, top_p=1.5)
+    for bad in (dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_k=0), dict(top_p=0.0)):
+        with pytest.raises(ValueError, match=list(bad)[0]):
+            generate_stream(model, ids, 2, **bad)  # checked on the call, before iteration
+        with pytest.raises(ValueError, match=list(bad)[0]):
+            sample(torch.zeros(1, 4), **bad)
+    with pytest.raises(ValueError, match="eos_token_id=9999"):
+        generate(model, ids, 2, eos_token_id=9999)
+    with pytest.raises(ValueError, match="input_ids must be a"):
+        generate(model, ids[0], 2)

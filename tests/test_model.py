@@ -155,18 +155,25 @@ def _grads(model, ids):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_gradients_reach_layer0_through_the_depth_path_and_match_with_checkpointing():
+def test_gradients_reach_layer0_through_the_depth_path_and_match_with_checkpointing(monkeypatch):
     model = make_model().train()
     ids = torch.randint(0, 512, (2, 8))
     g = _grads(model, ids)
-    # Remove the depth path (empty plan): layer 0's k_proj/v_proj/k_norm grads change, so a part came via depth.
-    plan, sources = model.plan, model.sources
-    model.plan, model.sources = ((),) * len(plan), frozenset()
-    g_plain = _grads(model, ids)
-    model.plan, model.sources = plan, sources
+    # Same forward values with the depth sources detached: the gradient difference is exactly the depth path's share.
+    import depthattn.attention as attention_module
+    real_mix = attention_module.depth_mix
+
+    def detached_sources(q, keys, values):
+        return real_mix(q, [k.detach() for k in keys[:-1]] + [keys[-1]],
+                        [v.detach() for v in values[:-1]] + [values[-1]])
+
+    monkeypatch.setattr(attention_module, "depth_mix", detached_sources)
+    g_residual_only = _grads(model, ids)
+    monkeypatch.setattr(attention_module, "depth_mix", real_mix)
     for name in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
         key = f"model.layers.0.self_attn.{name}"
-        assert g[key].abs().max() > 0 and (g[key] - g_plain[key]).abs().max() > 1e-6 * g[key].abs().max()
+        depth_part = (g[key] - g_residual_only[key]).abs().max()
+        assert depth_part > 1e-3 * g[key].abs().max(), (name, float(depth_part))
     apply_activation_checkpointing(model, True)
     g_ckpt = _grads(model, ids)
     apply_activation_checkpointing(model, False)
@@ -231,3 +238,23 @@ def test_flops_extra_is_under_a_hundredth_of_a_percent_at_paper_scales():
         assert (r.ratio < 1e-4) == (preset != "360m")
     r3 = num_flops(ModelConfig.from_preset("3b", cross_layer="depth_attention"))
     assert abs(100 * r3.ratio - 0.0060) < 5e-5 and abs(r3.vanilla - 5.29e9) < 0.01e9
+
+
+def test_tied_config_refuses_an_untied_checkpoint(tmp_path):
+    import json
+    from depthattn.checkpoint import load_model, save_model
+    model = make_model(cross_layer="none")
+    save_model(model, tmp_path / "ckpt")
+    cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="untied lm_head.weight"):
+        load_model(tmp_path / "ckpt")
+
+
+def test_rope_frequencies_stay_float32_in_a_bf16_model():
+    model = make_model().to(torch.bfloat16)
+    assert model.inv_freq.dtype == torch.float32
+    ids = torch.randint(0, 512, (1, 6))
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits.float()).all()

@@ -93,7 +93,11 @@ def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: 
     expected = model.state_dict()
     if model.config.tie_word_embeddings:
         state = dict(state)
-        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+        embed, head = state.get("model.embed_tokens.weight"), state.get("lm_head.weight")
+        if embed is not None and head is not None and not torch.equal(embed, head):
+            raise ValueError(f"{source} holds an untied lm_head.weight, but the config says "
+                             f"tie_word_embeddings=true; fix the config or the weights")
+        state.setdefault("lm_head.weight", embed)
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

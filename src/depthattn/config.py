@@ -83,6 +83,9 @@ class ModelConfig:
     def validate(self) -> None:
         """Reject impossible values with one ``ValueError`` naming the field and the value."""
 
+        def is_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
         def need(ok: bool, name: str, why: str) -> None:
             if not ok:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is invalid: {why}")
@@ -92,7 +95,7 @@ class ModelConfig:
             "num_key_value_heads", "head_dim", "max_position_embeddings",
         ):
             value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
+            need(is_int(value) and value >= 1, name,
                  "must be an integer >= 1")
         need(self.head_dim % 2 == 0, "head_dim", "RoPE needs an even head_dim")
         need(self.num_attention_heads % self.num_key_value_heads == 0, "num_attention_heads",
@@ -104,26 +107,19 @@ class ModelConfig:
              and self.rms_norm_eps >= 0, "rms_norm_eps", "must be a finite number >= 0")
         need(isinstance(self.tie_word_embeddings, bool), "tie_word_embeddings", "must be true or false")
         need(self.cross_layer in CROSS_LAYER_METHODS, "cross_layer", f"must be one of {CROSS_LAYER_METHODS}")
-        need(isinstance(self.num_loops, int) and not isinstance(self.num_loops, bool) and self.num_loops >= 1,
+        need(is_int(self.num_loops) and self.num_loops >= 1,
              "num_loops", "must be an integer >= 1")
         need(self.num_loops == 1 or self.cross_layer in LOOPABLE_METHODS, "num_loops",
              f"looped models are defined only for cross_layer in {LOOPABLE_METHODS}, "
              f"not {self.cross_layer!r} (spec-depth-attention.md §11)")
-        need(isinstance(self.depth_attention_stride, int) and self.depth_attention_stride >= 1,
-             "depth_attention_stride", "must be an integer >= 1")
-        need(isinstance(self.depth_attention_window, int) and self.depth_attention_window >= 0,
-             "depth_attention_window", "must be an integer >= 0")
-        need(isinstance(self.denseformer_dilation, int) and self.denseformer_dilation >= 1,
-             "denseformer_dilation", "must be an integer >= 1")
-        need(isinstance(self.denseformer_period, int) and self.denseformer_period >= 1,
-             "denseformer_period", "must be an integer >= 1")
-        need(isinstance(self.mhc_num_streams, int) and self.mhc_num_streams >= 1,
-             "mhc_num_streams", "must be an integer >= 1")
-        need(isinstance(self.mhc_sinkhorn_iters, int) and self.mhc_sinkhorn_iters >= 1,
-             "mhc_sinkhorn_iters", "must be an integer >= 1")
-        need(isinstance(self.mhc_alpha_init, (int, float)) and math.isfinite(self.mhc_alpha_init),
-             "mhc_alpha_init", "must be a finite number")
-        need(isinstance(self.attnres_block_size, int) and self.attnres_block_size >= 1,
+        for name, minimum in (("depth_attention_stride", 1), ("depth_attention_window", 0),
+                              ("denseformer_dilation", 1), ("denseformer_period", 1), ("mhc_num_streams", 1),
+                              ("mhc_sinkhorn_iters", 1), ("attnres_block_size", 1)):
+            need(is_int(getattr(self, name)) and getattr(self, name) >= minimum, name,
+                 f"must be an integer >= {minimum}")
+        need(isinstance(self.mhc_alpha_init, (int, float)) and not isinstance(self.mhc_alpha_init, bool)
+             and math.isfinite(self.mhc_alpha_init), "mhc_alpha_init", "must be a finite number")
+        need(is_int(self.attnres_block_size) and self.attnres_block_size >= 1,
              "attnres_block_size", "must be an integer >= 1 (counted in sublayers)")
         need(self.attnres_recency_bias is None or (isinstance(self.attnres_recency_bias, (int, float))
                                                    and math.isfinite(self.attnres_recency_bias)),

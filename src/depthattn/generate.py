@@ -9,6 +9,7 @@ twin the tests compare against.
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 import torch
@@ -18,36 +19,41 @@ from .cache import KVCache
 from .model import DecoderLM
 
 
+#: Temperatures below this are treated as 0 (greedy): dividing logits by them overflows float32.
+MIN_TEMPERATURE = 1e-5
+
+
 def sample(logits_BV: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
            generator: torch.Generator | None = None) -> Tensor:
-    """Next tokens ``[B]`` (int64) from last-position logits; ``temperature == 0`` is greedy (argmax).
+    """Next tokens ``[B]`` (int64) from last-position logits ``[B, V]``.
 
-    ``top_k`` keeps the k most likely tokens; ``top_p`` keeps the smallest set whose probability reaches p.
+    ``temperature`` below ``MIN_TEMPERATURE`` (e.g. 0) is greedy (argmax). ``top_k`` keeps exactly the k most likely
+    tokens (ties broken by ``torch.topk``); ``top_p`` keeps the smallest set of most likely tokens whose probability
+    reaches p (the most likely token is always kept). Raises ``ValueError`` for invalid options.
     """
-    if temperature == 0:
+    check_sampling(temperature, top_k, top_p)
+    if temperature < MIN_TEMPERATURE:
         return logits_BV.argmax(-1)
     logits = logits_BV.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, logits.topk(top_k, dim=-1).indices, True)
+        logits = logits.masked_fill(~keep, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(-1, descending=True)
         probs = sorted_logits.softmax(-1)
         drop = probs.cumsum(-1) - probs >= top_p  # keep tokens until the mass before them reaches top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
-def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be >= 1")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p} must be in (0, 1]")
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise ``ValueError`` naming the option for a non-finite or negative temperature, top_k < 1, top_p ∉ (0, 1]."""
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature={temperature!r} must be a finite number >= 0")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k={top_k!r} must be an integer >= 1")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p={top_p!r} must be in (0, 1]")
 
 
 @torch.inference_mode()
@@ -68,16 +74,28 @@ def generate_stream(model: DecoderLM, input_ids: Tensor, max_new_tokens: int, te
     """Yield the next token of every row (``[B]`` int64) one step at a time, using the KV cache.
 
     Rows that produced ``eos_token_id`` keep yielding it; the stream ends when every row has, or after
-    ``max_new_tokens`` steps. Raises ``ValueError`` for bad sampling options or a prompt plus budget longer than
-    ``max_position_embeddings``.
+    ``max_new_tokens`` steps. Arguments are checked on the call, before the first token: ``ValueError`` for bad
+    sampling options, an ``eos_token_id`` outside the vocabulary, ``input_ids`` that are not ``[B, T]``, or a prompt
+    plus budget longer than ``max_position_embeddings``.
     """
-    _check_sampling(max_new_tokens, temperature, top_k, top_p)
-    B, T = input_ids.shape
-    if T + max_new_tokens > model.config.max_position_embeddings:
-        raise ValueError(f"prompt length {T} + max_new_tokens {max_new_tokens} exceeds max_position_embeddings="
-                         f"{model.config.max_position_embeddings}")
+    check_sampling(temperature, top_k, top_p)
+    V, max_pos = model.config.vocab_size, model.config.max_position_embeddings
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a [B, T] tensor, got shape {tuple(getattr(input_ids, 'shape', ()))}")
+    if eos_token_id is not None and not 0 <= eos_token_id < V:
+        raise ValueError(f"eos_token_id={eos_token_id} is outside the vocabulary [0, {V})")
+    if input_ids.shape[1] + max_new_tokens > max_pos:
+        raise ValueError(f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} exceeds "
+                         f"max_position_embeddings={max_pos}")
+    return _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask)
+
+
+def _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask):
     if max_new_tokens == 0:
         return
+    B, T = input_ids.shape
     generator = None
     if seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)

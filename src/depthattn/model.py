@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention
 from .cache import KVCache
+from .checks import IGNORE_INDEX, check_forward_inputs
 from .config import ModelConfig
 from .depth_attention import model_plan, source_layers
 from .functional import causal_padding_mask, rope_cos_sin, rope_inv_freq
@@ -128,35 +129,13 @@ class DecoderLM(nn.Module):
                 module.init_weights(self.config)
         self.inv_freq.copy_(rope_inv_freq(self.config.head_dim, self.config.rope_theta, device=self.inv_freq.device))
 
-    # ------------------------------------------------------------------ input checks
-    def _check_inputs(self, input_ids, attention_mask, position_ids, labels, past: int) -> None:
-        cfg = self.config
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (
-                torch.int64, torch.int32):
-            raise ValueError(f"input_ids must be an int64 tensor [B, T], got "
-                             f"{getattr(input_ids, 'dtype', type(input_ids))} of shape {tuple(getattr(input_ids, 'shape', ()))}")
-        B, T = input_ids.shape
-        if T == 0:
-            raise ValueError("input_ids has no tokens (T=0)")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= cfg.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"input_ids contains token id {bad} outside the vocabulary [0, {cfg.vocab_size})")
-        if attention_mask is not None:
-            if not isinstance(attention_mask, Tensor) or attention_mask.dtype.is_floating_point or \
-                    attention_mask.dtype.is_complex:
-                raise ValueError(f"attention_mask must be a bool or integer tensor of 0/1, got "
-                                 f"{getattr(attention_mask, 'dtype', type(attention_mask))}")
-            if attention_mask.shape not in ((B, T), (B, past + T)):
-                raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} must be (B, T)=({B}, {T})"
-                                 f" or (B, past+T)=({B}, {past + T})")
-            if attention_mask.dtype != torch.bool and ((attention_mask != 0) & (attention_mask != 1)).any():
-                raise ValueError("attention_mask must hold only 0 and 1")
-        if position_ids is not None and (position_ids.shape != (B, T) or position_ids.dtype.is_floating_point):
-            raise ValueError(f"position_ids must be an integer tensor of shape ({B}, {T}), got "
-                             f"{position_ids.dtype} {tuple(position_ids.shape)}")
-        if labels is not None and labels.shape != (B, T):
-            raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape ({B}, {T})")
+    def _apply(self, fn, recurse=True):
+        """``.to()`` / ``.cuda()`` / ``.bfloat16()`` move the RoPE frequencies but keep them float32 (a bf16
+        ``inv_freq`` would turn position 3000's angles by up to half a radian)."""
+        super()._apply(fn, recurse)
+        self._buffers["inv_freq"] = rope_inv_freq(self.config.head_dim, self.config.rope_theta,
+                                                  device=self.inv_freq.device)
+        return self
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
@@ -164,8 +143,8 @@ class DecoderLM(nn.Module):
         """Logits for ``input_ids`` (and the loss when ``labels`` are given; labels are shifted inside, -100 and
         padded positions ignored). With a ``cache``, the tokens continue the cached ones at slot ``cache.length``."""
         cfg = self.config
+        check_forward_inputs(cfg, input_ids, attention_mask, position_ids, labels, cache)
         past = cache.length if cache is not None else 0
-        self._check_inputs(input_ids, attention_mask, position_ids, labels, past)
         B, T = input_ids.shape
         device = input_ids.device
         new_mask = None if attention_mask is None else attention_mask[:, -T:].bool()
@@ -178,10 +157,13 @@ class DecoderLM(nn.Module):
         else:
             key_mask = new_mask
         if position_ids is None:
+            # Derived positions never exceed the slot index, so only a long enough history needs a look at values.
             position_ids = self._positions(key_mask, past, B, T, device)
-        if int(position_ids.max()) >= cfg.max_position_embeddings or int(position_ids.min()) < 0:
-            raise ValueError(f"positions reach {int(position_ids.max())}, beyond max_position_embeddings="
-                             f"{cfg.max_position_embeddings}")
+            if past + T > cfg.max_position_embeddings and int(position_ids.max()) >= cfg.max_position_embeddings:
+                if cache is not None:
+                    cache.crop(past)
+                raise ValueError(f"the sequence reaches position {int(position_ids.max())}, beyond "
+                                 f"max_position_embeddings={cfg.max_position_embeddings}")
         h = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(position_ids, self.inv_freq, h.dtype)
         padded = key_mask is not None and not bool(key_mask.all())
@@ -196,8 +178,8 @@ class DecoderLM(nn.Module):
         if labels is not None:
             targets = labels[:, 1:]
             if new_mask is not None:  # a target counts only if it and the position predicting it are real tokens
-                targets = targets.masked_fill(~(new_mask[:, 1:] & new_mask[:, :-1]), -100)
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+                targets = targets.masked_fill(~(new_mask[:, 1:] & new_mask[:, :-1]), IGNORE_INDEX)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         return ModelOutput(logits=logits, loss=loss)
 
     @staticmethod
