@@ -167,3 +167,106 @@ def test_convert_errors(tmp_path):
     assert main(["convert", "--to-qwen3", str(tmp_path / "da"), "--out", str(tmp_path / "y")]) == 2
     with pytest.raises(ValueError, match="rope_parameters"):
         DepthAttnConfig(rope_parameters={"rope_theta": 1.0, "rope_type": "linear", "factor": 2.0})
+
+
+def test_wrapping_does_not_reinitialise():
+    core = tiny("mhc")
+    before = {k: v.clone() for k, v in core.state_dict().items()}
+    DepthAttnForCausalLM.from_core(core)
+    assert all(torch.equal(v, before[k]) for k, v in core.state_dict().items())
+    cfg = DepthAttnConfig.from_model_config(core.config)
+    torch.manual_seed(3)
+    a = DepthAttnForCausalLM(cfg).state_dict()
+    torch.manual_seed(3)
+    b = DecoderLM(core.config).state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cache_crop_matches_transformers_semantics():
+    core = tiny("depth_attention")
+    hf = DepthAttnForCausalLM.from_core(core).eval()
+    ids, mask = left_padded_batch()
+    cache = DepthAttnCache(hf.config)
+    cache.crop(0)  # uninitialised: nothing to do
+    cache.crop(-3)
+    assert cache.get_seq_length() == 0
+    hf(ids, attention_mask=mask, cache=cache)
+    n = cache.get_seq_length()
+    assert n == 9
+    cache.crop(0)  # transformers 5.24: 0 tokens to remove, a no-op (DynamicLayer.crop)
+    assert cache.get_seq_length() == n
+    cache.crop(-2)  # negative: remove that many tokens from the end
+    assert cache.get_seq_length() == n - 2 and not cache.kv.key_mask[:, n - 2:].any()
+    for positive in (1, n - 2, n, n + 5):  # a positive value (the legacy "new length") is refused, as DynamicCache does
+        with pytest.raises(ValueError, match="positive"):
+            cache.crop(positive)
+    assert cache.get_seq_length() == n - 2
+    cache.crop(-(n + 5))  # removing at least the current length empties it, as slicing keys[..., :-k, :] does
+    assert cache.get_seq_length() == 0
+    # the cropped cache continues exactly: re-feed the tail after cropping it off
+    cache = DepthAttnCache(hf.config)
+    hf(ids, attention_mask=mask, cache=cache)
+    cache.crop(-3)
+    step = hf(ids[:, 6:], attention_mask=mask, cache=cache).logits
+    torch.testing.assert_close(step[:, -1], hf(ids, attention_mask=mask).logits[:, -1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["none", "depth_attention"])
+def test_prompt_lookup_generation_equals_greedy(method):
+    """Assisted (prompt-lookup) decoding crops the cache with crop(0) / crop(-k); it must equal plain greedy."""
+    core = tiny(method)
+    hf = DepthAttnForCausalLM.from_core(core).eval()
+    calls = []
+    hf.register_forward_hook(lambda *args: calls.append(1))
+    g = torch.Generator().manual_seed(2)
+    start = torch.randint(1, 128, (1, 8), generator=g)
+    greedy = naive_generate(core, start, 16)
+    prompt = torch.cat([greedy, greedy[:, :8]], 1)  # repeated 8-gram: lookup proposes what the model will say
+    kw = {"max_new_tokens": 10, "do_sample": False, "pad_token_id": 0}
+    plain = hf.generate(prompt, **kw)
+    plain_calls = len(calls)
+    calls.clear()
+    looked_up = hf.generate(prompt, prompt_lookup_num_tokens=3, **kw)
+    assert torch.equal(looked_up, plain)
+    assert torch.equal(looked_up, naive_generate(core, prompt, 10))
+    assert plain_calls == 10 and len(calls) < plain_calls  # fewer forwards: some candidate tokens were accepted
+
+
+@pytest.mark.parametrize("method,kw", [("denseformer", {}), ("mhc", {}), ("attnres", {"attnres_block_size": 3}),
+                                       ("attnres", {"attnres_recency_bias": 3.0, "attnres_block_size": 2})])
+def test_from_pretrained_vanilla_folder_with_method_initialises_missing(tmp_path, method, kw):
+    vanilla = tiny("none")
+    DepthAttnForCausalLM.from_core(vanilla).save_pretrained(tmp_path)
+    hf = DepthAttnForCausalLM.from_pretrained(tmp_path, cross_layer=method, **kw).eval()
+    ids, mask = left_padded_batch()
+    logits = hf(ids, attention_mask=mask).logits
+    assert torch.isfinite(logits).all()
+    state = hf.state_dict()
+    for name, value in vanilla.state_dict().items():  # loaded weights are not re-initialised
+        assert torch.equal(state[name], value), name
+    reference = DecoderLM(hf.config.to_model_config()).state_dict()  # DecoderLM.init_weights
+    extra = [name for name in state if name not in vanilla.state_dict()]
+    assert extra and all("cross_layer" in name for name in extra)
+    for name in extra:
+        assert torch.isfinite(state[name]).all(), name
+        if name.endswith(".phi.weight"):  # mHC φ ~ N(0, initializer_range²): random, check its scale
+            assert 0.5 * 0.02 < state[name].std().item() < 1.5 * 0.02
+        else:
+            assert torch.equal(state[name], reference[name]), name
+    if method == "denseformer":  # α one-hot: exactly vanilla
+        assert torch.equal(logits, vanilla(ids, attention_mask=mask).logits)
+
+
+def test_qwen3_config_defaults_are_transformers_own():
+    from transformers import Qwen3Config
+
+    values = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2}  # no head_dim, vocab_size, max_positions, θ
+    cfg = qwen3_to_model_config(values)
+    ref = Qwen3Config(**values)
+    assert cfg.head_dim == ref.head_dim == 128  # not hidden_size // num_attention_heads
+    assert cfg.vocab_size == ref.vocab_size and cfg.max_position_embeddings == ref.max_position_embeddings
+    assert cfg.tie_word_embeddings == ref.tie_word_embeddings and cfg.rms_norm_eps == ref.rms_norm_eps
+    assert cfg.rope_theta == ref.rope_parameters["rope_theta"]
+    assert qwen3_to_model_config({**values, "head_dim": 16, "rope_theta": 5000.0}).head_dim == 16
+    assert qwen3_to_model_config({**values, "rope_theta": 5000.0}).rope_theta == 5000.0

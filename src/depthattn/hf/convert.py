@@ -85,12 +85,20 @@ def qwen3_to_model_config(values: dict[str, Any], source: str = "Qwen3 config", 
     rope = values.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_theta", "rope_type"}:
         refuse("rope_parameters", "only {'rope_theta': θ, 'rope_type': 'default'} is implemented")
-    theta = rope.get("rope_theta", values.get("rope_theta", 10000.0))
-    fields: dict[str, Any] = {name: values[name] for name in SHARED_FIELDS if values.get(name) is not None}
-    if "head_dim" not in fields and "hidden_size" in values and "num_attention_heads" in values:
-        fields["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
-    if fields.get("num_key_value_heads") is None and "num_attention_heads" in fields:
-        fields["num_key_value_heads"] = fields["num_attention_heads"]
+    # Every field the dict leaves out takes exactly the value transformers.Qwen3Config resolves (head_dim 128,
+    # vocab_size 151936, max_position_embeddings 32768, num_key_value_heads, rope_theta, ...), not our own defaults.
+    from transformers import Qwen3Config
+    try:
+        qwen3 = Qwen3Config(**values)
+    except Exception as e:  # huggingface_hub's strict-dataclass validation errors, TypeError, ValueError
+        raise ValueError(f"{source}: not a valid Qwen3Config: {e}") from e
+    rope = dict(qwen3.rope_parameters or {})
+    if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_theta", "rope_type"}:
+        refuse("rope_parameters", "only {'rope_theta': θ, 'rope_type': 'default'} is implemented")
+    if any(t != "full_attention" for t in (qwen3.layer_types or ())):
+        refuse("layer_types", "only 'full_attention' layers exist in the core")
+    theta = rope.get("rope_theta", 10000.0)
+    fields: dict[str, Any] = {name: getattr(qwen3, name) for name in SHARED_FIELDS}
     heads, kv = fields.get("num_attention_heads"), fields.get("num_key_value_heads")
     if heads is not None and kv is not None and (kv < 1 or heads % kv):
         refuse("num_key_value_heads", f"num_attention_heads={heads} must be a multiple of it (GQA layout)")

@@ -16,13 +16,14 @@ vanilla-sized. Beam search reorders it generically (``reorder_cache``), and it c
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from depthattn.cache import KVCache
 from depthattn.functional import rope_inv_freq
+from depthattn.layers import RMSNorm
 from depthattn.model import DecoderLM
 
 from .configuration import DepthAttnConfig
@@ -91,12 +92,16 @@ class DepthAttnCache(Cache):
             self.kv.reorder(index)
 
     def crop(self, tokens_to_remove: int) -> None:
-        """transformers' semantics: a negative value removes that many tokens from the end; otherwise it is the
-        new length."""
-        if self.kv is None:
+        """transformers 5.24 semantics (``DynamicLayer.crop``): a negative value removes that many tokens from the
+        end (all of them when it is at least the current length), 0 is a no-op, and a positive value raises
+        ``ValueError`` (the legacy "new length" form is not supported)."""
+        if tokens_to_remove > 0:
+            raise ValueError(
+                f"Calling `crop` with a positive value (`{tokens_to_remove}`) is not supported. "
+                "Please use a negative integer to remove that number of tokens from the cache instead.")
+        if tokens_to_remove == 0 or self.kv is None:
             return
-        new_len = self.kv.length + tokens_to_remove if tokens_to_remove < 0 else tokens_to_remove
-        self.kv.crop(new_len)
+        self.kv.crop(max(0, self.kv.length - abs(tokens_to_remove)))
 
     def reset(self) -> None:
         if self.kv is not None:
@@ -136,11 +141,32 @@ class DepthAttnPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["DecoderLayer"]
     _supports_sdpa = True
 
+    @torch.no_grad()
     def _init_weights(self, module):
-        """All initialisation is the core's ``DecoderLM.init_weights`` (its docstring is the per-parameter table)."""
-        core = getattr(self, "core", None) if module is self else None
-        if core is not None:
-            core.init_weights()
+        """Per-module version of the core's ``DecoderLM.init_weights`` (its docstring is the per-parameter table).
+
+        transformers calls this module by module, and after ``from_pretrained`` only for modules with a missing key
+        (e.g. a method's parameters when a vanilla checkpoint is loaded with ``cross_layer="mhc"``): ``nn.Linear`` /
+        ``nn.Embedding`` weights ~ N(0, initializer_range²), ``RMSNorm`` weights = 1, and a seam module's own
+        ``init_weights(cfg)``. Tensors that were loaded (``_is_hf_initialized``) are never overwritten.
+        """
+        core = self.__dict__.get("core")
+        cfg = core.config if core is not None else self.config.to_model_config()
+        loaded_weight = getattr(getattr(module, "weight", None), "_is_hf_initialized", False)
+        if isinstance(module, (nn.Linear, nn.Embedding)) and not loaded_weight:
+            nn.init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
+        elif isinstance(module, RMSNorm) and not loaded_weight:
+            nn.init.ones_(module.weight)
+        if module is self:
+            if core is not None and core.inv_freq.device.type != "meta":
+                core.inv_freq.copy_(rope_inv_freq(cfg.head_dim, cfg.rope_theta, device=core.inv_freq.device))
+        elif not isinstance(module, PreTrainedModel) and callable(getattr(module, "init_weights", None)):
+            # the seam modules write in place (zero_/fill_/copy_), so keep whatever was loaded under them
+            loaded = [(p, p.detach().clone()) for p in module.parameters()
+                      if getattr(p, "_is_hf_initialized", False)]
+            module.init_weights(cfg)
+            for p, value in loaded:
+                p.copy_(value)
 
 
 class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
@@ -164,7 +190,20 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
         self.lm_head = core.lm_head
         if not config.tie_word_embeddings:
             self._tied_weights_keys = {}
-        self.post_init()
+        object.__setattr__(self, "_constructing", True)
+        try:
+            self.post_init()
+        finally:
+            object.__setattr__(self, "_constructing", False)
+
+    def init_weights(self):
+        """transformers' ``init_weights`` (per-module ``_init_weights`` + tying), except inside ``__init__``: the core
+        initialised itself (``DecoderLM.__init__``) or arrived trained (``from_core``), so ``post_init`` must not
+        re-draw it."""
+        if self.__dict__.get("_constructing"):
+            self.tie_weights(recompute_mapping=False)
+            return
+        super().init_weights()
 
     @classmethod
     def from_core(cls, core: DecoderLM, **config_kwargs) -> "DepthAttnForCausalLM":
