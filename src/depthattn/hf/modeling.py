@@ -6,7 +6,7 @@ No model code lives here. The wrapper owns a ``DecoderLM`` and registers the cor
 ``lm_head`` modules as its children, so the state dict holds exactly the core's keys (``model.*``, ``lm_head.*``, the
 Hugging Face Qwen3 names) and a ``cross_layer="none"`` export is a valid Qwen3 checkpoint. The core itself is kept
 out of the module tree (it would duplicate every key); its one buffer (``inv_freq``) follows ``.to()`` through
-``_apply``.
+``_apply`` and stays float32.
 
 The cache transformers sees is ``DepthAttnCache``, a ``transformers.Cache`` that owns one core ``KVCache`` and grows
 it on demand. It stores what the core stores: keys and the depth-mixed values Ṽ (spec-depth-attention.md §7.1),
@@ -225,10 +225,9 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
     def _apply(self, fn, *args, **kwargs):
         super()._apply(fn, *args, **kwargs)
         core = self.__dict__.get("core")
-        if core is not None:
-            for name, buf in core._buffers.items():
-                if buf is not None:
-                    core._buffers[name] = fn(buf)
+        if core is not None:  # the core's one buffer: moved with the weights, kept float32 as DecoderLM._apply does
+            device = fn(core.inv_freq).device
+            core._buffers["inv_freq"] = rope_inv_freq(core.config.head_dim, core.config.rope_theta, device=device)
         return self
 
     def train(self, mode: bool = True):
