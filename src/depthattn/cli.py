@@ -15,7 +15,8 @@ COMMAND_MODULES = (
     "depthattn.commands.inspect_cmd",
     "depthattn.data.cli",
     "depthattn.commands.convert_cmd", "depthattn.commands.analyze_cmd",
-    "depthattn.commands.train_cmd", "depthattn.commands.eval_cmd", "depthattn.commands.generate_cmd", "depthattn.commands.compare_cmd",
+    "depthattn.commands.train_cmd", "depthattn.commands.eval_cmd", "depthattn.commands.generate_cmd",
+    "depthattn.commands.compare_cmd",
 )
 
 

@@ -20,8 +20,9 @@ import torch
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
 from .config import CROSS_LAYER_METHODS, ModelConfig, atomic_write_text
-from .train import (RUN_FILE, SUMMARY_FILE, TrainConfig, _diff, checkpoint_dirs, read_metrics, read_run,
-                    resolve_model_config, train)
+from .runs import RUN_FILE, SUMMARY_FILE, checkpoint_dirs, config_differences, read_metrics, read_run
+from .train import train
+from .train_config import TrainConfig, resolve_model_config
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
@@ -74,9 +75,7 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
     if (run_dir / RUN_FILE).is_file():
         old = read_run(run_dir)
         want_train = train_cfg.replace(steps=train_cfg.total_steps()).to_dict()
-        problems = _diff(old["model"], model_cfg.to_dict()) + _diff(
-            old["train"], want_train, frozenset({"eval_batch_size", "save_every", "keep_last", "log_every",
-                                                 "device", "compile", "activation_checkpointing"}))
+        problems = config_differences(old, model_cfg.to_dict(), want_train)
         if problems or Path(old["data"]).resolve() != data_dir.resolve():
             raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(problems) or 'other data'}); "
                              f"use another --out or delete that folder")

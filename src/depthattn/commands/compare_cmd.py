@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..compare import CompareSettings, parse_methods, render_table, run_compare
-from ..train import TrainConfig
+from ..train_config import TrainConfig
 from .train_cmd import add_model_options, check_model_settings, gather_settings
 
 #: The default budget: ``small`` preset at seq_len 128, batch 8 → 1,024 tokens per step; measured on a shared

@@ -12,8 +12,8 @@ import torch
 
 from .. import checkpoint as ckpt
 from ..config import atomic_write_text
-from ..train import (TOKENIZER_FILE, TRAIN_CONFIG_FILE, autocast_dtype, latest_checkpoint, resolve_device,
-                     run_of_checkpoint)
+from ..runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, latest_checkpoint, run_of_checkpoint
+from ..train import autocast_dtype, resolve_device
 
 
 def load_for_inference(path: str | os.PathLike, device: str = "auto"):

@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..train import (TrainConfig, load_toml, parse_value, read_run, resolve_model_config,
-                     split_overrides, train)
+from ..runs import read_run
+from ..train import train
+from ..train_config import TrainConfig, load_toml, parse_value, resolve_model_config, split_overrides
 
 DEFAULT_PRESET = "small"
 

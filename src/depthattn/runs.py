@@ -1,0 +1,253 @@
+"""Run folders on disk: the run record, metrics log, checkpoints and the trainer state inside them.
+
+A *run folder* holds::
+
+    run.json            resolved model + train config, data folder, package versions, git revision
+    param_groups.json   which parameters get weight decay (optim.py)
+    metrics.jsonl       one JSON object per logged step: step, tokens, loss, lr, grad_norm, tokens_per_s,
+                        and val_loss when measured
+    summary.json        written when the run reaches its last step
+    checkpoints/step_XXXXXXXX/   model.safetensors, config.json, tokenizer.json, train_config.json,
+                                 trainer_state.pt (optimizer, scheduler, RNG states, step, tokens seen, data position)
+
+Every file is written atomically and every checkpoint folder is assembled under a temporary name
+(``checkpoint.write_folder_atomically``), so a failure never damages what is already there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from .config import atomic_write_text
+from .model import DecoderLM
+from .train_config import RESUMABLE_KEYS, TrainConfig
+
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+PARAM_GROUPS_FILE = "param_groups.json"
+STATE_FILE = "trainer_state.pt"
+TRAIN_CONFIG_FILE = "train_config.json"
+TOKENIZER_FILE = "tokenizer.json"
+CHECKPOINT_DIR = "checkpoints"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+# ---------------------------------------------------------------------------------------------------- environment
+def versions() -> dict[str, str]:
+    """Versions of the packages that determine a run's numbers."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "tokenizers", "numpy", "depthattn"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def git_revision() -> str | None:
+    """``git rev-parse HEAD`` of the package source (with ``-dirty`` when modified), or None without git."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------- run folders
+def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
+    """The run's checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
+
+
+def latest_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder as given, or the newest checkpoint of a run folder.
+
+    Raises ``FileNotFoundError`` naming the folder if it is neither.
+    """
+    path = Path(path)
+    if (path / ckpt.CONFIG_NAME).is_file():
+        return path
+    dirs = checkpoint_dirs(path)
+    if not dirs:
+        raise FileNotFoundError(f"{path} is neither a checkpoint folder (no {ckpt.CONFIG_NAME}) nor a run folder "
+                                f"with checkpoints under {CHECKPOINT_DIR}/")
+    return dirs[-1]
+
+
+def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The ``run.json`` of a run folder (``ValueError`` / ``FileNotFoundError`` naming it)."""
+    file = Path(run_dir) / RUN_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} not found: {os.fspath(run_dir)!r} is not a depthattn run folder")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {file}: {e}") from e
+
+
+def run_of_checkpoint(checkpoint_dir: Path) -> dict[str, Any] | None:
+    """The run.json of the run a checkpoint folder belongs to, if it sits in one."""
+    run_dir = checkpoint_dir.parent.parent
+    if checkpoint_dir.parent.name == CHECKPOINT_DIR and (run_dir / RUN_FILE).is_file():
+        return read_run(run_dir)
+    return None
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    file = Path(run_dir) / METRICS_FILE
+    if not file.is_file():
+        return []
+    with open(file, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _truncate_metrics(run_dir: Path, last_step: int) -> None:
+    """Drop logged rows past ``last_step`` (logged before a crash, after the checkpoint we resume from)."""
+    rows = [r for r in read_metrics(run_dir) if r["step"] <= last_step]
+    atomic_write_text(run_dir / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _diff(a: Mapping[str, Any], b: Mapping[str, Any], ignore: frozenset = frozenset()) -> list[str]:
+    return [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if k not in ignore and a.get(k) != b.get(k)]
+
+
+def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], train: Mapping[str, Any]) -> list[str]:
+    """``"key: recorded vs requested"`` for every field where a run's ``run.json`` differs from a requested model
+    and train config (as dicts), ignoring ``RESUMABLE_KEYS``: empty when the run may be resumed with them."""
+    return _diff(recorded["model"], model) + _diff(recorded["train"], train, RESUMABLE_KEYS)
+
+
+# ---------------------------------------------------------------------------------------------------- state
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(tuple(state["python"][:1]) + (tuple(state["python"][1]),) + tuple(state["python"][2:]))
+    n = state["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), *n[2:]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trainer_state(optimizer: torch.optim.Optimizer, scheduler: Any, step: int, tokens_seen: int) -> dict[str, Any]:
+    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position."""
+    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+            "step": step, "tokens_seen": tokens_seen, "data_position": step}
+
+
+def restore_trainer_state(state: Mapping[str, Any], optimizer: torch.optim.Optimizer, scheduler: Any,
+                          checkpoint_dir: Path) -> tuple[int, int]:
+    """Load a ``trainer_state`` into ``optimizer``, ``scheduler`` and the RNGs; return (step, tokens seen).
+
+    Raises ``ValueError`` naming the state file if it does not fit the optimizer or its data position is off.
+    """
+    file = checkpoint_dir / STATE_FILE
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{file}: optimizer/scheduler state does not fit the model ({e})") from e
+    _set_rng_state(state["rng"])
+    step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
+    if int(state["data_position"]) != step:
+        raise ValueError(f"{file}: data position {state['data_position']} != step {step}")
+    return step, tokens_seen
+
+
+def load_trainer_state(checkpoint_dir: Path) -> dict[str, Any]:
+    file = checkpoint_dir / STATE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} not found: the checkpoint has no trainer state to resume from")
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a truncated or corrupt pickle/zip
+        raise ValueError(f"cannot read trainer state {file} (truncated or corrupt?): {e}") from e
+
+
+def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]:
+    """Load a checkpoint's weights into ``model`` through ``checkpoint.load_state`` / ``load_weights_into``.
+
+    The checkpoint may use another ``cross_layer``: keys under ``cross_layer`` that one side lacks keep the new
+    model's initialisation (missing) or are dropped (unexpected). Every other key and every shape must match.
+    Returns the keys that kept their initialisation. Raises ``ValueError`` naming the file otherwise.
+    """
+    source = os.path.join(os.fspath(path), ckpt.WEIGHTS_NAME)
+    state = ckpt.load_state(path)
+    own = model.state_dict()
+    extra = [k for k in state if k not in own]
+    bad = [k for k in extra if "cross_layer" not in k]
+    if bad:
+        raise ValueError(f"{source}: keys {bad[:5]} do not exist in the new model ({model.config.cross_layer}); "
+                         f"is it a checkpoint of another architecture?")
+    kept = sorted(k for k in own if k not in state)
+    if any("cross_layer" not in k for k in kept):
+        missing = [k for k in kept if "cross_layer" not in k]
+        raise ValueError(f"{source} lacks backbone keys {missing[:5]} of the new model")
+    merged = {k: own[k] for k in kept}
+    merged.update({k: v for k, v in state.items() if k in own})
+    ckpt.load_weights_into(model, merged, source)
+    return kept
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+def _save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict) -> Path:
+    """Write ``checkpoints/step_XXXXXXXX/`` atomically, then keep only the newest ``keep_last``; return its path."""
+    step = state["step"]
+    target = run_dir / CHECKPOINT_DIR / f"step_{step:08d}"
+
+    def fill(tmp: str) -> None:
+        ckpt.save_model_files(model, tmp)
+        shutil.copyfile(data_dir / TOKENIZER_FILE, os.path.join(tmp, TOKENIZER_FILE))
+        atomic_write_text(os.path.join(tmp, TRAIN_CONFIG_FILE), json.dumps(train_cfg.to_dict(), indent=2) + "\n")
+        torch.save(state, os.path.join(tmp, STATE_FILE))
+
+    ckpt.write_folder_atomically(target, fill)
+    for old in checkpoint_dirs(run_dir)[:-train_cfg.keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def start_run_files(run_dir: Path, record: Mapping[str, Any], groups: Any, resume: bool, step: int) -> None:
+    """Write ``run.json`` and ``param_groups.json`` and drop a stale ``summary.json``; ``metrics.jsonl`` starts
+    empty, or on ``resume`` keeps its rows up to ``step``."""
+    if resume:
+        _truncate_metrics(run_dir, step)
+    else:
+        atomic_write_text(run_dir / METRICS_FILE, "")
+    atomic_write_text(run_dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
+    atomic_write_text(run_dir / PARAM_GROUPS_FILE, json.dumps(groups, indent=2) + "\n")
+    (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+
+
+def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
+    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")

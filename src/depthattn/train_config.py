@@ -1,0 +1,216 @@
+"""Training settings: the typed ``TrainConfig`` and the parsing of run configs (TOML files, ``--set`` overrides).
+
+Model architecture lives in ``config.ModelConfig``; ``split_overrides`` and ``load_toml`` route each key to one of the
+two dataclasses and name unknown keys. ``RESUMABLE_KEYS`` are the train settings a resumed run may change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from .config import ModelConfig
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping settings (model architecture lives in ``ModelConfig``).
+
+    The budget is ``steps`` optimizer steps, or ``tokens`` training tokens (``steps = tokens // tokens_per_step``);
+    ``steps`` wins when both are set. One step consumes ``batch_size × grad_accum × seq_len`` tokens (per
+    data-parallel rank). ``warmup`` is a fraction of the steps (paper: 0.02), at least one step.
+
+    Raises:
+        ValueError: naming the field and the value, for any impossible setting.
+    """
+
+    seed: int = 0
+    steps: int | None = None
+    tokens: int | None = None
+    batch_size: int = 8
+    grad_accum: int = 1
+    seq_len: int = 256
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: float = 0.02
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    eval_windows: int = 16
+    eval_batch_size: int = 8
+    save_every: int = 0
+    keep_last: int = 2
+    log_every: int = 1
+    precision: str = "auto"
+    device: str = "auto"
+    compile: bool = False
+    activation_checkpointing: bool = False
+    data_parallel: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def need(ok: bool, name: str, why: str) -> None:
+            if not ok:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r} is invalid: {why}")
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        for name in ("batch_size", "grad_accum", "seq_len", "eval_windows", "eval_batch_size", "keep_last",
+                     "log_every"):
+            need(is_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be an integer >= 1")
+        for name in ("seed", "eval_every", "save_every"):
+            need(is_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
+        for name in ("steps", "tokens"):
+            v = getattr(self, name)
+            need(v is None or (is_int(v) and v >= 1), name, "must be an integer >= 1 (or unset)")
+        for name in ("lr", "eps"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, name, "must be a finite number > 0")
+        for name in ("min_lr_ratio", "beta1", "beta2"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and 0 <= v < 1 or (name == "min_lr_ratio" and v == 1), name,
+                 "must be in [0, 1)")
+        need(isinstance(self.warmup, (int, float)) and 0 <= self.warmup < 1, "warmup",
+             "must be a fraction of the steps in [0, 1)")
+        for name in ("weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, name, "must be a finite number >= 0")
+        need(self.precision in ("auto", "float32", "bfloat16"), "precision", "must be auto, float32 or bfloat16")
+        need(isinstance(self.device, str) and bool(self.device), "device", "must be auto, cpu, cuda or cuda:N")
+        need(isinstance(self.compile, bool), "compile", "must be true or false")
+        need(isinstance(self.activation_checkpointing, bool), "activation_checkpointing", "must be true or false")
+        need(self.data_parallel in (None, "ddp", "fsdp"), "data_parallel", "must be null, 'ddp' or 'fsdp'")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
+        """Build from a mapping; unknown keys raise ``ValueError`` naming them."""
+        unknown = sorted(set(values) - TRAIN_KEYS)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig key(s) {unknown}; valid keys are {sorted(TRAIN_KEYS)}")
+        return cls(**dict(values))
+
+    def replace(self, **overrides: Any) -> "TrainConfig":
+        values = self.to_dict()
+        values.update(overrides)
+        return TrainConfig.from_dict(values)
+
+    def world_size(self) -> int:
+        return torch.distributed.get_world_size() if self.data_parallel and torch.distributed.is_initialized() else 1
+
+    def tokens_per_step(self) -> int:
+        """Training tokens per optimizer step, over all data-parallel ranks."""
+        return self.batch_size * self.grad_accum * self.seq_len * self.world_size()
+
+    def total_steps(self) -> int:
+        """Resolved number of optimizer steps. Raises ``ValueError`` if the budget is shorter than one step."""
+        if self.steps is not None:
+            return self.steps
+        if self.tokens is None:
+            raise ValueError("set a training budget: TrainConfig.steps or TrainConfig.tokens")
+        steps = self.tokens // self.tokens_per_step()
+        if steps < 1:
+            raise ValueError(f"TrainConfig.tokens={self.tokens} is shorter than one optimizer step of "
+                             f"{self.tokens_per_step()} tokens (batch_size {self.batch_size} × grad_accum "
+                             f"{self.grad_accum} × seq_len {self.seq_len}); raise the budget or shrink the batch")
+        return steps
+
+    def warmup_steps(self) -> int:
+        return max(1, round(self.warmup * self.total_steps()))
+
+
+TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+#: Train keys that may change on ``--resume`` without changing the trajectory.
+RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "keep_last", "log_every", "device", "compile",
+                            "activation_checkpointing"})
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value as TOML (``3``, ``1e-3``, ``true``, ``"x"``); bare words stay strings; ``none``/``null``
+    is ``None``."""
+    import tomllib
+
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def split_overrides(pairs: Mapping[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``{key: value}`` into (model overrides, train overrides). Unknown keys raise ``ValueError`` naming
+    ``source`` and the key."""
+    model, train = {}, {}
+    for key, value in pairs.items():
+        if key in MODEL_KEYS:
+            model[key] = value
+        elif key in TRAIN_KEYS:
+            train[key] = value
+        else:
+            raise ValueError(f"{source}: unknown key {key!r}; model keys: {sorted(MODEL_KEYS)}; "
+                             f"train keys: {sorted(TRAIN_KEYS)}")
+    return model, train
+
+
+def load_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a run config TOML: optional top-level ``preset`` and ``data``, tables ``[model]`` and ``[train]``.
+
+    Returns ``{"preset": str | None, "data": str | None, "model": {...}, "train": {...}}``. Raises ``ValueError``
+    naming the file and the key for unknown keys, a wrong section, or a TOML syntax error; ``FileNotFoundError`` if
+    the file is missing.
+    """
+    import tomllib
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file {path!r} not found")
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: invalid TOML: {e}") from e
+    unknown = sorted(set(doc) - {"preset", "data", "model", "train"})
+    if unknown:
+        raise ValueError(f"{path}: unknown top-level key(s) {unknown}; expected preset, data, [model], [train]")
+    out = {"preset": doc.get("preset"), "data": doc.get("data"), "model": {}, "train": {}}
+    for section, keys in (("model", MODEL_KEYS), ("train", TRAIN_KEYS)):
+        table = doc.get(section, {})
+        if not isinstance(table, dict):
+            raise ValueError(f"{path}: [{section}] must be a table")
+        bad = sorted(set(table) - keys)
+        if bad:
+            raise ValueError(f"{path}: unknown [{section}] key(s) {bad}; valid keys are {sorted(keys)}")
+        out[section] = dict(table)
+    return out
+
+
+def resolve_model_config(preset: str, overrides: Mapping[str, Any], data_vocab_size: int,
+                         tokenizer_file: str) -> ModelConfig:
+    """``ModelConfig.from_preset(preset, **overrides)`` with ``vocab_size`` taken from the data's tokenizer.
+
+    Raises:
+        ValueError: if ``overrides`` sets ``vocab_size`` to anything but the tokenizer's vocabulary size (naming
+            both and the tokenizer file), or for any invalid field.
+    """
+    overrides = dict(overrides)
+    if "vocab_size" in overrides and overrides["vocab_size"] != data_vocab_size:
+        raise ValueError(f"vocab_size={overrides['vocab_size']} does not match the tokenizer's vocabulary of "
+                         f"{data_vocab_size} tokens ({tokenizer_file}); drop the vocab_size setting to use the "
+                         f"tokenizer's")
+    overrides["vocab_size"] = data_vocab_size
+    return ModelConfig.from_preset(preset, **overrides)
