@@ -20,10 +20,13 @@ def _inputs(B=2, H=4, K=2, T=3, D=8, n=3, dtype=torch.float32, seed=0):
 @pytest.mark.parametrize("H,K,n", [(4, 2, 3), (4, 4, 2), (6, 2, 4), (4, 1, 1)])
 def test_depth_mix_matches_loop_reference(H, K, n):
     q, keys, values = _inputs(H=H, K=K, n=n)
-    out = depth_mix(q, keys, values)
     ref = depth_mix_ref(q, keys, values)
+    out = depth_mix(q, keys, values)  # inference path (no autograd)
     assert out.shape == (2, K, 3, 8)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+    trained = depth_mix(q.requires_grad_(), keys, values)  # training path (custom autograd function)
+    assert trained.grad_fn is not None
+    torch.testing.assert_close(trained.detach().double(), ref, atol=1e-5, rtol=0)
 
 
 def test_depth_weights_sum_to_one_and_equal_values_are_fixed_point():

@@ -112,9 +112,8 @@ def depth_query(q_BHTD: Tensor, num_kv_heads: int) -> Tensor:
 
 def depth_logits(qbar_BKTD: Tensor, keys: Sequence[Tensor]) -> Tensor:
     """Depth scores ``<q̄, K̂_j> / sqrt(D)`` for each candidate key, float32 ``[B, K, T, N]`` (spec §3.3)."""
-    k_BKTND = torch.stack([_acc(k) for k in keys], dim=-2)
     scale = 1.0 / math.sqrt(qbar_BKTD.shape[-1])
-    return (k_BKTND @ (qbar_BKTD * scale).unsqueeze(-1)).squeeze(-1)
+    return torch.stack([torch.linalg.vecdot(qbar_BKTD, _acc(k)) for k in keys], dim=-1) * scale
 
 
 def depth_weights(q_BHTD: Tensor, keys: Sequence[Tensor]) -> Tensor:
@@ -122,11 +121,27 @@ def depth_weights(q_BHTD: Tensor, keys: Sequence[Tensor]) -> Tensor:
     return depth_logits(depth_query(q_BHTD, keys[0].shape[1]), keys).softmax(-1)
 
 
+# The fast path below touches each full-size [B, K, T, D] tensor as few times as it can (the mix is memory-bound):
+# the group *sum* of q is formed once and the 1/(G·sqrt(D)) factor is applied to the small [B, K, T, N] logits;
+# dot products use vecdot; weighted sums accumulate in place with addcmul.
+def _query_sum(q_BHTD: Tensor, num_kv_heads: int) -> Tensor:
+    return _acc(q_BHTD).unflatten(1, (num_kv_heads, -1)).sum(2)
+
+
+def _weighted_sum(w_BKTN: Tensor, tensors: Sequence[Tensor]) -> Tensor:
+    """Σ_i w[..., i] · x_i in the accumulation dtype, ``[B, K, T, D]``."""
+    out = w_BKTN[..., 0, None] * _acc(tensors[0])
+    for i in range(1, len(tensors)):
+        out.addcmul_(w_BKTN[..., i, None], _acc(tensors[i]))
+    return out
+
+
 def _mix_forward(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-    w_BKTN = depth_weights(q_BHTD, keys)
-    v_BKTND = torch.stack([_acc(v) for v in values], dim=-2)
-    out_BKTD = (w_BKTN.unsqueeze(-2) @ v_BKTND).squeeze(-2)
-    return out_BKTD.to(values[-1].dtype), w_BKTN
+    K, G, D = keys[0].shape[1], q_BHTD.shape[1] // keys[0].shape[1], q_BHTD.shape[-1]
+    qsum_BKTD = _query_sum(q_BHTD, K)
+    logits_BKTN = torch.stack([torch.linalg.vecdot(qsum_BKTD, _acc(k)) for k in keys], dim=-1)
+    w_BKTN = (logits_BKTN * (1.0 / (G * math.sqrt(D)))).softmax(-1)
+    return _weighted_sum(w_BKTN, values).to(values[-1].dtype), w_BKTN
 
 
 class _DepthMix(torch.autograd.Function):
@@ -148,23 +163,21 @@ class _DepthMix(torch.autograd.Function):
         n = ctx.n
         keys, values = kv[:n], kv[n:]
         K, D = keys[0].shape[1], q_BHTD.shape[-1]
-        scale = 1.0 / math.sqrt(D)
-        g32 = _acc(grad_BKTD)
-        v_BKTND = torch.stack([_acc(v) for v in values], dim=-2)
-        dw_BKTN = (v_BKTND @ g32.unsqueeze(-1)).squeeze(-1)
+        G = q_BHTD.shape[1] // K
+        factor = 1.0 / (G * math.sqrt(D))  # d logit / d qsum = factor · k
+        g = _acc(grad_BKTD)
+        dw_BKTN = torch.stack([torch.linalg.vecdot(g, _acc(v)) for v in values], dim=-1)
         dlogit_BKTN = w_BKTN * (dw_BKTN - (w_BKTN * dw_BKTN).sum(-1, keepdim=True))  # softmax backward
+        dsum_BKTN = dlogit_BKTN * factor  # gradient w.r.t. <qsum, k_i>
         grads: list[Tensor | None] = [None, None]
         if ctx.needs_input_grad[0]:
-            k_BKTND = torch.stack([_acc(k) for k in keys], dim=-2)
-            dqbar_BKTD = (dlogit_BKTN.unsqueeze(-2) @ k_BKTND).squeeze(-2) * scale
-            groups = q_BHTD.shape[1] // K
-            dq = (dqbar_BKTD / groups).unsqueeze(2).expand(-1, -1, groups, -1, -1).flatten(1, 2)
-            grads[0] = dq.to(q_BHTD.dtype)
-        qbar_scaled = depth_query(q_BHTD, K) * scale
+            dqsum_BKTD = _weighted_sum(dsum_BKTN, keys)
+            grads[0] = dqsum_BKTD.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(1, 2).to(q_BHTD.dtype)
+        qsum_BKTD = _query_sum(q_BHTD, K) if any(ctx.needs_input_grad[2:2 + n]) else None
         for i, k in enumerate(keys):
-            grads.append((dlogit_BKTN[..., i, None] * qbar_scaled).to(k.dtype) if ctx.needs_input_grad[2 + i] else None)
+            grads.append((dsum_BKTN[..., i, None] * qsum_BKTD).to(k.dtype) if ctx.needs_input_grad[2 + i] else None)
         for i, v in enumerate(values):
-            grads.append((w_BKTN[..., i, None] * g32).to(v.dtype) if ctx.needs_input_grad[2 + n + i] else None)
+            grads.append((w_BKTN[..., i, None] * g).to(v.dtype) if ctx.needs_input_grad[2 + n + i] else None)
         return tuple(grads)
 
 
@@ -184,7 +197,18 @@ def depth_mix(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) 
         raise ValueError(f"depth_mix needs as many keys as values (>= 1), got {len(keys)} and {len(values)}")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q_BHTD, *keys, *values)):
         return _DepthMix.apply(q_BHTD, len(keys), *keys, *values)
-    return _mix_forward(q_BHTD, keys, values)[0]
+    return _mix_inference(q_BHTD, keys, values)
+
+
+def _mix_inference(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) -> Tensor:
+    """Same math as ``_mix_forward`` in the fewest kernels (stacked candidates, one small matmul): no autograd
+    memory to save here, and a decode step's tensors are so small that the kernel count is its cost."""
+    K, G, D = keys[0].shape[1], q_BHTD.shape[1] // keys[0].shape[1], q_BHTD.shape[-1]
+    k_BKTND = _acc(torch.stack(keys, dim=-2))
+    v_BKTND = _acc(torch.stack(values, dim=-2))
+    logits_BKTN1 = k_BKTND @ _query_sum(q_BHTD, K).unsqueeze(-1)
+    w_BKTN1 = (logits_BKTN1 * (1.0 / (G * math.sqrt(D)))).softmax(-2)
+    return (v_BKTND * w_BKTN1).sum(-2).to(values[-1].dtype)
 
 
 def depth_mix_ref(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) -> Tensor:
