@@ -270,3 +270,21 @@ def test_qwen3_config_defaults_are_transformers_own():
     assert cfg.rope_theta == ref.rope_parameters["rope_theta"]
     assert qwen3_to_model_config({**values, "head_dim": 16, "rope_theta": 5000.0}).head_dim == 16
     assert qwen3_to_model_config({**values, "rope_theta": 5000.0}).rope_theta == 5000.0
+
+
+def test_hf_config_has_the_model_config_fields_and_defaults():
+    """DepthAttnConfig repeats ModelConfig's fields (transformers needs them as class attributes): keep them equal."""
+    import dataclasses
+
+    from depthattn import ModelConfig
+    from depthattn.hf import DepthAttnConfig
+
+    hf_cfg = DepthAttnConfig()
+    for f in dataclasses.fields(ModelConfig):
+        if f.name == "rope_theta":
+            assert hf_cfg.rope_parameters == {"rope_theta": f.default, "rope_type": "default"}
+        elif f.name == "depth_attention_stride":
+            assert hf_cfg.depth_attention_stride == ModelConfig().depth_attention_stride
+        else:
+            assert getattr(hf_cfg, f.name) == f.default, f.name
+    assert hf_cfg.to_model_config() == ModelConfig()
