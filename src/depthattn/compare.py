@@ -273,6 +273,11 @@ def render_report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _tokens_label(x: float, _pos) -> str:
+    """Axis label for a token count: 250k, 1.5M."""
+    return f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k" if x >= 1e3 else f"{x:g}"
+
+
 def plot_curves(results: dict, path: Path) -> None:
     """Validation loss (left) and training loss (right, 20-step moving mean) vs tokens, one line per method
     (mean over seeds)."""
@@ -280,6 +285,7 @@ def plot_curves(results: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for name, m in results["methods"].items():
@@ -296,6 +302,7 @@ def plot_curves(results: dict, path: Path) -> None:
         ax2.plot(xs, ys, label=name)
     for a, title in ((ax, "validation loss"), (ax2, "training loss (moving mean, seed 0)")):
         a.set_xlabel("training tokens")
+        a.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
         a.set_ylabel("loss (nats/token)")
         a.set_title(title)
         a.grid(alpha=0.3)
