@@ -8,7 +8,7 @@ from typing import Iterator
 
 import torch
 
-from ..generate import generate_stream
+from ..generate import check_sampling, generate_stream
 
 
 def stream_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 100, temperature: float = 0.8,
@@ -53,6 +53,7 @@ def run_generate(args: argparse.Namespace) -> int:
     model, tokenizer, _, dev = load_for_inference(args.checkpoint, args.device)
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 0")
+    check_sampling(args.temperature, args.top_k, args.top_p)  # fail before echoing the prompt
     sys.stdout.write(args.prompt)
     for piece in stream_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
