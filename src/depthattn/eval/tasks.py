@@ -126,5 +126,7 @@ def load_task(name: str, limit: int | None = None) -> list[Item]:
                 raise ValueError(f"{path}: document {doc_id} has gold label {gold!r} outside its {len(reqs)} choices")
         else:
             gold = None
+        if TASKS[name].kind == "mc":  # some rendered continuations start with two spaces: keep lm-eval's one
+            reqs = [(i, c, " " + t.lstrip(" ") if t.startswith(" ") else t) for i, c, t in reqs]
         items.append(Item(doc_id, tuple((c, t) for _, c, t in reqs), gold))
     return items
