@@ -132,6 +132,33 @@ def test_compare_cli_report_matches_printed_table(data_dir, tmp_path, capsys):
         {k: v for k, v in before.items() if "checkpoints" in k}
 
 
+def test_compare_keys_runs_and_eval_cache_by_data_fingerprint(data_dir, tmp_path):
+    from depthattn.compare import CompareSettings, run_compare
+    from depthattn.data import load_prepared, prepare_corpus
+    from depthattn.train import TrainConfig
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    settings = CompareSettings(methods=["none"], seeds=[0], loops=1, preset="tiny", model_overrides={},
+                               train=TrainConfig(steps=2, batch_size=2, seq_len=32, eval_every=0, eval_windows=2),
+                               eval_tokens=None)
+    out = tmp_path / "cmp"
+    res = run_compare(out, settings, data, progress=False, log=lambda *a: None)
+    run = out / "runs" / "none-seed0"
+    fingerprint = load_prepared(data).fingerprint
+    assert json.loads((run / "run.json").read_text())["data_fingerprint"] == fingerprint
+    cache = json.loads((run / "eval.json").read_text())
+    assert cache["key"]["data_fingerprint"] == fingerprint
+    assert cache["result"]["loss"] == res["methods"]["none"]["runs"][0]["val_loss"]
+    # the folder is re-prepared in place (same tokenizer, other split): the finished run is not reused
+    prepare_corpus(data, [str(data_dir.parent / "slice.jsonl")], tokenizer=data_dir / "tokenizer.json",
+                   val_fraction=0.4, seed=5, progress=False)
+    before = hashes(run)
+    with pytest.raises(ValueError, match=r"other settings \(data .*fingerprint differs"):
+        run_compare(out, settings, data, progress=False, log=lambda *a: None)
+    assert hashes(run) == before
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "--preset", "huge", "--steps", "1"], "unknown preset 'huge'"),
     (["train", "--preset", "tiny", "--set", "hidden=3"], "--set: unknown key 'hidden'"),

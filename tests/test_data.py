@@ -371,6 +371,49 @@ def test_failure_while_writing_keeps_previous_files(prepared, slice_jsonl, tmp_p
     assert _snapshot(out) == before  # no temp files left, nothing replaced
 
 
+def _non_byte_level_tokenizer(kind: str, texts: list[str]):
+    """Tokenizers trained with ``tokenizers`` on real text whose tokens do not spell the text's UTF-8 bytes:
+    ``metaspace`` (SentencePiece-style ``▁`` for spaces) or ``normalizer`` (byte-level, but whitespace runs are
+    collapsed before tokenising)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    if kind == "metaspace":
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        alphabet = []
+    else:
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " ")])
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=[EOS_TOKEN],
+                                                       initial_alphabet=alphabet, show_progress=False))
+    return tok
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "normalizer"])
+def test_prepare_refuses_tokenizer_that_breaks_bits_per_byte(kind, docs, slice_jsonl, prepared, tmp_path):
+    book = docs["moby_dick/moby_dick"]  # real prose with paragraphs (the SOTU slice is one line per address)
+    texts = [book[:20_000], book[20_000:40_000], book[40_000:60_000]]
+    src = tmp_path / "book.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    tok = _non_byte_level_tokenizer(kind, texts)
+    path = tmp_path / f"{kind}.json"
+    tok.save(str(path))
+    out = tmp_path / "out"
+    with pytest.raises(ValueError) as e:
+        prepare_corpus(out, [str(src)], tokenizer=path, val_fraction=0.3, seed=1, progress=False)
+    assert str(path) in str(e.value) and "bits per byte needs a byte-level BPE without normalizer" in str(e.value)
+    assert not out.exists() or not any(out.iterdir())  # nothing written, no temp files left
+    # the prepared folder's own byte-level tokenizer passes, and meta.json records each .bin's sha256
+    meta = json.loads((prepared / "meta.json").read_text())
+    for split in ("train", "val"):
+        assert meta["splits"][split]["sha256"] == hashlib.sha256((prepared / f"{split}.bin").read_bytes()).hexdigest()
+    again = prepare_corpus(tmp_path / "ok", [str(slice_jsonl)], tokenizer=prepared / "tokenizer.json",
+                           val_fraction=0.2, seed=1, progress=False)
+    assert again["splits"] == meta["splits"]
+
+
 @pytest.mark.parametrize("damage", ["truncate_bin", "tokenizer_changed", "meta_missing_key"])
 def test_load_prepared_validates(prepared, tmp_path, damage):
     for p in prepared.iterdir():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -57,15 +58,52 @@ def tree_hashes(folder: Path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
-def test_weight_decay_groups_matrices_only():
-    model = DecoderLM(ModelConfig.from_preset("tiny", cross_layer="depth_attention"))
+def _expected_no_decay(cfg: ModelConfig) -> set[str]:
+    """spec-baselines.md §8, written out by hand: norm gains, DWA alpha, mHC alpha / bias / readout / norm gain,
+    AttnRes query / key_gain / recency_bias never decay."""
+    out = {"model.norm.weight"}
+    for i in range(cfg.num_hidden_layers):
+        layer = f"model.layers.{i}"
+        out |= {f"{layer}.{n}" for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                                         "self_attn.q_norm.weight", "self_attn.k_norm.weight")}
+        if cfg.cross_layer == "denseformer" and (i + 1) % cfg.denseformer_period == 0:
+            out.add(f"{layer}.cross_layer.alpha")
+        if cfg.cross_layer == "mhc":
+            out |= {f"{layer}.cross_layer.connectors.{c}.{n}" for c in (0, 1) for n in ("alpha", "bias", "norm.weight")}
+        if cfg.cross_layer == "attnres":
+            out |= {f"{layer}.cross_layer.query", f"{layer}.cross_layer.key_gain"}
+            if cfg.attnres_recency_bias is not None:
+                out.add(f"{layer}.cross_layer.recency_bias")
+    if cfg.cross_layer == "mhc":
+        out.add("model.cross_layer.readout")
+    if cfg.cross_layer == "attnres":
+        out |= {"model.cross_layer.query", "model.cross_layer.key_gain"}
+        if cfg.attnres_recency_bias is not None:
+            out.add("model.cross_layer.recency_bias")
+    return out
+
+
+@pytest.mark.parametrize("method, extra", [("none", {}), ("depth_attention", {}), ("denseformer", {}), ("mhc", {}),
+                                           ("attnres", {}), ("attnres", {"attnres_recency_bias": 3.0})],
+                         ids=["none", "depth_attention", "denseformer", "mhc", "attnres", "attnres_recency"])
+def test_weight_decay_groups_per_method(method, extra):
+    cfg = ModelConfig.from_preset("tiny", cross_layer=method, **extra)
+    model = DecoderLM(cfg)
     opt, names = build_optimizer(model, lr=1e-3, weight_decay=0.1)
     params = dict(model.named_parameters())
-    assert set(names["decay"]) == {n for n, p in params.items() if p.ndim >= 2}
-    assert set(names["no_decay"]) == {n for n, p in params.items() if p.ndim < 2}
-    assert "model.layers.0.self_attn.k_norm.weight" in names["no_decay"]
-    assert "model.embed_tokens.weight" in names["decay"]
+    no_decay = _expected_no_decay(cfg)
+    assert no_decay <= set(params)
+    assert set(names["no_decay"]) == no_decay
+    assert set(names["decay"]) == set(params) - no_decay  # projections, embedding, LM head, mHC phi
+    assert all(params[n].ndim == 2 for n in names["decay"])
+    assert "model.embed_tokens.weight" in names["decay"] and "lm_head.weight" in names["decay"]
+    if method == "mhc":
+        assert "model.layers.0.cross_layer.connectors.0.phi.weight" in names["decay"]
+    if method == "attnres":  # stacked [A, C] matrices, yet w and g must not decay
+        assert params["model.layers.0.cross_layer.query"].ndim == 2
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    assert [sum(p.numel() for p in g["params"]) for g in opt.param_groups] == \
+        [sum(params[n].numel() for n in names[k]) for k in ("decay", "no_decay")]
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8
 
 
@@ -95,6 +133,9 @@ def test_loss_decreases_on_real_text(run_a):
     assert set(run["versions"]) >= {"torch", "transformers", "tokenizers", "depthattn"}
     summary = json.loads((run_a / "summary.json").read_text())
     assert summary["final_val_loss"] == val[-1] and summary["tokens"] == 8 * 4 * 64
+    groups = json.loads((run_a / "param_groups.json").read_text())
+    assert set(groups) == {"decay", "no_decay", "rule"} and "model.norm.weight" in groups["no_decay"]
+    assert "spec-baselines.md" in groups["rule"]
 
 
 def test_resume_repeats_uninterrupted_run_exactly(run_a, tmp_path, data_dir, tiny_cfg):
@@ -131,6 +172,84 @@ def test_init_from_other_method_copies_weights(run_a):
     init_from_checkpoint(src, checkpoint_dirs(run_a)[-1])
     for (n, p), (_, q) in zip(model.state_dict().items(), src.state_dict().items()):
         assert torch.equal(p, q), n
+
+
+def _strict_json(path: Path):
+    def refuse(c):
+        raise ValueError(f"non-JSON constant {c}")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_resume_at_last_step_keeps_or_recreates_summary(run_a, tmp_path, data_dir, tiny_cfg):
+    run = tmp_path / "done"
+    shutil.copytree(run_a, run)
+    summary = (run / "summary.json").read_bytes()
+    final_val = [r["val_loss"] for r in read_metrics(run_a) if "val_loss" in r][-1]
+    # resuming a finished run changes nothing in its summary
+    res = train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
+    assert (run / "summary.json").read_bytes() == summary
+    assert res.steps == 8 and res.final_val_loss == final_val
+    # crash after the final checkpoint, before summary.json: re-created from the metrics log, strict JSON
+    (run / "summary.json").unlink()
+    res = train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
+    got = _strict_json(run / "summary.json")
+    old = json.loads(summary)
+    assert got["final_val_loss"] == old["final_val_loss"] == final_val == res.final_val_loss
+    assert got["steps"] == 8 and got["tokens"] == old["tokens"] and got["checkpoint"] == str(checkpoint_dirs(run)[-1])
+    assert isinstance(got["train_tokens_per_s"], float) and got["train_tokens_per_s"] > 0
+    # ... and without a logged final validation: measured now on the restored weights
+    rows = read_metrics(run)
+    rows[-1].pop("val_loss")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").unlink()
+    res = train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
+    got = _strict_json(run / "summary.json")
+    assert got["final_val_loss"] == pytest.approx(final_val, rel=1e-6) and res.final_val_loss == got["final_val_loss"]
+    # a summary with NaN (written by an older version) is replaced by strict JSON
+    (run / "summary.json").write_text('{"steps": 8, "final_val_loss": null, "train_tokens_per_s": NaN}')
+    train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
+    assert _strict_json(run / "summary.json")["final_val_loss"] == pytest.approx(final_val, rel=1e-6)
+
+
+def test_resume_refuses_other_data_with_the_same_tokenizer(run_a, tmp_path, data_dir, tiny_cfg):
+    from depthattn.data.shards import data_fingerprint
+
+    data = load_prepared(data_dir)
+    assert json.loads((run_a / "run.json").read_text())["data_fingerprint"] == data.fingerprint
+    copy = tmp_path / "copy"
+    shutil.copytree(data_dir, copy)
+    assert load_prepared(copy).fingerprint == data.fingerprint  # paths do not count
+    other = tmp_path / "other"
+    prepare_corpus(other, [str(data_dir.parent / "slice.jsonl")], tokenizer=data_dir / "tokenizer.json",
+                   val_fraction=0.4, seed=5, progress=False)
+    assert load_prepared(other).meta["tokenizer_sha256"] == data.meta["tokenizer_sha256"]
+    assert load_prepared(other).fingerprint != data.fingerprint
+    meta = dict(data.meta, splits={k: dict(v) for k, v in data.meta["splits"].items()})
+    meta["splits"]["val"]["sha256"] = "0" * 64  # same counts, other tokens
+    assert data_fingerprint(meta) != data.fingerprint
+    run = tmp_path / "r"
+    shutil.copytree(run_a, run)
+    shutil.rmtree(run / "checkpoints" / "step_00000008")
+    before = tree_hashes(run)
+    with pytest.raises(ValueError, match=rf"cannot resume .*data folder {re.escape(str(other))} holds other data"):
+        train(run, tiny_cfg, TrainConfig(**TRAIN), other, resume=True, progress=False)
+    assert tree_hashes(run) == before
+
+
+def test_resume_refuses_another_resolved_precision(run_a, tmp_path, data_dir, tiny_cfg):
+    assert json.loads((run_a / "run.json").read_text())["resolved_precision"] == "float32"
+    run = tmp_path / "p"
+    shutil.copytree(run_a, run)
+    shutil.rmtree(run / "checkpoints" / "step_00000008")
+    record = json.loads((run / "run.json").read_text())
+    # as if the run had trained on CUDA under precision "auto" (bf16 autocast); this session is on CPU (float32)
+    for fake in ({**record, "resolved_precision": "bfloat16", "device": "cuda"},
+                 {k: v for k, v in {**record, "autocast": "torch.bfloat16"}.items() if k != "resolved_precision"}):
+        (run / "run.json").write_text(json.dumps(fake))
+        before = tree_hashes(run)
+        with pytest.raises(ValueError, match=r"trained in bfloat16 .* this session would train in float32"):
+            train(run, tiny_cfg, TrainConfig(**{**TRAIN, "device": "cpu"}), data_dir, resume=True, progress=False)
+        assert tree_hashes(run) == before
 
 
 # ------------------------------------------------------------------------------------------------ bad inputs
@@ -221,3 +340,36 @@ def test_perplexity_matches_slow_twin(run_a, data_dir):
     nbytes = int(token_byte_lengths(data.tokenizer)[tokens[1:]].sum())
     assert res.bytes == nbytes
     assert res.bits_per_byte == pytest.approx(res.nats / (math.log(2) * nbytes), rel=1e-12)
+
+
+def _metaspace_tokenizer(texts: list[str], vocab_size: int):
+    """A SentencePiece-style BPE (Metaspace pre-tokenizer, ``▁`` for spaces) trained with ``tokenizers``: not
+    byte-level, so its tokens' symbols do not spell the text's bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                                       show_progress=False))
+    return tok
+
+
+def test_perplexity_checks_bytes_of_a_whole_split(run_a, data_dir):
+    from depthattn.checkpoint import load_model
+
+    data = load_prepared(data_dir)
+    model = load_model(checkpoint_dirs(run_a)[-1])
+    val = np.asarray(data.val)
+    res = evaluate_perplexity(model, val, data.tokenizer, seq_len=64, batch_size=8, progress=False,
+                              expected_bytes=data.num_bytes("val"))
+    assert res.bytes + int(token_byte_lengths(data.tokenizer)[val[0]]) == data.num_bytes("val")
+    # the same ids read through a non-byte-level vocabulary of the same size: bits per byte would be wrong
+    other = _metaspace_tokenizer([t[:24000] for _, t in embedded_corpus_documents()[:6]], data.vocab_size)
+    assert other.get_vocab_size() == data.vocab_size
+    with pytest.raises(ValueError, match="byte-level BPE without normalizer"):
+        evaluate_perplexity(model, val, other, seq_len=64, batch_size=8, progress=False,
+                            expected_bytes=data.num_bytes("val"))
+    # a prefix is not the whole split: no check
+    evaluate_perplexity(model, val, other, seq_len=64, batch_size=8, max_tokens=100, progress=False,
+                        expected_bytes=data.num_bytes("val"))

@@ -73,9 +73,13 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
                     progress: bool, log: Callable[[str], None]) -> None:
     """Train, resume, or reuse the run in ``run_dir`` (ValueError if it holds a different config)."""
     if (run_dir / RUN_FILE).is_file():
+        from .data import load_prepared
+
         old = read_run(run_dir)
         want_train = train_cfg.replace(steps=train_cfg.total_steps()).to_dict()
         problems = config_differences(old, model_cfg.to_dict(), want_train)
+        if old.get("data_fingerprint") not in (None, load_prepared(data_dir).fingerprint):
+            problems.append(f"data {data_dir}: fingerprint differs from the run's (the folder was re-prepared)")
         if problems or Path(old["data"]).resolve() != data_dir.resolve():
             raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(problems) or 'other data'}); "
                              f"use another --out or delete that folder")
@@ -103,14 +107,15 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     seq_len = run["train"]["seq_len"]
     model, tokenizer, folder, dev = load_for_inference(run_dir, run["train"].get("device", "auto"))
     cache = run_dir / "eval.json"
-    key = {"checkpoint": str(folder), "eval_tokens": eval_tokens, "seq_len": seq_len}
+    data = load_prepared(run["data"])
+    key = {"checkpoint": str(folder), "eval_tokens": eval_tokens, "seq_len": seq_len,
+           "data_fingerprint": data.fingerprint}
     if cache.is_file() and json.loads(cache.read_text(encoding="utf-8")).get("key") == key:
         ev = json.loads(cache.read_text(encoding="utf-8"))["result"]
     else:
-        data = load_prepared(run["data"])
         res = evaluate_perplexity(model, data.val, tokenizer, seq_len=seq_len, batch_size=eval_batch_size,
                                   max_tokens=eval_tokens, device=dev, amp_dtype=autocast_dtype("auto", dev),
-                                  progress=progress)
+                                  progress=progress, expected_bytes=data.num_bytes("val"))
         ev = res.to_dict()
         atomic_write_text(cache, json.dumps({"key": key, "result": ev}, indent=2) + "\n")
     rows = read_metrics(run_dir)

@@ -1,14 +1,17 @@
-"""Optimizer and learning-rate schedule: AdamW with decay on matrices only, linear warm-up then cosine to a floor.
+"""Optimizer and learning-rate schedule: AdamW with decay on projection and embedding matrices only, linear
+warm-up then cosine to a floor.
 
 Recipe (spec-depth-attention.md §12, the authors' released configs): AdamW β = (0.9, 0.95), eps 1e-8, weight decay
 0.1, 2 % linear warm-up, cosine decay to 0.1 × peak, gradient clipping at 1.0.
 
-Weight-decay groups (spec-baselines.md §8, "recommendation"): a parameter decays iff it is a matrix (``ndim >= 2``):
-every projection, the token embedding and the untied LM head. Vectors and scalars never decay: RMSNorm gains
-(including ``q_norm`` / ``k_norm``) and every cross-layer scalar, vector or bias (DenseFormer α, mHC α / b,
-AttnRes w / g / b, all ``< 2``-D and living under ``cross_layer``). Matrices whose name matches a pattern in
-``NO_DECAY_PATTERNS`` (a method may register one) are exempt as well. ``param_groups`` returns the decision per name so
-that the run folder can log it.
+Weight-decay groups (spec-baselines.md §8, "recommendation"): a parameter decays iff it is the weight matrix of an
+``nn.Linear`` or ``nn.Embedding`` (every projection incl. mHC's φ, the token embedding, the untied LM head) and its
+name matches no pattern in ``NO_DECAY_PATTERNS``. Nothing else decays, whatever its shape: RMSNorm gains (incl.
+``q_norm`` / ``k_norm`` and mHC's ``norm.weight``), DenseFormer ``alpha``, mHC ``alpha`` / ``bias`` / ``readout``,
+and AttnRes ``query`` (w) / ``key_gain`` (g) / ``recency_bias`` (b). AttnRes stacks w and g into ``[A, C]`` matrices,
+so a shape rule (``ndim >= 2``) would wrongly decay them; the rule is by module type, and ``NO_DECAY_PATTERNS`` names
+the cross-layer mixing parameters as well so that a future refactor into ``nn.Linear`` cannot silently decay them.
+``param_groups`` returns the decision per name; the run folder logs it in ``param_groups.json`` with ``DECAY_RULE``.
 """
 
 from __future__ import annotations
@@ -19,13 +22,23 @@ import re
 import torch
 from torch import nn
 
-#: Regular expressions (``re.search`` on the parameter name) of matrices that must not decay; methods may append.
-NO_DECAY_PATTERNS: list[str] = []
+#: Regular expressions (``re.search`` on the parameter name) of parameters that never decay; methods may append.
+#: Norm gains, DWA α, mHC α / b / readout, AttnRes w / g / b (spec-baselines.md §8).
+NO_DECAY_PATTERNS: list[str] = [
+    r"norm\.weight$",
+    r"(^|\.)cross_layer\.(alpha|bias|readout|query|key_gain|recency_bias)$",
+    r"(^|\.)cross_layer\.connectors\.\d+\.(alpha|bias)$",
+]
+
+#: The rule, as logged in ``param_groups.json``.
+DECAY_RULE = ("spec-baselines.md §8: decay the weights of nn.Linear / nn.Embedding (projections, mHC phi, embedding, "
+              "LM head); never norm gains, DWA alpha, mHC alpha/bias/readout, AttnRes query/key_gain/recency_bias")
 
 
-def decays(name: str, param: torch.Tensor) -> bool:
-    """Whether parameter ``name`` gets weight decay: matrices only, minus ``NO_DECAY_PATTERNS`` (module docstring)."""
-    if param.ndim < 2:
+def decays(name: str, param: torch.Tensor, module: nn.Module | None) -> bool:
+    """Whether parameter ``name`` (owned directly by ``module``) gets weight decay (module docstring): the 2-D
+    weight of an ``nn.Linear`` / ``nn.Embedding`` whose name matches no ``NO_DECAY_PATTERNS``."""
+    if param.ndim != 2 or not isinstance(module, (nn.Linear, nn.Embedding)) or not name.endswith("weight"):
         return False
     return not any(re.search(p, name) for p in NO_DECAY_PATTERNS)
 
@@ -35,6 +48,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> tuple[list[dict], dic
 
     Tied weights (the same tensor under two names) appear once.
     """
+    owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
     seen: set[int] = set()
     groups: dict[str, list] = {"decay": [], "no_decay": []}
     names: dict[str, list[str]] = {"decay": [], "no_decay": []}
@@ -42,7 +56,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> tuple[list[dict], dic
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        key = "decay" if decays(name, p) else "no_decay"
+        key = "decay" if decays(name, p, owner.get(id(p))) else "no_decay"
         groups[key].append(p)
         names[key].append(name)
     return ([{"params": groups["decay"], "weight_decay": weight_decay},

@@ -2,11 +2,12 @@
 
 A *run folder* holds::
 
-    run.json            resolved model + train config, data folder, package versions, git revision
+    run.json            resolved model + train config, data folder and fingerprint, resolved precision, package
+                        versions, git revision
     param_groups.json   which parameters get weight decay (optim.py)
     metrics.jsonl       one JSON object per logged step: step, tokens, loss, lr, grad_norm, tokens_per_s,
                         and val_loss when measured
-    summary.json        written when the run reaches its last step
+    summary.json        written when the run reaches its last step (strict JSON: an unknown number is null)
     checkpoints/step_XXXXXXXX/   model.safetensors, config.json, tokenizer.json, train_config.json,
                                  trainer_state.pt (optimizer, scheduler, RNG states, step, tokens seen, data position)
 
@@ -17,6 +18,7 @@ Every file is written atomically and every checkpoint folder is assembled under 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -237,17 +239,55 @@ def _save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, da
     return target
 
 
-def start_run_files(run_dir: Path, record: Mapping[str, Any], groups: Any, resume: bool, step: int) -> None:
-    """Write ``run.json`` and ``param_groups.json`` and drop a stale ``summary.json``; ``metrics.jsonl`` starts
-    empty, or on ``resume`` keeps its rows up to ``step``."""
+def start_run_files(run_dir: Path, record: Mapping[str, Any], groups: Any, resume: bool, step: int,
+                    finished: bool = False) -> None:
+    """Write ``run.json`` and ``param_groups.json``; ``metrics.jsonl`` starts empty, or on ``resume`` keeps its rows
+    up to ``step``. A stale ``summary.json`` is dropped, unless the run resumes at its last step (``finished``):
+    then the summary stays and the trainer checks or re-creates it at the end."""
     if resume:
         _truncate_metrics(run_dir, step)
     else:
         atomic_write_text(run_dir / METRICS_FILE, "")
     atomic_write_text(run_dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
     atomic_write_text(run_dir / PARAM_GROUPS_FILE, json.dumps(groups, indent=2) + "\n")
-    (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+    if not finished:
+        (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+
+
+def _finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf) replaced by None, recursively: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
 
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
-    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    """Write ``summary.json`` as strict JSON (non-finite numbers become null)."""
+    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(_finite_or_none(summary), indent=2, allow_nan=False) + "\n")
+
+
+def read_summary(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The run's ``summary.json`` if it is present and strict JSON, else None."""
+    file = Path(run_dir) / SUMMARY_FILE
+    try:
+        return json.loads(file.read_text(encoding="utf-8"),
+                          parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"non-JSON constant {c}")))
+    except (OSError, ValueError):
+        return None
+
+
+def run_tokens_per_s(rows: list[Mapping[str, Any]]) -> float | None:
+    """Whole-run training throughput from the metrics log: tokens / Σ step time (rows skipped by ``log_every``
+    count at the rate of the next logged row); None without timed rows."""
+    prev, seconds, tokens = 0, 0.0, 0
+    for r in rows:
+        if not r.get("tokens_per_s"):
+            continue
+        seconds += (r["tokens"] - prev) / r["tokens_per_s"]
+        tokens += r["tokens"] - prev
+        prev = r["tokens"]
+    return tokens / seconds if seconds > 0 else None

@@ -29,13 +29,13 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt
 from .config import ModelConfig
 from .model import DecoderLM
-from .optim import build_optimizer, build_scheduler
+from .optim import DECAY_RULE, build_optimizer, build_scheduler
 from .runs import (CHECKPOINT_DIR, METRICS_FILE, PARAM_GROUPS_FILE, RUN_FILE, STATE_FILE,  # noqa: F401 (re-exported)
                    SUMMARY_FILE, TOKENIZER_FILE, TRAIN_CONFIG_FILE, _diff, _rng_state, _save_checkpoint,
                    _set_rng_state, _truncate_metrics, checkpoint_dirs, config_differences, git_revision,
                    init_from_checkpoint, latest_checkpoint, load_trainer_state, read_metrics, read_run,
-                   restore_trainer_state, run_of_checkpoint, start_run_files, trainer_state, versions,
-                   write_summary)
+                   read_summary, restore_trainer_state, run_of_checkpoint, run_tokens_per_s, start_run_files,
+                   trainer_state, versions, write_summary)
 from .train_config import (MODEL_KEYS, RESUMABLE_KEYS, TRAIN_KEYS, TrainConfig,  # noqa: F401 (re-exported)
                            load_toml, parse_value, resolve_model_config, split_overrides)
 
@@ -58,6 +58,20 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision == "float32" or (precision == "auto" and device.type != "cuda"):
         return None
     return torch.bfloat16
+
+
+def resolved_precision(amp: torch.dtype | None) -> str:
+    """The precision a run actually trains in, as recorded in ``run.json``: ``"float32"`` or ``"bfloat16"``."""
+    return "float32" if amp is None else str(amp).removeprefix("torch.")
+
+
+def _recorded_precision(run: dict[str, Any]) -> str | None:
+    """A run.json's resolved precision (older runs recorded only ``autocast``: ``float32`` or ``torch.bfloat16``)."""
+    if "resolved_precision" in run:
+        return run["resolved_precision"]
+    if "autocast" in run:
+        return str(run["autocast"]).removeprefix("torch.")
+    return None
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
@@ -109,7 +123,7 @@ class TrainResult:
     steps: int
     tokens: int
     final_val_loss: float | None
-    train_tokens_per_s: float
+    train_tokens_per_s: float | None  # this session's; whole-run (from the log) when it resumed at the last step
     checkpoint: Path | None
 
 
@@ -176,8 +190,9 @@ def _load_data(model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path):
 
 
 def _resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: bool) -> Path | None:
-    """The checkpoint to resume from (None: start afresh). Refuses a config or tokenizer that differs from the
-    recorded run, and, without ``resume``, a run folder that already holds checkpoints."""
+    """The checkpoint to resume from (None: start afresh). Refuses a config, tokenizer, data (fingerprint) or resolved
+    precision that differs from the recorded run, and, without ``resume``, a run folder that already holds
+    checkpoints."""
     if not resume:
         if checkpoint_dirs(run_dir):
             raise ValueError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue it or "
@@ -191,6 +206,17 @@ def _resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume:
     if old.get("tokenizer_sha256") != record["tokenizer_sha256"]:
         raise ValueError(f"cannot resume {run_dir}: data {data_dir} has another tokenizer than the run's "
                          f"{old.get('data')}")
+    if old.get("data_fingerprint") not in (None, record["data_fingerprint"]):
+        raise ValueError(f"cannot resume {run_dir}: data folder {data_dir} holds other data than the run trained on "
+                         f"({old.get('data')}; fingerprint {record['data_fingerprint'][:12]} vs "
+                         f"{old['data_fingerprint'][:12]}: other documents, split, seed or tokens); resume with the "
+                         f"run's data folder")
+    was = _recorded_precision(old)
+    if was is not None and was != record["resolved_precision"]:
+        raise ValueError(f"cannot resume {run_dir}: it trained in {was} (device {old.get('device')}, precision "
+                         f"{old['train'].get('precision')!r}), but on device {record['device']} this session would "
+                         f"train in {record['resolved_precision']}; resume with --device set to the run's device "
+                         f"type so the precision stays {was}")
     dirs = checkpoint_dirs(run_dir)
     return dirs[-1] if dirs else None
 
@@ -250,7 +276,8 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     device = resolve_device(train_cfg.device)
     amp = autocast_dtype(train_cfg.precision, device)
     record = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": str(data_dir),
-              "tokenizer_sha256": data.meta["tokenizer_sha256"]}
+              "tokenizer_sha256": data.meta["tokenizer_sha256"], "data_fingerprint": data.fingerprint,
+              "device": str(device), "resolved_precision": resolved_precision(amp)}
     resume_from = _resume_point(run_dir, record, data_dir, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     model, state = _build_model(model_cfg, train_cfg, device, resume_from, init_from, log)
@@ -263,7 +290,8 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
         step, tokens_seen = restore_trainer_state(state, optimizer, scheduler, resume_from)
     if rank == 0:
         record.update(_environment(train_cfg, device, amp))
-        start_run_files(run_dir, record, groups, resume, step)
+        start_run_files(run_dir, record, {**groups, "rule": DECAY_RULE}, resume, step,
+                        finished=step == train_cfg.total_steps())
     batches = TokenBatches(data.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed, rank=rank)
     return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
                     val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, data_dir=data_dir,
@@ -356,13 +384,30 @@ def _run_loop(t: _Trainer, last: int, progress: bool, desc: str) -> None:
             metrics_file.close()
 
 
+def _final_val_loss(t: _Trainer) -> float:
+    """The validation loss at the last step of a run resumed there: the one logged in ``metrics.jsonl`` at that
+    step, else measured now on the restored weights."""
+    for row in read_metrics(t.run_dir):
+        if row.get("step") == t.step and row.get("val_loss") is not None:
+            return float(row["val_loss"])
+    return mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
+
+
 def _finish(t: _Trainer) -> TrainResult:
-    """Write ``summary.json`` when the run reached its last step (rank 0); the result of this session."""
-    tps = t.train_tokens / t.train_time if t.train_time > 0 else float("nan")
-    if t.is_main and t.step == t.total_steps:
-        write_summary(t.run_dir, {"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
-                                  "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
-                                  "checkpoint": str(t.saved) if t.saved else None})
+    """When the run reached its last step: ``summary.json`` (rank 0). A session that resumed at the last step keeps
+    an intact summary of that step, or re-creates it (final validation loss from the metrics log or measured now,
+    whole-run throughput from the log). Returns the result of this session."""
+    tps = t.train_tokens / t.train_time if t.train_time > 0 else None
+    if t.step == t.total_steps:
+        if t.val_loss is None:
+            t.val_loss = _final_val_loss(t)
+        old = read_summary(t.run_dir) if t.train_time == 0 else None
+        if tps is None:
+            tps = (old or {}).get("train_tokens_per_s") or run_tokens_per_s(read_metrics(t.run_dir))
+        if t.is_main and not (old and old.get("steps") == t.step and old.get("final_val_loss") is not None):
+            write_summary(t.run_dir, {"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
+                                      "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
+                                      "checkpoint": str(t.saved) if t.saved else None})
     return TrainResult(t.run_dir, t.step, t.tokens_seen, t.val_loss, tps, t.saved)
 
 

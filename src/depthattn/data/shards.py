@@ -10,7 +10,16 @@ A prepared folder holds::
     train.bin        raw little-endian uint16 (uint32 when the vocabulary exceeds 65,536) token ids; each
     val.bin          document is followed by <|endoftext|>; read with numpy.memmap
     meta.json        tokenizer sha256, vocab_size, eos_token_id, dtype, and per split: tokens, bytes (UTF-8 bytes
-                     of the document texts, for bits per byte), characters, documents; sources, seed, version
+                     of the document texts, for bits per byte), characters, documents, sha256 of the .bin file;
+                     sources, seed, val_fraction, val_document_ids, version
+
+``data_fingerprint(meta)`` condenses what determines the token streams (tokenizer hash, dtype, seed, val_fraction,
+held-out document ids, per-split counts and .bin hashes) into one hash: runs record it and refuse to resume on
+other data.
+
+Bits per byte counts each token's bytes with ``tokenizer.token_byte_lengths`` (the byte-level alphabet), so prepare
+checks, document by document, that the tokens' byte lengths add up to the text's UTF-8 bytes, and refuses a tokenizer
+for which they do not (a normalizer, a Metaspace pre-tokenizer, unknown tokens).
 
 Every file is first written under a temporary name in the folder and renamed only when all of them are complete,
 with meta.json last, so a failed run leaves the previous contents of the folder as they were.
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -34,7 +44,8 @@ from tqdm.auto import tqdm
 
 from depthattn.data.inputs import read_inputs
 from depthattn.data.sources import Document
-from depthattn.data.tokenizer import EOS_TOKEN, load_tokenizer, sha256_bytes, tokenizer_bytes, train_bpe
+from depthattn.data.tokenizer import (EOS_TOKEN, load_tokenizer, sha256_bytes, token_byte_lengths, tokenizer_bytes,
+                                      train_bpe)
 
 META_FORMAT = "depthattn-prepared"
 SPLITS = ("train", "val")
@@ -113,28 +124,43 @@ def _encode_split(tok: Tokenizer, docs: list[Document], eos_id: int, dtype: str,
 
 def _encode_split_inner(tok: Tokenizer, docs: list[Document], eos_id: int, dtype: str, path: Path, desc: str,
                         progress: bool) -> dict:
+    """The counts of ``_encode_split``, the sha256 of the written file, and under ``"byte_mismatch"`` (popped by
+    ``prepare_corpus``) the first document whose tokens' byte lengths do not add up to its UTF-8 bytes, or None."""
     n_tokens = n_bytes = n_chars = 0
     batch: list[str] = []
+    batch_docs: list[Document] = []
+    byte_len = token_byte_lengths(tok)
+    digest = hashlib.sha256()
+    mismatch: dict | None = None
     with open(path, "wb") as f, tqdm(total=sum(len(d.text) for d in docs), unit="char", unit_scale=True, desc=desc,
                                      disable=not progress) as bar:
         def flush() -> None:
-            nonlocal n_tokens
-            for enc in tok.encode_batch(batch, add_special_tokens=False):
+            nonlocal n_tokens, mismatch
+            for doc, enc in zip(batch_docs, tok.encode_batch(batch, add_special_tokens=False)):
                 ids = np.asarray(enc.ids + [eos_id], dtype=DTYPES[dtype])
-                ids.tofile(f)
+                raw = ids.tobytes()
+                f.write(raw)
+                digest.update(raw)
                 n_tokens += ids.size
+                if mismatch is None:
+                    counted, actual = int(byte_len[ids[:-1].astype(np.int64)].sum()), len(doc.text.encode("utf-8"))
+                    if counted != actual:
+                        mismatch = {"document": doc.id, "token_bytes": counted, "utf8_bytes": actual}
             bar.update(sum(len(t) for t in batch))
             batch.clear()
+            batch_docs.clear()
 
         for d in docs:
             batch.append(d.text)
+            batch_docs.append(d)
             n_bytes += len(d.text.encode("utf-8"))
             n_chars += len(d.text)
             if sum(len(t) for t in batch) >= 1 << 22:
                 flush()
         if batch:
             flush()
-    return {"file": path.name, "tokens": n_tokens, "bytes": n_bytes, "characters": n_chars, "documents": len(docs)}
+    return {"file": path.name, "tokens": n_tokens, "bytes": n_bytes, "characters": n_chars, "documents": len(docs),
+            "sha256": digest.hexdigest(), "byte_mismatch": mismatch}
 
 
 def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, vocab_size: int = 8192,
@@ -183,6 +209,14 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
         for name, split_docs in (("train", train_docs), ("val", val_docs)):
             splits[name] = _encode_split(tok, split_docs, eos_id, dtype, temps[name], f"encode {name}", progress)
             splits[name]["file"] = finals[name].name
+            bad = splits[name].pop("byte_mismatch", None)
+            if bad is not None:
+                source = f"tokenizer {tokenizer}" if tokenizer is not None else "the trained tokenizer"
+                raise ValueError(
+                    f"{source} does not preserve bytes: the tokens of {name} document {bad['document']!r} stand for "
+                    f"{bad['token_bytes']} bytes by the byte-level alphabet, but its text has {bad['utf8_bytes']} "
+                    f"UTF-8 bytes; bits per byte needs a byte-level BPE without normalizer (ByteLevel pre-tokenizer "
+                    f"and decoder, no normalizer), e.g. one trained by `depthattn data prepare` without --tokenizer")
         meta = {
             "format": META_FORMAT, "format_version": 1, "package_version": _package_version(),
             "tokenizer_file": "tokenizer.json", "tokenizer_sha256": sha256_bytes(tok_bytes),
@@ -204,6 +238,19 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
 
 # ------------------------------------------------------------------------------------------------------------------
 # load
+
+
+def data_fingerprint(meta: dict) -> str:
+    """sha256 (hex) of what determines a prepared folder's token streams, from its ``meta.json``: tokenizer sha256,
+    dtype, seed, val_fraction, held-out document ids, and per split tokens, bytes, documents and the sha256 of the
+    .bin file (absent in folders prepared before it was recorded; the counts stand in). Paths and versions are left
+    out, so a copied or moved folder keeps its fingerprint."""
+    splits = {name: {k: info.get(k) for k in ("tokens", "bytes", "documents", "sha256")}
+              for name, info in sorted(meta.get("splits", {}).items())}
+    keyed = {"tokenizer_sha256": meta.get("tokenizer_sha256"), "dtype": meta.get("dtype"), "seed": meta.get("seed"),
+             "val_fraction": meta.get("val_fraction"), "val_document_ids": meta.get("val_document_ids"),
+             "splits": splits}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 @dataclasses.dataclass
@@ -228,6 +275,12 @@ class PreparedData:
         if name not in SPLITS:
             raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
         return self.train if name == "train" else self.val
+
+    @property
+    def fingerprint(self) -> str:
+        """``data_fingerprint(meta)``: equal for two folders that hold the same token streams, different otherwise
+        (for folders prepared before the .bin hashes were recorded: otherwise unless the counts coincide)."""
+        return data_fingerprint(self.meta)
 
     def num_tokens(self, split: str) -> int:
         return int(self.meta["splits"][split]["tokens"])

@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOS_TOKEN = "<|endoftext|>"
@@ -70,3 +71,35 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's ``bytes_to_unicode`` (the alphabet of ``tokenizers``' ByteLevel pre-tokenizer)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def token_byte_lengths(tokenizer) -> np.ndarray:
+    """``[V]`` int64: UTF-8 bytes each token id stands for (0 for special tokens).
+
+    ``tokenizer``: a ``tokenizers.Tokenizer`` (or a transformers fast tokenizer, via ``backend_tokenizer``) with a
+    byte-level vocabulary; symbols outside the byte alphabet count their own UTF-8 length.
+    """
+    tok = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    V = tok.get_vocab_size(with_added_tokens=True)
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    dec = _byte_decoder()
+    out = np.zeros(V, dtype=np.int64)
+    for i in range(V):
+        s = tok.id_to_token(i)
+        if s is None or s in special:
+            continue
+        out[i] = sum(1 if ch in dec else len(ch.encode("utf-8")) for ch in s)
+    return out

@@ -8,7 +8,9 @@ Definitions (nats, natural log):
 - ``perplexity`` = exp(loss);
 - ``bits_per_byte`` = total nats / (ln 2 · UTF-8 bytes of the predicted tokens' text). The byte count comes from
   the byte-level BPE vocabulary: a token's bytes are its symbols mapped back through the GPT-2 byte alphabet;
-  special tokens (``<|endoftext|>``) count 0 bytes, matching ``meta.json``'s per-split byte counts.
+  special tokens (``<|endoftext|>``) count 0 bytes, matching ``meta.json``'s per-split byte counts. ``data prepare``
+  refuses a tokenizer for which these lengths do not add up to the text's bytes; evaluating a whole split with
+  ``expected_bytes`` checks it again.
 
 Every token of the split except the first is predicted exactly once: full windows of ``T + 1`` tokens at stride
 ``T``, then one shorter window for the tail.
@@ -24,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..data.tokenizer import _byte_decoder, token_byte_lengths  # noqa: F401 (re-exported)
+
 
 @dataclass
 class EvalResult:
@@ -37,38 +41,6 @@ class EvalResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's ``bytes_to_unicode`` (the alphabet of ``tokenizers``' ByteLevel pre-tokenizer)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = list(bs)
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def token_byte_lengths(tokenizer) -> np.ndarray:
-    """``[V]`` int64: UTF-8 bytes each token id stands for (0 for special tokens).
-
-    ``tokenizer``: a ``tokenizers.Tokenizer`` (or a transformers fast tokenizer, via ``backend_tokenizer``) with a
-    byte-level vocabulary; symbols outside the byte alphabet count their own UTF-8 length.
-    """
-    tok = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    V = tok.get_vocab_size(with_added_tokens=True)
-    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
-    dec = _byte_decoder()
-    out = np.zeros(V, dtype=np.int64)
-    for i in range(V):
-        s = tok.id_to_token(i)
-        if s is None or s in special:
-            continue
-        out[i] = sum(1 if ch in dec else len(ch.encode("utf-8")) for ch in s)
-    return out
 
 
 def _windows(tokens: np.ndarray, seq_len: int, batch_size: int):
@@ -86,17 +58,22 @@ def _windows(tokens: np.ndarray, seq_len: int, batch_size: int):
 @torch.no_grad()
 def evaluate_perplexity(model: torch.nn.Module, tokens: np.ndarray, tokenizer, *, seq_len: int,
                         batch_size: int = 8, max_tokens: int | None = None, device: torch.device | str = "cpu",
-                        amp_dtype: torch.dtype | None = None, progress: bool = True) -> EvalResult:
+                        amp_dtype: torch.dtype | None = None, progress: bool = True,
+                        expected_bytes: int | None = None) -> EvalResult:
     """Loss, perplexity and bits per byte of ``model`` on the 1-D token array ``tokens`` (module docstring).
 
-    ``max_tokens`` evaluates only the first ``max_tokens + 1`` tokens. Raises ``ValueError`` for a split with fewer
-    than 2 tokens, ``seq_len < 1``, or ``seq_len`` beyond the model's ``max_position_embeddings``.
+    ``max_tokens`` evaluates only the first ``max_tokens + 1`` tokens. ``expected_bytes``: the UTF-8 bytes of the
+    whole split (``PreparedData.num_bytes``); when given and the whole split is evaluated, the tokens' byte lengths
+    (the predicted ones plus the first) must add up to it. Raises ``ValueError`` for a split with fewer than 2
+    tokens, ``seq_len < 1``, ``seq_len`` beyond the model's ``max_position_embeddings``, or a byte count that
+    differs from ``expected_bytes`` (the tokenizer is not byte-level, so bits per byte would be wrong).
     """
     if seq_len < 1 or batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be >= 1")
     if seq_len > model.config.max_position_embeddings:
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_position_embeddings="
                          f"{model.config.max_position_embeddings}")
+    whole = max_tokens is None or max_tokens + 1 >= len(tokens)
     if max_tokens is not None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens} must be >= 1")
@@ -104,6 +81,12 @@ def evaluate_perplexity(model: torch.nn.Module, tokens: np.ndarray, tokenizer, *
     if len(tokens) < 2:
         raise ValueError(f"need at least 2 tokens to evaluate, got {len(tokens)}")
     byte_len = torch.from_numpy(token_byte_lengths(tokenizer))
+    if expected_bytes is not None and whole:
+        counted = int(byte_len[torch.from_numpy(np.asarray(tokens, dtype=np.int64))].sum())
+        if counted != expected_bytes:
+            raise ValueError(f"the tokens of the split stand for {counted} bytes by the tokenizer's byte-level "
+                             f"alphabet, but the split has {expected_bytes} UTF-8 bytes: bits per byte needs a "
+                             f"byte-level BPE without normalizer (was the data prepared with another tokenizer?)")
     device = torch.device(device)
     was = model.training
     model.eval()
