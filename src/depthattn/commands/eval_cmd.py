@@ -89,7 +89,8 @@ def run_eval(args: argparse.Namespace) -> int:
         seq_len = args.seq_len or default_seq_len(folder, model)
         res = evaluate_perplexity(model, data.split(args.split), tokenizer, seq_len=seq_len,
                                   batch_size=args.batch_size, max_tokens=args.max_tokens, device=dev,
-                                  amp_dtype=autocast_dtype("auto", dev), progress=not args.no_progress)
+                                  amp_dtype=autocast_dtype("auto", dev), progress=not args.no_progress,
+                                  expected_bytes=data.num_bytes(args.split))
         results.update(data=str(data_dir), split=args.split, **res.to_dict())
         print(f"{args.split} loss {res.loss:.6f}  perplexity {res.perplexity:.4f}  bits/byte {res.bits_per_byte:.6f}  "
               f"({res.tokens:,d} tokens, {res.bytes:,d} bytes, seq_len {seq_len})")
