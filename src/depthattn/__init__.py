@@ -1,5 +1,8 @@
 """depthattn: Depth-Attention (Zeng et al., EMNLP 2026, arXiv 2606.05014) and cross-layer baselines on a
-Qwen3-exact decoder, with a vanilla-sized KV cache, generation, training and evaluation."""
+Qwen3-exact decoder, with a vanilla-sized KV cache, generation, training and evaluation.
+
+Citations such as "spec-depth-attention.md §3.4" in docstrings refer to the specifications in the repository's
+``docs/specs/`` folder (spec-depth-attention.md, spec-baselines.md, data-sources.md, style.md)."""
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
 from .cache import KVCache

@@ -111,7 +111,7 @@ class ModelConfig:
              "num_loops", "must be an integer >= 1")
         need(self.num_loops == 1 or self.cross_layer in LOOPABLE_METHODS, "num_loops",
              f"looped models are defined only for cross_layer in {LOOPABLE_METHODS}, "
-             f"not {self.cross_layer!r} (spec-depth-attention.md §11)")
+             f"not {self.cross_layer!r} (docs/specs/spec-depth-attention.md §11)")
         for name, minimum in (("depth_attention_stride", 1), ("depth_attention_window", 0),
                               ("denseformer_dilation", 1), ("denseformer_period", 1), ("mhc_num_streams", 1),
                               ("mhc_sinkhorn_iters", 1), ("attnres_block_size", 1)):
