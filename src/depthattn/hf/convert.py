@@ -8,6 +8,13 @@ Our parameter names are Hugging Face Qwen3's (``model.embed_tokens``, ``model.la
   with parameters (``*.cross_layer.*``) keep their vanilla-equivalent initialisation from ``DecoderLM.init_weights``.
 * **out** (``cross_layer="none"``, ``num_loops=1`` only): a folder that ``Qwen3ForCausalLM.from_pretrained`` loads.
 
+The tokenizer travels with the weights: ``convert_from_qwen3`` copies the source's ``TOKENIZER_FILES`` that exist
+(``tokenizer.json`` is what depthattn itself loads), ``convert_to_qwen3`` copies the checkpoint's, and writes a
+minimal ``tokenizer_config.json`` (``PreTrainedTokenizerFast``) when the checkpoint has none, so that
+``AutoTokenizer.from_pretrained(OUT)`` loads ``tokenizer.json`` (without it, transformers would pick the Qwen2
+tokenizer class from ``model_type`` and misread a depthattn tokenizer). Both refuse an existing ``out`` unless
+``overwrite=True``; the output folder is always written atomically.
+
 Qwen3 features the core does not implement are refused with a ``ValueError`` naming the field: attention bias,
 sliding-window layers, RoPE scaling (``rope_type`` other than ``"default"``), an activation other than SiLU,
 attention dropout, and head layouts the core cannot express (``num_attention_heads`` not a multiple of
@@ -18,13 +25,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from depthattn.checkpoint import save_model, write_folder_atomically
+from depthattn.checkpoint import load_model, save_model_files, write_folder_atomically
 from depthattn.config import ModelConfig
 from depthattn.model import DecoderLM
 
@@ -32,6 +41,11 @@ from depthattn.model import DecoderLM
 SHARED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
                  "tie_word_embeddings", "initializer_range")
+
+#: Tokenizer files carried over by ``convert_from_qwen3`` / ``convert_to_qwen3`` when the source has them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+#: The special token of tokenizers made by ``depthattn data prepare``.
+EOS_TOKEN = "<|endoftext|>"
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -56,6 +70,12 @@ def is_qwen3_folder(path: str | os.PathLike) -> bool:
         return _read_json(file).get("model_type") == "qwen3"
     except ValueError:
         return False
+
+
+def _is_qwen3_config(values: dict[str, Any]) -> bool:
+    architectures = values.get("architectures") or []
+    return values.get("model_type") == "qwen3" or (isinstance(architectures, list)
+                                                   and "Qwen3ForCausalLM" in architectures)
 
 
 def qwen3_to_model_config(values: dict[str, Any], source: str = "Qwen3 config", **overrides: Any) -> ModelConfig:
@@ -153,8 +173,15 @@ def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
     their vanilla-equivalent init. Raises ``ValueError`` naming the file for unknown or missing tensors or shapes.
     """
     path = os.fspath(path)
-    cfg = qwen3_to_model_config(_read_json(os.path.join(path, "config.json")),
-                                source=os.path.join(path, "config.json"), **overrides)
+    file = os.path.join(path, "config.json")
+    values = _read_json(file)
+    if not _is_qwen3_config(values):
+        hint = (" (it looks like a depthattn checkpoint: use it as it is, or export it with --to-qwen3)"
+                if "cross_layer" in values else "")
+        raise ValueError(f"{path} is not a Hugging Face Qwen3 folder: {file} has model_type="
+                         f"{values.get('model_type')!r} and architectures={values.get('architectures')!r}, "
+                         f"expected model_type 'qwen3' or architectures containing 'Qwen3ForCausalLM'{hint}")
+    cfg = qwen3_to_model_config(values, source=file, **overrides)
     state = read_qwen3_state(path)
     model = DecoderLM(cfg)
     expected = model.state_dict()
@@ -175,11 +202,14 @@ def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
     return model.eval()
 
 
-def save_qwen3(model: DecoderLM, path: str | os.PathLike) -> None:
+def save_qwen3(model: DecoderLM, path: str | os.PathLike,
+               tokenizer_dir: str | os.PathLike | None = None) -> list[str]:
     """Write ``model`` (``cross_layer="none"``) as a Hugging Face Qwen3 folder, atomically.
 
     Writes ``config.json`` (``model_type="qwen3"``, v5 ``rope_parameters``) and ``model.safetensors`` (tied
-    ``lm_head`` stored once, as transformers does). Raises ``ValueError`` for models Qwen3 cannot express.
+    ``lm_head`` stored once, as transformers does). With ``tokenizer_dir``, its ``TOKENIZER_FILES`` are copied too
+    (plus a minimal ``tokenizer_config.json`` when it has ``tokenizer.json`` only). Returns the tokenizer files
+    written. Raises ``ValueError`` for models Qwen3 cannot express.
     """
     values = model_config_to_qwen3(model.config)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -188,17 +218,77 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike) -> None:
     dtype = next(iter(state.values())).dtype
     values["dtype"] = str(dtype).removeprefix("torch.")
 
+    written: list[str] = []
+
     def fill(tmp: str) -> None:
         save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             json.dump(values, f, indent=2, sort_keys=True)
             f.write("\n")
+        if tokenizer_dir is not None:
+            written[:] = copy_tokenizer_files(tokenizer_dir, tmp)
+            if "tokenizer.json" in written and "tokenizer_config.json" not in written:
+                _write_tokenizer_config(tmp)
+                written.append("tokenizer_config.json")
 
     write_folder_atomically(path, fill)
+    return written
 
 
-def convert_from_qwen3(src: str | os.PathLike, out: str | os.PathLike, **overrides: Any) -> DecoderLM:
-    """Qwen3 folder → depthattn checkpoint folder (``save_model``); returns the model."""
+def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
+    """Copy those of ``TOKENIZER_FILES`` that exist in folder ``src`` into folder ``dst``; returns their names."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        file = os.path.join(os.fspath(src), name)
+        if os.path.isfile(file):
+            shutil.copyfile(file, os.path.join(os.fspath(dst), name))
+            copied.append(name)
+    return copied
+
+
+def _write_tokenizer_config(folder: str) -> None:
+    """A minimal ``tokenizer_config.json`` so that ``AutoTokenizer`` loads ``tokenizer.json`` as it is."""
+    from tokenizers import Tokenizer
+
+    values: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if Tokenizer.from_file(os.path.join(folder, "tokenizer.json")).token_to_id(EOS_TOKEN) is not None:
+        values.update(eos_token=EOS_TOKEN)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(values, f, indent=2)
+        f.write("\n")
+
+
+def _check_out(out: str | os.PathLike, overwrite: bool) -> None:
+    if os.path.lexists(os.fspath(out)) and not overwrite:
+        raise ValueError(f"{os.fspath(out)} already exists; pass --overwrite (overwrite=True) to replace it, or "
+                         f"choose another --out")
+
+
+def convert_from_qwen3(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False,
+                       **overrides: Any) -> tuple[DecoderLM, list[str]]:
+    """Qwen3 folder → depthattn checkpoint folder (weights, ``config.json`` and the source's tokenizer files),
+    written atomically; returns (model, tokenizer files copied). Raises ``ValueError`` if ``src`` is not a Qwen3
+    folder, or if ``out`` exists and not ``overwrite``."""
+    _check_out(out, overwrite)
     model = load_qwen3(src, **overrides)
-    save_model(model, out)
-    return model
+
+    def fill(tmp: str) -> None:
+        save_model_files(model, tmp)
+        copied[:] = copy_tokenizer_files(src, tmp)
+
+    copied: list[str] = []
+    write_folder_atomically(out, fill)
+    return model, copied
+
+
+def convert_to_qwen3(ckpt: str | os.PathLike, out: str | os.PathLike,
+                     overwrite: bool = False) -> tuple[DecoderLM, Path, list[str]]:
+    """depthattn checkpoint (or run folder: its newest checkpoint) → Hugging Face Qwen3 folder with the
+    checkpoint's tokenizer; returns (model, checkpoint folder used, tokenizer files written). Raises
+    ``ValueError`` for a method Qwen3 cannot express, or if ``out`` exists and not ``overwrite``."""
+    from depthattn.runs import latest_checkpoint
+
+    _check_out(out, overwrite)
+    folder = latest_checkpoint(ckpt)
+    model = load_model(folder)
+    return model, folder, save_qwen3(model, out, tokenizer_dir=folder)
