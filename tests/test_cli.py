@@ -100,6 +100,8 @@ def test_compare_cli_report_matches_printed_table(data_dir, tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     report = (out / "report.md").read_text()
     png = (out / "loss_curves.png").read_bytes()
+    assert "| fwd FLOPs/token incl. attn (T=64) |" in printed and "| fwd FLOPs/token incl. attn (T=64) |" in report
+    assert "median of the per-step training throughput" in report and "attention at the training length T = 64" in report
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in printed.splitlines() if line.startswith("| none") or line.startswith("| depth_attention")}
@@ -200,3 +202,124 @@ def test_bad_files_print_one_error_and_touch_nothing(run_dir, data_dir, tmp_path
     (other / "tokenizer.json").write_text(json.dumps(tok))
     assert main(["eval", str(run_dir), "--data", str(other), "--no-progress"]) == 2
     assert "tokenizer mismatch" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------- new-user trial
+@pytest.mark.parametrize("flags, named", [
+    (["--steps", "8"], "--steps"), (["--tokens", "4096"], "--tokens"), (["--cross-layer", "none"], "--cross-layer"),
+    (["--seed", "0"], "--seed"), (["--loops", "2"], "--loops"), (["--data", "somewhere"], "--data"),
+    (["--out", "elsewhere"], "--out"), (["--preset", "tiny", "--steps", "2"], "--preset, --steps"),
+])
+def test_resume_refuses_flags_that_would_change_the_run(run_dir, tmp_path, capsys, flags, named):
+    run = tmp_path / "r"
+    shutil.copytree(run_dir, run)
+    before = hashes(run)
+    assert main(["train", "--resume", str(run), "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("depthattn train: error: --resume") and f"drop {named} (" in err[0]
+    assert hashes(run) == before
+
+
+def test_resume_says_where_it_starts_and_when_there_is_nothing_to_do(run_dir, tmp_path, capsys):
+    run = tmp_path / "r"
+    shutil.copytree(run_dir, run)
+    shutil.rmtree(run / "checkpoints/step_00000006")
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming {run} from step 3 of 6" in out and "trained 6 steps" in out
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"{run} already finished at step 6; nothing to do" in out
+    assert "resuming" not in out and "trained" not in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tasks", "piqaa"], "--tasks: unknown task name(s) ['piqaa']"),
+    (["--tasks", "piqa", "--limit", "0"], "--limit 0 must be >= 1"),
+    (["--limit", "5"], "--limit counts examples per zero-shot task and needs --tasks"),
+    (["--seeds", "0,a"], "--seeds '0,a': 'a' is not an integer"),
+    (["--seeds", "1,1"], "--seeds '1,1' lists a seed twice"),
+])
+def test_compare_checks_cheap_arguments_before_training(data_dir, tmp_path, capsys, extra, message):
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--data", str(data_dir), "--steps", "2", "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and err[0].startswith("depthattn compare: error:")
+    assert not out.exists()  # nothing trained
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tasks", "piqaa"], "--tasks: unknown task name(s) ['piqaa']"),
+    (["--tasks", "piqa", "--limit", "0"], "--limit 0 must be >= 1"),
+    (["--limit", "5"], "use --max-tokens"),
+    (["--skip-perplexity"], "--skip-perplexity leaves nothing to do without --tasks"),
+])
+def test_eval_checks_tasks_and_limit_before_perplexity(run_dir, capsys, extra, message):
+    assert main(["eval", str(run_dir), "--no-progress", *extra]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1 and message in err[0]  # no perplexity line before the error
+
+
+def test_eval_no_progress_hides_the_zero_shot_bar(run_dir, capfd):
+    assert main(["eval", str(run_dir), "--tasks", "piqa", "--limit", "2", "--skip-perplexity", "--no-progress"]) == 0
+    captured = capfd.readouterr()
+    assert "piqa" in captured.out and captured.err == ""
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_device_errors_name_the_flag(run_dir, capsys, command):
+    argv = [command, str(run_dir), "--device", "cuda"] + (["--prompt", "The"] if command == "generate" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--device cuda: CUDA is not available" in err[0] and "TrainConfig" not in err[0]
+
+
+def test_generate_refuses_a_too_long_budget_before_printing(run_dir, capsys):
+    assert main(["generate", str(run_dir), "--prompt", "The whale", "--max-new-tokens", "100000"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # the prompt is not echoed
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "--max-new-tokens 100000" in err[0] and "max_position_embeddings=" in err[0]
+
+
+def test_version(capsys):
+    from depthattn import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"depthattn {__version__}"
+
+
+def test_train_help_names_the_data_cache(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "~/.cache/depthattn" in text and "$DEPTHATTN_CACHE" in text
+
+
+def test_train_on_a_raw_text_folder_suggests_preparing_it_elsewhere(tmp_path, capsys):
+    raw = tmp_path / "mytext"
+    raw.mkdir()
+    (raw / "a.txt").write_text("Some text.\n")
+    assert main(["train", "--preset", "tiny", "--steps", "1", "--data", str(raw)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"depthattn data prepare --input {raw} --out NEW_DIR" in err[0]
+    assert f"--out {raw}`" not in err[0]
+
+
+def test_data_prepare_errors_name_the_subcommand(tmp_path, capsys):
+    assert main(["data", "prepare", "--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("depthattn data prepare: error:") and "missing.txt" in err[0]
+
+
+def test_compare_throughput_is_the_median_after_the_first_step():
+    from depthattn.compare import _train_tokens_per_s
+
+    rows = [{"step": 1, "tokens": 100, "tokens_per_s": 10.0}, {"step": 2, "tokens": 200, "tokens_per_s": 100.0},
+            {"step": 3, "tokens": 300, "tokens_per_s": 110.0}, {"step": 4, "tokens": 400, "tokens_per_s": 1000.0}]
+    assert _train_tokens_per_s(rows) == 110.0  # the slow warm-up step and the outlier do not move it
+    assert _train_tokens_per_s(rows[:1]) == 10.0
+    assert math.isnan(_train_tokens_per_s([]))

@@ -500,3 +500,43 @@ def test_cli_fetch_names_missing_tool(tmp_path, monkeypatch):
     args = _parser().parse_args(["data", "fetch", "public-domain-mix", "--out", str(tmp_path), "--sources", "x"])
     with pytest.raises(ValueError, match="--sources: unknown source"):
         args.func(args)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# what `data prepare` tells a new user
+
+
+def test_prepare_folder_names_skipped_files_and_small_vocabulary(tmp_path, docs, capfd):
+    folder = tmp_path / "txt"
+    (folder / "sub").mkdir(parents=True)
+    for i in SLICE_IDS:
+        (folder / f"{i.split('/')[1]}.txt").write_text(docs[i][:4000], encoding="utf-8")
+    (folder / "notes.md").write_text("# notes\n")
+    (folder / "sub" / "rows.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    args = _parser().parse_args(["data", "prepare", "--out", str(tmp_path / "out"), "--input", str(folder),
+                                 "--vocab-size", "100000"])
+    assert args.func(args) == 0
+    out = capfd.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].strip()  # no stray blank lines from the tokenizer library
+    assert f"{folder}: skipped 2 files that are not .txt (e.g. notes.md)" in out
+    vocab = json.loads((tmp_path / "out" / "meta.json").read_text())["vocab_size"]
+    assert vocab < 100_000
+    assert sum(f"note: the trained vocabulary has {vocab:,d} tokens, fewer than --vocab-size 100,000" in line
+               for line in lines) == 1
+
+
+def test_one_document_error_says_what_to_do(tmp_path, docs):
+    (tmp_path / "book.txt").write_text(docs[SLICE_IDS[0]], encoding="utf-8")
+    with pytest.raises(ValueError, match=r"got 1; pass several \.txt files .* or a \.jsonl file") as e:
+        prepare_corpus(tmp_path / "out", [str(tmp_path / "book.txt")], vocab_size=300, progress=False)
+    assert "\n" not in str(e.value)
+
+
+def test_load_prepared_on_a_text_folder_suggests_a_new_output(tmp_path):
+    (tmp_path / "a.txt").write_text("text\n")
+    with pytest.raises(ValueError) as e:
+        load_prepared(tmp_path)
+    assert f"depthattn data prepare --input {tmp_path} --out NEW_DIR" in str(e.value)
+    with pytest.raises(ValueError, match=r"--input TEXT --out .*missing"):
+        load_prepared(tmp_path / "missing")

@@ -59,8 +59,8 @@ def tree_hashes(folder: Path) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------------ optimizer
 def _expected_no_decay(cfg: ModelConfig) -> set[str]:
-    """spec-baselines.md §8, written out by hand: norm gains, DWA alpha, mHC alpha / bias / readout / norm gain,
-    AttnRes query / key_gain / recency_bias never decay."""
+    """docs/specs/spec-baselines.md §8, written out by hand: norm gains, DWA alpha, mHC alpha / bias / readout / norm
+    gain, AttnRes query / key_gain / recency_bias never decay."""
     out = {"model.norm.weight"}
     for i in range(cfg.num_hidden_layers):
         layer = f"model.layers.{i}"
@@ -373,3 +373,17 @@ def test_perplexity_checks_bytes_of_a_whole_split(run_a, data_dir):
     # a prefix is not the whole split: no check
     evaluate_perplexity(model, val, other, seq_len=64, batch_size=8, max_tokens=100, progress=False,
                         expected_bytes=data.num_bytes("val"))
+
+
+def test_small_config_is_the_compare_default_budget():
+    """configs/small.toml is `depthattn compare`'s default budget for `depthattn train` (its comment says so)."""
+    from depthattn.commands.compare_cmd import DEFAULT_TRAIN
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "small.toml"
+    doc = load_toml(path)
+    assert doc["preset"] == "small"
+    assert TrainConfig.from_dict(doc["train"]) == TrainConfig.from_dict(DEFAULT_TRAIN)
+    t = DEFAULT_TRAIN
+    comment = path.read_text(encoding="utf-8")
+    assert f"{t['steps']} steps x {t['batch_size']} x {t['seq_len']} tokens" in comment
+    assert f"every {t['eval_every']} steps on {t['eval_windows']} windows" in comment

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from . import __version__
+
 #: (module, attribute) pairs; each module's ``register(subparsers)`` adds its commands.
 COMMAND_MODULES = (
     "depthattn.commands.inspect_cmd",
@@ -26,11 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Depth-Attention (arXiv 2606.05014) and cross-layer baselines: data, training, evaluation, "
         "generation and comparison.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """The full sub-command, e.g. ``train`` or ``data prepare``, for error messages."""
+    return " ".join(str(n) for n in (args.command, getattr(args, "data_command", None)) if n)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: one clear message, no traceback
-        print(f"depthattn {args.command}: error: {e}", file=sys.stderr)
+        print(f"depthattn {command_name(args)}: error: {e}", file=sys.stderr)
         return 2
     return int(result or 0)
 

@@ -28,7 +28,8 @@ from .train_config import TrainConfig, resolve_model_config
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
 SAMPLE_TOKENS = 48
 
-#: Numbers of a run that the report tabulates: (key, column title, format).
+#: Numbers of a run that the report tabulates: (key, column title, format). ``{seq_len}`` in a title is the training
+#: length, at which the FLOPs column counts sequence attention.
 COLUMNS = (
     ("params", "parameters", "{:,.0f}"),
     ("tokens", "tokens seen", "{:,.0f}"),
@@ -37,7 +38,7 @@ COLUMNS = (
     ("bits_per_byte", "bits/byte", "{:.4f}"),
     ("train_tokens_per_s", "train tok/s", "{:.0f}"),
     ("kv_bytes_per_token", "KV bytes/token (bf16)", "{:,.0f}"),
-    ("flops_per_token", "fwd FLOPs/token", "{:.4g}"),
+    ("flops_per_token", "fwd FLOPs/token incl. attn (T={seq_len})", "{:.4g}"),
 )
 
 
@@ -57,16 +58,14 @@ def run_name(method: str, loops: int, seed: int) -> str:
 
 
 def _train_tokens_per_s(rows: list[dict]) -> float:
-    """Whole-run training throughput from the per-step log: tokens / Σ step time."""
-    steps = [r for r in rows if r.get("tokens_per_s")]
-    if not steps:
-        return float("nan")
-    prev, seconds, tokens = 0, 0.0, 0
-    for r in steps:
-        seconds += (r["tokens"] - prev) / r["tokens_per_s"]  # rows skipped by log_every count at this rate
-        tokens += r["tokens"] - prev
-        prev = r["tokens"]
-    return tokens / seconds
+    """Steady-state training throughput from the per-step log: the median of ``tokens_per_s`` over the logged steps
+    after the first (the first step includes warm-up: allocation, kernel selection, compilation). NaN without timed
+    rows; the first step's rate when it is the only one."""
+    timed = [r for r in rows if r.get("tokens_per_s")]
+    later = [float(r["tokens_per_s"]) for r in timed if r.get("step", 0) > 1]
+    if later:
+        return statistics.median(later)
+    return float(timed[0]["tokens_per_s"]) if timed else float("nan")
 
 
 def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path,
@@ -93,7 +92,7 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
 
 def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, tasks: list[str], limit: int | None,
                  harness: str, progress: bool) -> dict[str, Any]:
-    """Numbers of one finished run: accounting, whole-run throughput, validation perplexity / bits per byte,
+    """Numbers of one finished run: accounting, median per-step throughput, validation perplexity / bits per byte,
     a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when ``tasks``."""
     from .commands.eval_cmd import load_for_inference, zero_shot
     from .commands.generate_cmd import generate_text
@@ -105,7 +104,8 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
     cfg = ModelConfig.from_dict(run["model"])
     seq_len = run["train"]["seq_len"]
-    model, tokenizer, folder, dev = load_for_inference(run_dir, run["train"].get("device", "auto"))
+    model, tokenizer, folder, dev = load_for_inference(run_dir, run["train"].get("device", "auto"),
+                                                       "TrainConfig.device")
     cache = run_dir / "eval.json"
     data = load_prepared(run["data"])
     key = {"checkpoint": str(folder), "eval_tokens": eval_tokens, "seq_len": seq_len,
@@ -137,7 +137,8 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
                                 top_k=50, seed=0, device=dev),
     }
     if tasks:
-        zs = zero_shot(model, tokenizer, tasks, limit, eval_batch_size, harness, str(run_dir / "zero_shot"))
+        zs = zero_shot(model, tokenizer, tasks, limit, eval_batch_size, harness, str(run_dir / "zero_shot"),
+                       progress=progress)
         out["zero_shot"] = {k: v for k, v in zs.items() if k != "items"}  # per-item predictions stay in the run
         out["task_accuracy"] = _task_accuracies(zs, tasks)
     return out
@@ -242,7 +243,8 @@ def render_table(results: dict) -> str:
     methods = results["methods"]
     tasks = sorted({k for m in methods.values() for k in m["mean"] if k.startswith("acc:")},
                    key=lambda k: (k == "acc:average", k))
-    head = ["method"] + [title for _, title, _ in COLUMNS] + [k[4:] for k in tasks]
+    seq_len = results.get("settings", {}).get("train", {}).get("seq_len", "?")
+    head = ["method"] + [title.format(seq_len=seq_len) for _, title, _ in COLUMNS] + [k[4:] for k in tasks]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in methods.items():
         n = len(m["runs"])
@@ -263,9 +265,10 @@ def render_report(results: dict) -> str:
         f"data `{s['data']}`.", "",
         "Validation loss, perplexity (= exp(loss)) and bits per byte are measured over the validation split in "
         "non-overlapping windows of the training length"
-        + (f" (first {s['eval_tokens']:,d} tokens)" if s["eval_tokens"] else "") + ". Train tok/s is the whole-run "
-        "training throughput on this machine. FLOPs/token is the analytical forward count (depthattn.accounting) at "
-        "the training length.", "",
+        + (f" (first {s['eval_tokens']:,d} tokens)" if s["eval_tokens"] else "") + ". Train tok/s is the median of "
+        "the per-step training throughput on this machine over the steps after the first (the first step's warm-up "
+        "excluded; from metrics.jsonl). Forward FLOPs/token is the analytical count (depthattn.accounting.num_flops(...).total): "
+        f"matmuls, the method's extra FLOPs and sequence attention at the training length T = {t['seq_len']}.", "",
         render_table(results),
         "![validation loss](loss_curves.png)", "",
         f"## Samples (seed 0, temperature 0.8, top-k 50, {SAMPLE_TOKENS} tokens)", "",

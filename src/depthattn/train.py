@@ -41,15 +41,18 @@ from .train_config import (MODEL_KEYS, RESUMABLE_KEYS, TRAIN_KEYS, TrainConfig, 
 
 
 # ---------------------------------------------------------------------------------------------------- environment
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, option: str = "TrainConfig.device") -> torch.device:
+    """``auto`` → cuda if available, else cpu; otherwise the named device. ``ValueError`` naming ``option`` (the
+    setting or flag it came from) for a bad name or CUDA that is not available."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    given = f"{option} {name}" if option.startswith("--") else f"{option}={name!r}"
     try:
         device = torch.device(name)
     except RuntimeError as e:
-        raise ValueError(f"TrainConfig.device={name!r} is not a device ({e})") from e
+        raise ValueError(f"{given} is not a device ({e})") from e
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"TrainConfig.device={name!r}: CUDA is not available on this machine")
+        raise ValueError(f"{given}: CUDA is not available on this machine (use cpu or auto)")
     return device
 
 
@@ -125,6 +128,7 @@ class TrainResult:
     final_val_loss: float | None
     train_tokens_per_s: float | None  # this session's; whole-run (from the log) when it resumed at the last step
     checkpoint: Path | None
+    steps_this_session: int = 0  # 0: a resumed run that had already finished
 
 
 @dataclass
@@ -149,6 +153,7 @@ class _Trainer:
     train_time: float = 0.0  # seconds in optimizer steps this session (validation and saving excluded)
     train_tokens: int = 0  # tokens trained this session
     saved: Path | None = None
+    start_step: int = 0  # the step this session started from
 
     @property
     def total_steps(self) -> int:
@@ -288,6 +293,11 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     step, tokens_seen = 0, 0
     if state is not None:
         step, tokens_seen = restore_trainer_state(state, optimizer, scheduler, resume_from)
+    if resume and rank == 0:
+        if step == train_cfg.total_steps():
+            log(f"{run_dir} already finished at step {step}; nothing to do")
+        else:
+            log(f"resuming {run_dir} from step {step} of {train_cfg.total_steps()}")
     if rank == 0:
         record.update(_environment(train_cfg, device, amp))
         start_run_files(run_dir, record, {**groups, "rule": DECAY_RULE}, resume, step,
@@ -295,7 +305,8 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     batches = TokenBatches(data.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed, rank=rank)
     return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
                     val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, data_dir=data_dir,
-                    is_main=rank == 0, step=step, tokens_seen=tokens_seen, saved=resume_from)
+                    is_main=rank == 0, step=step, tokens_seen=tokens_seen, saved=resume_from,
+                    start_step=step)
 
 
 # ---------------------------------------------------------------------------------------------------- one step
@@ -408,7 +419,7 @@ def _finish(t: _Trainer) -> TrainResult:
             write_summary(t.run_dir, {"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
                                       "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
                                       "checkpoint": str(t.saved) if t.saved else None})
-    return TrainResult(t.run_dir, t.step, t.tokens_seen, t.val_loss, tps, t.saved)
+    return TrainResult(t.run_dir, t.step, t.tokens_seen, t.val_loss, tps, t.saved, t.step - t.start_step)
 
 
 # ---------------------------------------------------------------------------------------------------- training
@@ -420,6 +431,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     ``resume``: continue from the newest checkpoint of ``run_dir`` (configs must match the recorded ones, except
     ``RESUMABLE_KEYS``). ``init_from``: start from a checkpoint's weights (``init_from_checkpoint``).
     ``stop_after``: return after this global step (as if interrupted; the last checkpoint stays resumable).
+    ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished).
 
     Raises:
         ValueError: vocabulary mismatch with the data's tokenizer, a budget shorter than one step, a run folder that

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..compare import CompareSettings, parse_methods, render_table, run_compare
 from ..train_config import TrainConfig
+from .eval_cmd import check_task_options
 from .train_cmd import add_model_options, check_model_settings, gather_settings
 
 #: The default budget: ``small`` preset at seq_len 128, batch 8 → 1,024 tokens per step, 400 steps (410k tokens) per
@@ -31,13 +32,32 @@ def prepare_default_data(out: Path, progress: bool) -> Path:
     return folder
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds`` as a list of integers; ``ValueError`` naming the flag and the bad item."""
+    seeds = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        try:
+            seeds.append(int(item))
+        except ValueError:
+            raise ValueError(f"--seeds {text!r}: {item!r} is not an integer; give comma-separated integers, "
+                             f"e.g. --seeds 0,1,2") from None
+    if not seeds:
+        raise ValueError(f"--seeds {text!r} lists no seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r} lists a seed twice")
+    return seeds
+
+
 def run_compare_cmd(args: argparse.Namespace) -> int:
     """Train every --methods model on the same data, seed and budget, evaluate them, and write OUT/report.md,
     OUT/results.json and OUT/loss_curves.png (per-run folders under OUT/runs/). Finished runs are reused."""
     methods = parse_methods(args.methods)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    if not seeds:
-        raise ValueError(f"--seeds {args.seeds!r} lists no seed")
+    seeds = parse_seeds(args.seeds)
+    tasks = check_task_options(args.tasks, args.limit, "--eval-tokens")  # before any training
+    if args.eval_tokens < 0:
+        raise ValueError(f"--eval-tokens {args.eval_tokens} must be >= 0 (0 = the whole validation split)")
     if args.loops is not None and args.loops < 1:
         raise ValueError(f"--loops={args.loops} must be >= 1")
     preset, model_kw, train_kw, data = gather_settings(args)
@@ -57,7 +77,7 @@ def run_compare_cmd(args: argparse.Namespace) -> int:
     settings = CompareSettings(
         methods=methods, seeds=seeds, loops=args.loops or 1, preset=preset, model_overrides=model_kw,
         train=train_cfg, eval_tokens=None if args.eval_tokens == 0 else args.eval_tokens,
-        tasks=[t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None, limit=args.limit,
+        tasks=tasks or None, limit=args.limit,
         harness=args.harness)
     results = run_compare(out, settings, data_dir, progress=not args.no_progress)
     print()
@@ -70,14 +90,17 @@ def run_compare_cmd(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("compare", help="train and compare cross-layer methods (the main job)",
                               description=run_compare_cmd.__doc__)
-    add_model_options(p)
+    add_model_options(p, data_help="prepared data folder (`depthattn data prepare --input TEXT --out DIR`); default: "
+                                   "the embedded corpus, prepared once into OUT/data")
     p.add_argument("--methods", default="none,depth_attention",
                    help="comma-separated cross_layer values (default none,depth_attention)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds; several give mean ± std (default 0)")
     p.add_argument("--out", default=os.path.join("runs", "compare"), help="output folder (default runs/compare)")
     p.add_argument("--eval-tokens", type=int, default=DEFAULT_EVAL_TOKENS,
                    help="validation tokens for the final evaluation (default 0 = the whole split)")
-    p.add_argument("--tasks", default=None, help="comma-separated zero-shot tasks (needs depthattn.eval.zero_shot)")
-    p.add_argument("--limit", type=int, default=None, help="examples per zero-shot task")
+    p.add_argument("--tasks", default=None,
+                   help="comma-separated zero-shot tasks, or 'all' (piqa, hellaswag, arc_easy, ...; data from "
+                        "`depthattn data fetch-eval`)")
+    p.add_argument("--limit", type=int, default=None, help="examples per zero-shot task (needs --tasks)")
     p.add_argument("--harness", choices=("native", "lm-eval"), default="native", help="zero-shot scorer")
     p.set_defaults(func=run_compare_cmd)

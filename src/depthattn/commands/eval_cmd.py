@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 from pathlib import Path
@@ -16,14 +17,14 @@ from ..runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, latest_checkpoint, run_of_
 from ..train import autocast_dtype, resolve_device
 
 
-def load_for_inference(path: str | os.PathLike, device: str = "auto"):
+def load_for_inference(path: str | os.PathLike, device: str = "auto", device_option: str = "--device"):
     """(model in eval mode, ``tokenizers.Tokenizer``, checkpoint folder, torch device) for a checkpoint or run
     folder. All weight loading goes through ``checkpoint.load_model``. Raises ``ValueError`` /
-    ``FileNotFoundError`` naming the file."""
+    ``FileNotFoundError`` naming the file (or ``device_option`` for a device that is not available)."""
     from ..data import load_tokenizer
 
+    dev = resolve_device(device, device_option)
     folder = latest_checkpoint(path)
-    dev = resolve_device(device)
     model = ckpt.load_model(folder, device=dev)
     tok_file = folder / TOKENIZER_FILE
     if not tok_file.is_file():
@@ -63,15 +64,41 @@ def default_seq_len(folder: Path, model) -> int:
     return min(1024, model.config.max_position_embeddings)
 
 
-def zero_shot(model, tokenizer, tasks: list[str], limit, batch_size: int, harness: str, out_dir) -> dict:
+def zero_shot(model, tokenizer, tasks: list[str], limit, batch_size: int, harness: str, out_dir,
+              progress: bool = True) -> dict:
     """Call ``depthattn.eval.zero_shot.run_zero_shot`` (imported lazily). Raises ``ValueError`` if not installed."""
     try:
         from ..eval.zero_shot import run_zero_shot
     except ImportError as e:
         raise ValueError(f"zero-shot tasks are not installed in this build of depthattn ({e}); "
                          f"--tasks needs depthattn.eval.zero_shot") from e
+    kw = {}
+    if "progress" in inspect.signature(run_zero_shot).parameters:
+        kw["progress"] = progress
     return run_zero_shot(model, tokenizer, tasks=tasks, limit=limit, batch_size=batch_size, harness=harness,
-                         out_dir=out_dir)
+                         out_dir=out_dir, **kw)
+
+
+def check_task_options(tasks: str | None, limit: int | None, shorten: str = "--max-tokens") -> list[str]:
+    """The ``--tasks`` names (empty without ``--tasks``), checked with ``--limit`` before any training or evaluation:
+    unknown task names, ``--limit`` < 1 or without ``--tasks``, or missing benchmark data raise ``ValueError`` naming
+    the flag (``shorten``: the flag that shortens the perplexity evaluation instead)."""
+    from ..eval.tasks import parse_tasks, task_file
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit {limit} must be >= 1 (examples per zero-shot task)")
+    if not tasks:
+        if limit is not None:
+            raise ValueError(f"--limit counts examples per zero-shot task and needs --tasks (to shorten the "
+                             f"perplexity evaluation use {shorten})")
+        return []
+    try:
+        names = parse_tasks(tasks)
+    except ValueError as e:
+        raise ValueError(f"--tasks: {e}") from None
+    for name in names:
+        task_file(name)  # the benchmark data is installed
+    return names
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -80,9 +107,11 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..data import load_prepared
     from ..eval.perplexity import evaluate_perplexity
 
+    tasks = check_task_options(args.tasks, args.limit)  # before loading or evaluating anything
+    if args.skip_perplexity and not tasks:
+        raise ValueError("--skip-perplexity leaves nothing to do without --tasks")
     model, tokenizer, folder, dev = load_for_inference(args.checkpoint, args.device)
     results: dict = {"checkpoint": str(folder)}
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else []
     if not args.skip_perplexity:
         data_dir = eval_data_dir(folder, args.data)
         data = load_prepared(data_dir)
@@ -96,7 +125,8 @@ def run_eval(args: argparse.Namespace) -> int:
               f"({res.tokens:,d} tokens, {res.bytes:,d} bytes, seq_len {seq_len})")
     if tasks:
         out_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else None
-        zs = zero_shot(model, tokenizer, tasks, args.limit, args.batch_size, args.harness, out_dir)
+        zs = zero_shot(model, tokenizer, tasks, args.limit, args.batch_size, args.harness, out_dir,
+                       progress=not args.no_progress)
         results["zero_shot"] = zs
         print(zs.get("markdown", ""))
     if args.out:
@@ -114,8 +144,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N predicted tokens")
     p.add_argument("--seq-len", type=int, default=None, help="window length (default: the training seq_len)")
     p.add_argument("--batch-size", type=int, default=8, help="windows (or task requests) per batch (default 8)")
-    p.add_argument("--tasks", default=None, help="comma-separated zero-shot tasks (needs depthattn.eval.zero_shot)")
-    p.add_argument("--limit", type=int, default=None, help="examples per task")
+    p.add_argument("--tasks", default=None,
+                   help="comma-separated zero-shot tasks, or 'all' (piqa, hellaswag, arc_easy, ...; data from "
+                        "`depthattn data fetch-eval`)")
+    p.add_argument("--limit", type=int, default=None, help="examples per zero-shot task (needs --tasks)")
     p.add_argument("--harness", choices=("native", "lm-eval"), default="native", help="zero-shot scorer")
     p.add_argument("--skip-perplexity", action="store_true", help="only run --tasks")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")

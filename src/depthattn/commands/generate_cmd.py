@@ -46,14 +46,31 @@ def generate_text(model, tokenizer, prompt: str, **kw) -> str:
     return "".join(stream_text(model, tokenizer, prompt, **kw))
 
 
+def check_prompt(model, tokenizer, prompt: str, max_new_tokens: int) -> None:
+    """Refuse an empty prompt, or prompt tokens + ``max_new_tokens`` beyond ``max_position_embeddings``, before
+    anything is printed (``ValueError`` naming the flags)."""
+    n = len(tokenizer.encode(prompt, add_special_tokens=False).ids)
+    if n == 0:
+        raise ValueError("--prompt must not be empty")
+    limit = model.config.max_position_embeddings
+    if n >= limit and n + max_new_tokens > limit:
+        raise ValueError(f"--prompt has {n} tokens, and the model's max_position_embeddings={limit} leaves no room "
+                         f"for new tokens; shorten the prompt")
+    if n + max_new_tokens > limit:
+        raise ValueError(f"--prompt ({n} tokens) + --max-new-tokens {max_new_tokens} = {n + max_new_tokens} exceeds "
+                         f"the model's max_position_embeddings={limit}; use --max-new-tokens {max(limit - n, 0)} or "
+                         f"less")
+
+
 def run_generate(args: argparse.Namespace) -> int:
     """Continue --prompt with a checkpoint (checkpoint folder or run folder), streaming to stdout; stops at EOS."""
     from .eval_cmd import load_for_inference
 
-    model, tokenizer, _, dev = load_for_inference(args.checkpoint, args.device)
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 0")
-    check_sampling(args.temperature, args.top_k, args.top_p)  # fail before echoing the prompt
+    check_sampling(args.temperature, args.top_k, args.top_p)  # fail before loading or echoing the prompt
+    model, tokenizer, _, dev = load_for_inference(args.checkpoint, args.device)
+    check_prompt(model, tokenizer, args.prompt, args.max_new_tokens)
     sys.stdout.write(args.prompt)
     for piece in stream_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

@@ -1,9 +1,9 @@
 """``depthattn inspect``: analytical costs of a preset per cross-layer method (nothing is allocated).
 
 Per method: parameters and those added over vanilla; forward FLOPs per token and the method's extra FLOPs as % of
-the vanilla forward (spec-baselines.md §1 denominator); KV-cache bytes per token; in-flight bytes per token (the
-residual state a token carries through depth, spec-baselines.md §7); and the prefill working set, in-flight bytes ×
-prompt length T. Bytes are for bfloat16 activations.
+the vanilla forward (docs/specs/spec-baselines.md §1 denominator); KV-cache bytes per token; in-flight bytes per token
+(the residual state a token carries through depth, docs/specs/spec-baselines.md §7); and the prefill working set,
+in-flight bytes × prompt length T. Bytes are for bfloat16 activations.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runs import read_run
-from ..train import train
+from ..train import resolve_device, train
 from ..train_config import TrainConfig, load_toml, parse_value, resolve_model_config, split_overrides
 
 DEFAULT_PRESET = "small"
@@ -37,7 +37,13 @@ def ensure_data(path: str | os.PathLike | None, progress: bool = True, log=print
     return folder
 
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
+#: ``train --data`` help: where the default data lives.
+DATA_HELP = ("prepared data folder (make one from your text with `depthattn data prepare --input TEXT --out DIR`); "
+             "default: the embedded corpus, prepared once into $DEPTHATTN_CACHE/data/embedded, else "
+             "$XDG_CACHE_HOME/depthattn/data/embedded, else ~/.cache/depthattn/data/embedded")
+
+
+def add_model_options(p: argparse.ArgumentParser, data_help: str = DATA_HELP) -> None:
     """Options shared by ``train`` and ``compare``: preset, config file, overrides."""
     p.add_argument("--preset", default=None, help=f"model preset: tiny, small, 360m, 1.5b, 3b (default "
                                                   f"{DEFAULT_PRESET}, or the config file's)")
@@ -49,8 +55,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=None, help="training tokens (TrainConfig.tokens; steps win)")
     p.add_argument("--seed", type=int, default=None, help="TrainConfig.seed")
     p.add_argument("--loops", type=int, default=None, help="ModelConfig.num_loops (looped Transformer)")
-    p.add_argument("--data", default=None, metavar="DIR",
-                   help="prepared data folder (default: the embedded corpus, prepared once into a cache folder)")
+    p.add_argument("--data", default=None, metavar="DIR", help=data_help)
     p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in the backward pass")
@@ -97,13 +102,25 @@ def check_model_settings(preset: str, model_kw: dict) -> None:
     ModelConfig.from_preset(preset, **{k: v for k, v in model_kw.items() if k != "vocab_size"})
 
 
+#: Options that would change a run's recorded config or data; ``--resume`` refuses them (attribute, flag).
+RESUME_FIXED = (("config", "--config"), ("preset", "--preset"), ("set", "--set"), ("init_from", "--init-from"),
+                ("steps", "--steps"), ("tokens", "--tokens"), ("cross_layer", "--cross-layer"), ("seed", "--seed"),
+                ("loops", "--loops"), ("data", "--data"), ("out", "--out"))
+
+
 def run_train(args: argparse.Namespace) -> int:
-    """Train a model; writes a run folder (run.json, metrics.jsonl, checkpoints/) to --out."""
+    """Train a model; writes a run folder (run.json, metrics.jsonl, checkpoints/) to --out. Without --data it trains
+    on the embedded corpus, prepared once into the cache folder $DEPTHATTN_CACHE/data/embedded (default
+    ~/.cache/depthattn/data/embedded, or $XDG_CACHE_HOME/depthattn/data/embedded)."""
+    if args.device is not None:
+        resolve_device(args.device, "--device")  # before any data work
     if args.resume:
+        given = [flag for attr, flag in RESUME_FIXED if getattr(args, attr, None) not in (None, [])]
+        if given:
+            raise ValueError(f"--resume continues {args.resume} with its recorded config and data; drop "
+                             f"{', '.join(given)} (only --device, --compile, --activation-checkpointing and "
+                             f"--no-progress may be given)")
         run = read_run(args.resume)
-        if args.config or args.preset or args.set or args.init_from:
-            raise ValueError("--resume continues a run with its recorded config; drop --config/--preset/--set/"
-                             "--init-from (only --device, --compile, --activation-checkpointing may change)")
         from ..config import ModelConfig
 
         model_cfg = ModelConfig.from_dict(run["model"])
@@ -113,8 +130,7 @@ def run_train(args: argparse.Namespace) -> int:
         if args.activation_checkpointing:
             overrides["activation_checkpointing"] = True
         train_cfg = TrainConfig.from_dict({**run["train"], **overrides})
-        data = args.data or run["data"]
-        result = train(args.resume, model_cfg, train_cfg, data, resume=True, progress=not args.no_progress)
+        result = train(args.resume, model_cfg, train_cfg, run["data"], resume=True, progress=not args.no_progress)
     else:
         preset, model_kw, train_kw, data = gather_settings(args, {"cross_layer": args.cross_layer}
                                                            if args.cross_layer else None)
@@ -130,18 +146,25 @@ def run_train(args: argparse.Namespace) -> int:
         model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / "tokenizer.json"))
         out = args.out or os.path.join("runs", f"{preset}-{model_cfg.cross_layer}")
         result = train(out, model_cfg, train_cfg, data_dir, init_from=args.init_from, progress=not args.no_progress)
-    print(f"trained {result.steps} steps, {result.tokens:,d} tokens; final val loss "
-          f"{result.final_val_loss:.4f}; checkpoint {result.checkpoint}" if result.final_val_loss is not None else
-          f"stopped at step {result.steps}")
+    if result.final_val_loss is None:
+        print(f"stopped at step {result.steps}")
+    elif result.steps_this_session == 0:  # resumed a finished run: train() said so
+        print(f"final val loss {result.final_val_loss:.4f}; checkpoint {result.checkpoint}")
+    else:
+        print(f"trained {result.steps} steps, {result.tokens:,d} tokens; final val loss {result.final_val_loss:.4f}; "
+              f"checkpoint {result.checkpoint}")
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("train", help="train a model (preset + config + overrides)", description=run_train.__doc__)
+    p = subparsers.add_parser("train", help="train a model (preset + config + overrides)",
+                              description=run_train.__doc__)
     add_model_options(p)
     p.add_argument("--cross-layer", default=None, help="ModelConfig.cross_layer (none, depth_attention, ...)")
     p.add_argument("--out", default=None, help="run folder (default runs/<preset>-<cross_layer>)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue a run from its newest checkpoint, with its recorded config and data (only "
+                        "--device, --compile, --activation-checkpointing, --no-progress may be given)")
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
                    help="start from this checkpoint's weights (its cross_layer may differ)")
     p.set_defaults(func=run_train)

@@ -5,7 +5,8 @@ Accepted inputs (one document is the unit of the train/validation split):
 =========================================  ====================================================================
 ``embedded`` (or no input)                  the corpus shipped in the package (one novel / play / address each)
 a folder with a corpus ``manifest.json``    a ``depthattn data fetch`` output (same format as the embedded one)
-a ``.txt`` file, or a folder of them        one file = one document (folders are searched recursively, sorted)
+a ``.txt`` file, or a folder of them        one file = one document (folders are searched recursively, sorted;
+                                            other files are skipped, with one line saying how many)
 a ``.jsonl`` / ``.jsonl.gz`` file           one line = one document, from its ``text`` field
 a ``datasets`` ``save_to_disk`` folder      one row = one document, from its ``text`` column (all splits)
 =========================================  ====================================================================
@@ -16,6 +17,7 @@ Every problem raises one ValueError that names the file: missing, empty, not UTF
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from depthattn.data.corpus import EMBEDDED_DIR, is_corpus_dir, read_corpus_dir, read_jsonl_documents
 from depthattn.data.sources import Document
@@ -59,8 +61,9 @@ def _read_hf_dataset(path: Path) -> list[Document]:
     return docs
 
 
-def read_input(spec: str | Path) -> tuple[list[Document], dict]:
-    """Documents of one input, and a record ``{"input", "kind", "documents", "characters"}`` for meta.json."""
+def read_input(spec: str | Path, log: Callable[[str], None] | None = None) -> tuple[list[Document], dict]:
+    """Documents of one input, and a record ``{"input", "kind", "documents", "characters"}`` for meta.json.
+    ``log``: one-line notes (a folder's files that are not .txt and were skipped)."""
     if str(spec) == "embedded":
         docs, kind, name = read_corpus_dir(EMBEDDED_DIR), "embedded", "embedded"
     else:
@@ -74,10 +77,17 @@ def read_input(spec: str | Path) -> tuple[list[Document], dict]:
             elif _is_hf_dataset(path):
                 docs, kind = _read_hf_dataset(path), "hf_dataset"
             else:
-                files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+                every = sorted(p for p in path.rglob("*") if p.is_file())
+                files = [p for p in every if p.name.endswith(".txt")]
                 if not files:
                     raise ValueError(f"{path}: folder has no .txt files, no corpus manifest.json and no "
-                                     f"dataset_info.json / state.json; cannot tell what to read")
+                                     f"dataset_info.json / state.json; cannot tell what to read (pass .jsonl / "
+                                     f".jsonl.gz files themselves as --input)")
+                skipped = [p for p in every if not p.name.endswith(".txt")]
+                if skipped and log is not None:
+                    log(f"{path}: skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} that "
+                        f"{'are' if len(skipped) > 1 else 'is'} not .txt (e.g. {skipped[0].relative_to(path)}); "
+                        f"pass .jsonl / .jsonl.gz files as --input themselves")
                 docs, kind = [_read_txt(p) for p in files], "txt_dir"
         elif path.name.endswith(".txt"):
             docs, kind = [_read_txt(path)], "txt"
@@ -94,12 +104,14 @@ def read_input(spec: str | Path) -> tuple[list[Document], dict]:
     return docs, record
 
 
-def read_inputs(specs: list[str] | None) -> tuple[list[Document], list[dict]]:
-    """Concatenate several inputs (default: the embedded corpus); document ids must be unique across them."""
+def read_inputs(specs: list[str] | None, log: Callable[[str], None] | None = None
+                ) -> tuple[list[Document], list[dict]]:
+    """Concatenate several inputs (default: the embedded corpus); document ids must be unique across them.
+    ``log``: as for ``read_input``."""
     docs: list[Document] = []
     records = []
     for spec in specs or ["embedded"]:
-        d, r = read_input(spec)
+        d, r = read_input(spec, log)
         docs.extend(d)
         records.append(r)
     seen: set[str] = set()

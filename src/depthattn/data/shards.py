@@ -34,7 +34,7 @@ import json
 import os
 import random
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +65,12 @@ def _package_version() -> str:
 # splitting
 
 
+#: Why a single document cannot be prepared, and what to do instead.
+SPLIT_HINT = ("need at least 2 documents to split into train and validation (whole documents are held out), got {n}; "
+              "pass several .txt files (one file = one document, e.g. a folder of them) or a .jsonl file (one line = "
+              "one document), e.g. split one long text into chapters saved as separate files")
+
+
 def split_documents(docs: list[Document], val_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:
     """Hold out whole documents for validation, about ``val_fraction`` of the characters; deterministic in ``seed``.
 
@@ -75,7 +81,7 @@ def split_documents(docs: list[Document], val_fraction: float, seed: int) -> tup
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     if len(docs) < 2:
-        raise ValueError(f"need at least 2 documents to split into train and validation, got {len(docs)}")
+        raise ValueError(SPLIT_HINT.format(n=len(docs)))
     total = sum(len(d.text) for d in docs)
     target = val_fraction * total
     order = list(range(len(docs)))
@@ -165,13 +171,14 @@ def _encode_split_inner(tok: Tokenizer, docs: list[Document], eos_id: int, dtype
 
 def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, vocab_size: int = 8192,
                    tokenizer: str | Path | None = None, val_fraction: float = 0.05, seed: int = 0,
-                   dtype: str = "auto", progress: bool = True) -> dict:
+                   dtype: str = "auto", progress: bool = True, log: Callable[[str], None] | None = print) -> dict:
     """Split documents, train (or load) a tokenizer, and write ``tokenizer.json``, ``train.bin``, ``val.bin`` and
     ``meta.json`` to ``out_dir``; returns the meta dict.
 
     ``inputs``: see :mod:`depthattn.data.inputs` (default: the embedded corpus). ``tokenizer``: an existing
     ``tokenizer.json`` with an ``<|endoftext|>`` token; when given, ``vocab_size`` is ignored. ``dtype``:
-    ``auto`` picks uint16 up to 65,536 tokens, else uint32.
+    ``auto`` picks uint16 up to 65,536 tokens, else uint32. ``log`` (None: silent): one-line notes (skipped
+    files, a trained vocabulary smaller than ``vocab_size``, and with ``progress`` the tokenizer training).
     """
     out_dir = Path(out_dir)
     if tokenizer is None:  # fail fast on options before any work
@@ -186,10 +193,18 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
     if tok is not None:
         _resolve_dtype(dtype, tok.get_vocab_size(with_added_tokens=True))
 
-    docs, records = read_inputs(inputs)
+    log = log or (lambda _msg: None)
+    docs, records = read_inputs(inputs, log)
     train_docs, val_docs = split_documents(docs, val_fraction, seed)
     if tok is None:
-        tok = train_bpe((d.text for d in train_docs), vocab_size=vocab_size, show_progress=progress)
+        if progress:
+            log(f"training a byte-level BPE tokenizer (vocabulary {vocab_size:,d}) on {len(train_docs):,d} "
+                f"documents, {sum(len(d.text) for d in train_docs):,d} characters")
+        # the tokenizers library's own progress display prints blank lines to stdout: keep it off
+        tok = train_bpe((d.text for d in train_docs), vocab_size=vocab_size, show_progress=False)
+        if tok.get_vocab_size(with_added_tokens=True) < vocab_size:
+            log(f"note: the trained vocabulary has {tok.get_vocab_size(with_added_tokens=True):,d} tokens, fewer "
+                f"than --vocab-size {vocab_size:,d}: the training text has no more pairs that occur at least twice")
     vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = _resolve_dtype(dtype, vocab)
     eos_id = tok.token_to_id(EOS_TOKEN)
@@ -299,7 +314,11 @@ def load_prepared(path: str | Path) -> PreparedData:
     path = Path(path)
     meta_path = path / "meta.json"
     if not meta_path.is_file():
-        raise ValueError(f"{meta_path}: not found; run `depthattn data prepare --out {path}` first")
+        if path.is_dir() and any(path.iterdir()):  # e.g. a folder of raw text: do not suggest writing into it
+            raise ValueError(f"{path} is not a prepared data folder (no meta.json); if it holds text, prepare it "
+                             f"with `depthattn data prepare --input {path} --out NEW_DIR` and pass NEW_DIR")
+        raise ValueError(f"{meta_path}: not found; prepare a data folder with `depthattn data prepare --input TEXT "
+                         f"--out {path}` first")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
