@@ -315,6 +315,23 @@ def test_data_prepare_errors_name_the_subcommand(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("depthattn data prepare: error:") and "missing.txt" in err[0]
 
 
+def test_inspect_says_what_its_flop_columns_count(capsys):
+    from depthattn.accounting import num_flops
+    from depthattn.config import ModelConfig
+
+    assert main(["inspect", "--preset", "tiny", "--cross-layer", "none,depth_attention", "--seq-len", "64"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    vocab = ModelConfig.from_preset("tiny").vocab_size
+    assert lines[0].startswith(f"preset tiny, vocab {vocab} (")
+    head = [c.strip() for c in lines[1].split("|")[1:-1]]
+    assert head[3:5] == ["fwd FLOPs/token (matmul, excl. attention)", "fwd FLOPs/token incl. attention (seq_len=64)"]
+    row = [c.strip() for c in lines[4].split("|")[1:-1]]
+    fl = num_flops(ModelConfig.from_preset("tiny", cross_layer="depth_attention"), 64)
+    assert row[0] == "depth_attention"
+    assert float(row[3]) == pytest.approx(fl.vanilla + fl.extra, rel=1e-3)
+    assert float(row[4]) == pytest.approx(fl.total, rel=1e-3)
+
+
 def test_compare_throughput_is_the_median_after_the_first_step():
     from depthattn.compare import _train_tokens_per_s
 
