@@ -1,4 +1,4 @@
-"""``depthattn inspect``: analytical costs of a preset per cross-layer method (nothing is allocated).
+"""depthattn inspect: analytical costs of a preset per cross-layer method (nothing is allocated).
 
 Per method: parameters and those added over vanilla; forward FLOPs per token without sequence attention (matmuls:
 the vanilla forward 2·(non-embedding params + V·D), blocks once per loop, plus the method's extra FLOPs) and with
