@@ -146,6 +146,8 @@ def run_train(args: argparse.Namespace) -> int:
         model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / "tokenizer.json"))
         out = args.out or os.path.join("runs", f"{preset}-{model_cfg.cross_layer}")
         result = train(out, model_cfg, train_cfg, data_dir, init_from=args.init_from, progress=not args.no_progress)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports (and holds the checkpoint)
+        return 0
     if result.final_val_loss is None:
         print(f"stopped at step {result.steps}")
     elif result.steps_this_session == 0:  # resumed a finished run: train() said so
