@@ -167,14 +167,7 @@ class ModelConfig:
     @classmethod
     def load_json(cls, path: str | os.PathLike) -> "ModelConfig":
         """Read a config written by ``save_json``. Raises ``ValueError`` naming the file if it is not valid."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                values = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read model config {os.fspath(path)!r}: {e}") from e
-        if not isinstance(values, dict):
-            raise ValueError(f"model config {os.fspath(path)!r} must hold a JSON object")
-        return cls.from_dict(values)
+        return cls.from_dict(read_json_object(path, "model config"))
 
 
 def check_keys(values: Mapping[str, Any], what: str) -> None:
@@ -183,6 +176,18 @@ def check_keys(values: Mapping[str, Any], what: str) -> None:
     unknown = sorted(set(values) - names)
     if unknown:
         raise ValueError(f"unknown {what} key(s) {unknown}; valid keys are {sorted(names)}")
+
+
+def read_json_object(path: str | os.PathLike, what: str = "file") -> dict[str, Any]:
+    """Read a JSON object; ``ValueError`` naming ``what`` and the file if it is unreadable or not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {what} {os.fspath(path)!r}: {e}") from e
+    if not isinstance(values, dict):
+        raise ValueError(f"{what} {os.fspath(path)!r} must hold a JSON object")
+    return values
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

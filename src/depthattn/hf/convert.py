@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from depthattn.checkpoint import load_model, save_model_files, write_folder_atomically
-from depthattn.config import ModelConfig
+from depthattn.config import ModelConfig, read_json_object
 from depthattn.model import DecoderLM
 
 #: ModelConfig fields whose Qwen3Config field has the same name and meaning.
@@ -51,14 +51,7 @@ EOS_TOKEN = "<|endoftext|>"
 def _read_json(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: not a Hugging Face checkpoint folder")
-    try:
-        with open(path, encoding="utf-8") as f:
-            values = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {path}: {e}") from e
-    if not isinstance(values, dict):
-        raise ValueError(f"{path} must hold a JSON object")
-    return values
+    return read_json_object(path, "Hugging Face config")
 
 
 def is_qwen3_folder(path: str | os.PathLike) -> bool:
