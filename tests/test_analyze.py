@@ -8,7 +8,8 @@ import torch
 from depthattn import DecoderLM, ModelConfig
 from depthattn.analyze import depth_weight_means
 from depthattn.checkpoint import save_model
-from depthattn.functional import depth_weights, rope_cos_sin
+from depthattn.cross_layer.depth_attention import depth_weights
+from depthattn.functional import rope_cos_sin
 
 
 def test_weights_match_explicit_layer_walk():

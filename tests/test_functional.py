@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from depthattn.functional import (apply_rope, attention, attention_ref, causal_padding_mask, depth_logits,
-                                  depth_mix, depth_mix_ref, depth_query, depth_weights, rope_cos_sin, rope_inv_freq)
+from depthattn.cross_layer.depth_attention import depth_logits, depth_mix, depth_mix_ref, depth_query, depth_weights
+from depthattn.functional import apply_rope, attention, attention_ref, causal_padding_mask, rope_cos_sin, rope_inv_freq
 
 
 def _inputs(B=2, H=4, K=2, T=3, D=8, n=3, dtype=torch.float32, seed=0):

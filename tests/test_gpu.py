@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from depthattn import DecoderLM, ModelConfig, generate, naive_generate
-from depthattn.residual import RESIDUAL
+from depthattn.cross_layer import names as method_names
 
 from conftest import left_padded_batch, make_model
 
@@ -23,7 +23,7 @@ def _no_tf32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-@pytest.mark.parametrize("method", sorted(RESIDUAL))
+@pytest.mark.parametrize("method", sorted(method_names()))
 def test_cuda_fp32_matches_cpu_and_cached_decode_matches_full(method):
     cpu = make_model(cross_layer=method)
     gpu = make_model(cross_layer=method).cuda()
@@ -63,7 +63,7 @@ def test_sdpa_backends_agree_in_bf16():
         torch.testing.assert_close(logits, out[SDPBackend.MATH], atol=3e-2, rtol=0)
 
 
-@pytest.mark.parametrize("method", sorted(RESIDUAL))
+@pytest.mark.parametrize("method", sorted(method_names()))
 def test_bf16_autocast_training_step_is_finite(method):
     torch.manual_seed(0)
     model = DecoderLM(ModelConfig.from_preset("tiny", cross_layer=method)).cuda().train()

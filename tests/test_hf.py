@@ -12,12 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from depthattn import DecoderLM, ModelConfig, generate, naive_generate  # noqa: E402
 from depthattn.checkpoint import load_model, save_model  # noqa: E402
-from depthattn.config import CROSS_LAYER_METHODS  # noqa: E402
 from depthattn.hf import DepthAttnCache, DepthAttnConfig, DepthAttnForCausalLM  # noqa: E402
 from depthattn.hf.convert import load_qwen3, qwen3_to_model_config, save_qwen3  # noqa: E402
-from depthattn.residual import RESIDUAL  # noqa: E402
+from depthattn.cross_layer import names as method_names  # noqa: E402
 
-METHODS = [m for m in CROSS_LAYER_METHODS if m in RESIDUAL]
+METHODS = list(method_names())
 
 
 def tiny(method="none", **kw):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from depthattn import DecoderLM, ModelConfig, num_params
-from depthattn.depth_attention import candidate_plan
+from depthattn.cross_layer.depth_attention import candidate_plan
 from depthattn.parallelize import apply_activation_checkpointing
 
 from conftest import left_padded_batch, make_model
@@ -134,7 +134,7 @@ def test_recursion_source_passes_on_its_mixed_value():
     assert not torch.allclose(a.v[2], b.v[2], atol=1e-5)  # layer 2 stores a mixture containing v_0
     # Recompute Ṽ_4 from the cache with layer 2's *raw* value instead of its stored value: it must differ from the
     # cached Ṽ_4, i.e. the layer really read Ṽ_2.
-    from depthattn.functional import depth_mix
+    from depthattn.cross_layer.depth_attention import depth_mix
     inputs = {}
     model.model.layers[4].self_attn.register_forward_pre_hook(lambda m, args: inputs.__setitem__(4, args))
     model.model.layers[2].self_attn.register_forward_pre_hook(lambda m, args: inputs.__setitem__(2, args))

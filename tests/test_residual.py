@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from depthattn import DecoderLM, ModelConfig, generate, naive_generate, num_params
-from depthattn.accounting import EXTRA_FLOPS, inflight_bytes_per_token, kv_cache_bytes_per_token
-from depthattn.attnres import (attnres_mix, attnres_mix_ref, kimi_schedule, kimi_source_labels, recency_schedule,
-                               source_counts)
-from depthattn.denseformer import dwa, dwa_blocks, dwa_ref, dwa_sources
-from depthattn.mhc import sinkhorn, sinkhorn_ref
+from depthattn.accounting import inflight_bytes_per_token, kv_cache_bytes_per_token
+from depthattn.cross_layer import get as method_record
+from depthattn.cross_layer.attnres import (attnres_mix, attnres_mix_ref, kimi_schedule, kimi_source_labels,
+                                           recency_schedule, source_counts)
+from depthattn.cross_layer.denseformer import dwa, dwa_blocks, dwa_ref, dwa_sources
+from depthattn.cross_layer.mhc import sinkhorn, sinkhorn_ref
 
 # (cross_layer, knobs) cases covering every method and the small block sizes.
 CASES = [
@@ -170,8 +171,8 @@ def test_paper_scale_numbers_from_the_spec():
     assert formula(f["360m"]["denseformer"]) == 560 and formula(f["3b"]["denseformer"]) == 1224
     assert [formula(f[p]["attnres"]) for p in f] == [133_120, 297_984, 397_312]
     assert [round(formula(f[p]["mhc"]) / 1e4) for p in f] == [656, 1475, 1966]
-    assert [round(EXTRA_FLOPS["mhc"](f[p]["mhc"]) / 1e5) for p in f] == [165, 372, 495]
-    assert [round(EXTRA_FLOPS["denseformer"](f[p]["denseformer"]) / 1e4) for p in f] == [115, 376, 501]
+    assert [round(method_record("mhc").extra_flops(f[p]["mhc"]) / 1e5) for p in f] == [165, 372, 495]
+    assert [round(method_record("denseformer").extra_flops(f[p]["denseformer"]) / 1e4) for p in f] == [115, 376, 501]
     assert [sum(source_counts(f[p]["attnres"])) for p in f] == [269, 529, 529]
     assert inflight_bytes_per_token(f["3b"]["attnres"], torch.bfloat16) == 18_432 * 2
     assert inflight_bytes_per_token(f["3b"]["denseformer"], torch.bfloat16) == 100_352 * 2

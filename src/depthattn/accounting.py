@@ -2,32 +2,18 @@
 
 Formulas: spec-depth-attention.md §8 (Depth-Attention extra) and spec-baselines.md §1 (the vanilla denominator
 F_vanilla ≈ 2 · (non-embedding parameters + vocab_size · hidden_size), a multiply-add counted as 2 FLOPs).
-Cross-layer methods with parameters register their extra counts in ``EXTRA_PARAMS`` / ``EXTRA_FLOPS``.
+A cross-layer method's extra parameters, FLOPs and in-flight elements come from its record
+(``depthattn.cross_layer``; formulas: spec-baselines.md §3, §5, §6 and docs/methods.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from . import attnres, denseformer, mhc
+from . import cross_layer
 from .config import ModelConfig
-from .depth_attention import model_plan
-
-#: cross_layer -> function(cfg) giving the method's added parameters / forward FLOPs per token
-#: (formulas: spec-baselines.md §3, §5, §6 and docs/methods.md).
-EXTRA_PARAMS: dict[str, Callable[[ModelConfig], int]] = {
-    "denseformer": denseformer.extra_params, "mhc": mhc.extra_params, "attnres": attnres.extra_params,
-}
-EXTRA_FLOPS: dict[str, Callable[[ModelConfig], float]] = {
-    "denseformer": denseformer.extra_flops, "mhc": mhc.extra_flops, "attnres": attnres.extra_flops,
-}
-#: cross_layer -> function(cfg) giving the per-token in-flight residual-state elements (default: hidden_size).
-INFLIGHT_ELEMENTS: dict[str, Callable[[ModelConfig], int]] = {
-    "denseformer": denseformer.inflight_elements, "mhc": mhc.inflight_elements, "attnres": attnres.inflight_elements,
-}
 
 
 def layer_params(cfg: ModelConfig) -> int:
@@ -45,18 +31,7 @@ def num_params(cfg: ModelConfig) -> int:
     """Total parameters of ``DecoderLM(cfg)`` (tied weights counted once), including the method's extras."""
     embed = cfg.vocab_size * cfg.hidden_size
     head = 0 if cfg.tie_word_embeddings else embed
-    return embed + head + non_embedding_params(cfg) + EXTRA_PARAMS.get(cfg.cross_layer, lambda c: 0)(cfg)
-
-
-def depth_attention_flops(cfg: ModelConfig) -> int:
-    """Σ_l F_l with F_l = 4·n_l·K·D + (G−1)·K·D + 5·n_l·K over layers with candidates (spec §8)."""
-    K, D, G = cfg.num_key_value_heads, cfg.head_dim, cfg.group_size
-    total = 0
-    for cands in model_plan(cfg):
-        if cands:
-            n = len(cands) + 1
-            total += 4 * n * K * D + (G - 1) * K * D + 5 * n * K
-    return total
+    return embed + head + non_embedding_params(cfg) + cross_layer.get(cfg.cross_layer).extra_params(cfg)
 
 
 def attention_flops(cfg: ModelConfig, keys_per_query: float) -> float:
@@ -89,10 +64,7 @@ class FlopReport:
 def num_flops(cfg: ModelConfig, seq_len: int = 2048) -> FlopReport:
     """Analytical forward FLOPs per token for ``cfg`` at training length ``seq_len`` (spec §8 table)."""
     vanilla = 2.0 * (cfg.num_virtual_layers * layer_params(cfg) + cfg.hidden_size + cfg.vocab_size * cfg.hidden_size)
-    if cfg.cross_layer == "depth_attention":
-        extra = float(depth_attention_flops(cfg))
-    else:
-        extra = float(EXTRA_FLOPS.get(cfg.cross_layer, lambda c: 0.0)(cfg))
+    extra = float(cross_layer.get(cfg.cross_layer).extra_flops(cfg))  # Depth-Attention: spec §8
     return FlopReport(vanilla, attention_flops(cfg, (seq_len + 1) / 2), extra, seq_len)
 
 
@@ -107,4 +79,4 @@ def inflight_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat
     Depth-Attention, (L + 1)·C DenseFormer, n·C mHC, (largest source list)·C AttnRes. A prefill chunk of T tokens
     holds T times this."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return INFLIGHT_ELEMENTS.get(cfg.cross_layer, lambda c: c.hidden_size)(cfg) * itemsize
+    return cross_layer.get(cfg.cross_layer).inflight_elements(cfg) * itemsize

@@ -2,10 +2,10 @@
 
 Legend: B batch, K KV heads, T time, H query heads, D head dim, N candidates (sources then self), L virtual layers.
 
-The weights are computed with ``depthattn.functional.depth_weights`` on the q and K̂ the model itself produces:
-forward hooks on every ``self_attn`` module capture the attention's inputs (its normalised input, the sources'
-(K̂, Ṽ), RoPE tables) and its output K̂; q comes from the module's own ``project``. Nothing of the model forward is
-re-implemented and nothing is added to the model (hooks are removed afterwards).
+The weights are computed with ``depthattn.cross_layer.depth_attention.depth_weights`` on the q and K̂ the model itself
+produces: forward hooks on every ``self_attn`` module capture the attention's inputs (its normalised input, the
+sources' (K̂, Ṽ), RoPE tables) and its output K̂; q comes from the module's own ``project``. Nothing of the model
+forward is re-implemented and nothing is added to the model (hooks are removed afterwards).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import math
 
 import torch
 
-from .functional import depth_weights
+from .cross_layer import get as method_record
+from .cross_layer.depth_attention import depth_weights
 
 
 @torch.inference_mode()
@@ -24,9 +25,9 @@ def depth_weight_means(model, input_ids_BT: torch.Tensor, attention_mask_BT: tor
     Returns ``{"layers": [{"layer": u, "candidates": [j..., u], "weights": [...]}, ...], "num_tokens": n}``;
     the weights of a layer sum to 1 (self last). Layers without sources (layer 0, or any method other than
     depth_attention) have the single candidate self with weight 1.
-    Raises ``ValueError`` if ``model.config.cross_layer`` is not "depth_attention".
+    Raises ``ValueError`` if ``model.config.cross_layer`` has no value seam (is not "depth_attention").
     """
-    if model.config.cross_layer != "depth_attention":
+    if not method_record(model.config.cross_layer).has_value_seam:
         raise ValueError(f"depth-attention weights need cross_layer='depth_attention', the checkpoint has "
                          f"{model.config.cross_layer!r}")
     sums: dict[int, torch.Tensor] = {}

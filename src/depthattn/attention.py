@@ -4,7 +4,8 @@ Legend: B batch, T time (this call), S key slots, H query heads, K KV heads, D h
 
 Order (Qwen3 and spec-depth-attention.md §3.1): project, per-head RMSNorm of q and k over D, **then** RoPE. The
 value seam sits between the projections and the sequence attention: with Depth-Attention sources, the raw value is
-replaced by the depth-mixed value (§3.4), which is what the attention reads and the cache stores. Keys are never mixed.
+replaced by the depth-mixed value (§3.4, ``cross_layer/depth_attention.py``), which is what the attention reads and
+the cache stores. Keys are never mixed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from torch import Tensor, nn
 
 from .cache import KVCache
 from .config import ModelConfig
-from .functional import apply_rope, attention, depth_mix
+from .cross_layer.depth_attention import depth_mix
+from .functional import apply_rope, attention
 from .layers import RMSNorm
 
 

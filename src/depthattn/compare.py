@@ -19,7 +19,8 @@ from typing import Any, Callable
 import torch
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
-from .config import CROSS_LAYER_METHODS, ModelConfig, atomic_write_text
+from .config import ModelConfig, atomic_write_text
+from .cross_layer import names as method_names
 from .runs import RUN_FILE, SUMMARY_FILE, checkpoint_dirs, config_differences, read_metrics, read_run
 from .train import train
 from .train_config import TrainConfig, resolve_model_config
@@ -45,9 +46,9 @@ COLUMNS = (
 def parse_methods(text: str) -> list[str]:
     """Comma-separated ``cross_layer`` values; ValueError naming an unknown one."""
     methods = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in methods if m not in CROSS_LAYER_METHODS]
+    bad = [m for m in methods if m not in method_names()]
     if bad or not methods:
-        raise ValueError(f"--methods: unknown method(s) {bad}; choose from {list(CROSS_LAYER_METHODS)}")
+        raise ValueError(f"--methods: unknown method(s) {bad}; choose from {list(method_names())}")
     if len(set(methods)) != len(methods):
         raise ValueError(f"--methods lists a method twice: {methods}")
     return methods

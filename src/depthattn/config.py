@@ -1,8 +1,9 @@
 """Model configuration: one dataclass in the Hugging Face ``Qwen3Config`` vocabulary.
 
 Field names follow ``transformers.Qwen3Config`` so that no mapping layer is needed. ``cross_layer`` selects the
-cross-layer method; method knobs carry the method's name as a prefix. Knobs of a method that is not selected are
-allowed and have no effect (one set of overrides can serve every method of a comparison).
+cross-layer method (a name registered in ``depthattn.cross_layer``); method knobs carry the method's name as a
+prefix. Knobs of a method that is not selected are allowed and have no effect (one set of overrides can serve every
+method of a comparison).
 
 Resolved defaults (``depth_attention_stride``) are written into the config, so a saved checkpoint never depends on a
 default.
@@ -18,10 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-#: Every value ``cross_layer`` accepts. "none" is the plain Qwen3 decoder.
-CROSS_LAYER_METHODS = ("none", "depth_attention", "denseformer", "mhc", "attnres")
-#: Methods for which ``num_loops > 1`` is defined (spec-depth-attention.md §11).
-LOOPABLE_METHODS = ("none", "depth_attention")
+from .cross_layer import loopable as loopable_methods, names as method_names
 
 
 @dataclass
@@ -106,11 +104,12 @@ class ModelConfig:
         need(isinstance(self.rms_norm_eps, (int, float)) and math.isfinite(self.rms_norm_eps)
              and self.rms_norm_eps >= 0, "rms_norm_eps", "must be a finite number >= 0")
         need(isinstance(self.tie_word_embeddings, bool), "tie_word_embeddings", "must be true or false")
-        need(self.cross_layer in CROSS_LAYER_METHODS, "cross_layer", f"must be one of {CROSS_LAYER_METHODS}")
+        methods, loopable = method_names(), loopable_methods()  # from the registry; "none" is the plain Qwen3
+        need(self.cross_layer in methods, "cross_layer", f"must be one of {methods}")
         need(is_int(self.num_loops) and self.num_loops >= 1,
              "num_loops", "must be an integer >= 1")
-        need(self.num_loops == 1 or self.cross_layer in LOOPABLE_METHODS, "num_loops",
-             f"looped models are defined only for cross_layer in {LOOPABLE_METHODS}, "
+        need(self.num_loops == 1 or self.cross_layer in loopable, "num_loops",
+             f"looped models are defined only for cross_layer in {loopable}, "
              f"not {self.cross_layer!r} (docs/specs/spec-depth-attention.md §11)")
         for name, minimum in (("depth_attention_stride", 1), ("depth_attention_window", 0),
                               ("denseformer_dilation", 1), ("denseformer_period", 1), ("mhc_num_streams", 1),

@@ -3,8 +3,9 @@
 Legend: B batch, T time (this call), S key slots, L virtual layers, C hidden size, V vocab.
 
 With ``cross_layer="none"`` this is exactly Hugging Face's ``Qwen3ForCausalLM`` (same state-dict keys, same math).
-Cross-layer methods enter through two seams only: the residual seam (``residual.py``, registry ``RESIDUAL``) and the
-value seam (Depth-Attention, ``depth_attention.py``). One model, one cache, one generation path.
+Cross-layer methods enter through two seams only, both read from the method's record (``depthattn.cross_layer``):
+the residual seam (the record's ``layer`` / ``model`` modules) and the value seam (its ``plan``; Depth-Attention).
+One model, one cache, one generation path.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from .attention import Attention
 from .cache import KVCache
 from .checks import IGNORE_INDEX, check_forward_inputs
 from .config import ModelConfig
-from .depth_attention import model_plan, source_layers
+from .cross_layer import get as method_record, source_layers
 from .functional import causal_padding_mask, rope_cos_sin, rope_inv_freq
 from .layers import RMSNorm, SwiGLU
-from .residual import RESIDUAL
 
 
 @dataclass
@@ -43,7 +43,7 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, device=device)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
-        self.cross_layer = RESIDUAL[cfg.cross_layer][0](cfg, layer_idx, device=device)
+        self.cross_layer = method_record(cfg.cross_layer).layer(cfg, layer_idx, device=device)
 
     def forward(self, state, sources, cos, sin, mask, cache=None, layer_idx=0, cache_start=0):
         """Returns the new residual state and this layer's (K̂, Ṽ) ``[B, K, T, D]`` for later depth sources."""
@@ -65,7 +65,7 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device=device)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, device=device) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
-        self.cross_layer = RESIDUAL[cfg.cross_layer][1](cfg, device=device)
+        self.cross_layer = method_record(cfg.cross_layer).model(cfg, device=device)
 
 
 class DecoderLM(nn.Module):
@@ -84,8 +84,8 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        #: Static Depth-Attention plan over virtual layers (empty tuples for other methods).
-        self.plan = model_plan(cfg)
+        #: Static value-seam plan over virtual layers from the method's record (empty tuples without a value seam).
+        self.plan = method_record(cfg.cross_layer).plan(cfg)
         self.sources = source_layers(self.plan)
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, device=device), persistent=False)
         #: Set from outside (``parallelize.apply_activation_checkpointing``); non-reentrant, training only.
@@ -105,7 +105,7 @@ class DecoderLM(nn.Module):
         model.layers.*.mlp.{gate,up,down}_proj    N(0, initializer_range²)
         lm_head.weight (untied)                   N(0, initializer_range²)
         all RMSNorm weights (incl. q/k_norm)      ones
-        *.cross_layer.*                           the method's ``init_weights(cfg)``, rows below
+        *.cross_layer.*                           the method's ``init_weights(cfg)`` (cross_layer/<method>.py)
         layers.*.cross_layer.alpha (denseformer)  α_{i,i} = 1, others 0 (exactly vanilla)
         *.connectors.*.norm.weight (mhc)          ones
         *.connectors.*.phi.weight (mhc)           N(0, initializer_range²)

@@ -6,12 +6,14 @@ Recipe (spec-depth-attention.md §12, the authors' released configs): AdamW β =
 
 Weight-decay groups (spec-baselines.md §8, "recommendation"): a parameter decays iff it is the weight matrix of an
 ``nn.Linear`` or ``nn.Embedding`` (every projection incl. mHC's φ, the token embedding, the untied LM head) and its
-name matches no pattern in ``NO_DECAY_PATTERNS``. Nothing else decays, whatever its shape: RMSNorm gains (incl.
-``q_norm`` / ``k_norm`` and mHC's ``norm.weight``), DenseFormer ``alpha``, mHC ``alpha`` / ``bias`` / ``readout``,
-and AttnRes ``query`` (w) / ``key_gain`` (g) / ``recency_bias`` (b). AttnRes stacks w and g into ``[A, C]`` matrices,
-so a shape rule (``ndim >= 2``) would wrongly decay them; the rule is by module type, and ``NO_DECAY_PATTERNS`` names
-the cross-layer mixing parameters as well so that a future refactor into ``nn.Linear`` cannot silently decay them.
-``param_groups`` returns the decision per name; the run folder logs it in ``param_groups.json`` with ``DECAY_RULE``.
+name matches no pattern of ``no_decay_patterns()``: ``NO_DECAY_PATTERNS`` (norm gains) plus each registered
+cross-layer method's ``no_decay`` names (its ``MethodRecord``). Nothing else decays, whatever its shape: RMSNorm gains
+(incl. ``q_norm`` / ``k_norm`` and mHC's ``norm.weight``), DenseFormer ``alpha``, mHC ``alpha`` / ``bias`` /
+``readout``, and AttnRes ``query`` (w) / ``key_gain`` (g) / ``recency_bias`` (b). AttnRes stacks w and g into
+``[A, C]`` matrices, so a shape rule (``ndim >= 2``) would wrongly decay them; the rule is by module type, and the
+records name the cross-layer mixing parameters as well so that a future refactor into ``nn.Linear`` cannot silently
+decay them. ``param_groups`` returns the decision per name; the run folder logs it in ``param_groups.json`` with
+``DECAY_RULE``.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ import re
 import torch
 from torch import nn
 
-#: Regular expressions (``re.search`` on the parameter name) of parameters that never decay; methods may append.
-#: Norm gains, DWA α, mHC α / b / readout, AttnRes w / g / b (spec-baselines.md §8).
+from . import cross_layer
+
+#: Regular expressions (``re.search`` on the parameter name) of parameters that never decay, whatever the method:
+#: norm gains (spec-baselines.md §8). The methods' own names come from their records (``no_decay_patterns``).
 NO_DECAY_PATTERNS: list[str] = [
     r"norm\.weight$",
-    r"(^|\.)cross_layer\.(alpha|bias|readout|query|key_gain|recency_bias)$",
-    r"(^|\.)cross_layer\.connectors\.\d+\.(alpha|bias)$",
 ]
 
 #: The rule, as logged in ``param_groups.json``.
@@ -35,12 +37,18 @@ DECAY_RULE = ("spec-baselines.md §8: decay the weights of nn.Linear / nn.Embedd
               "LM head); never norm gains, DWA alpha, mHC alpha/bias/readout, AttnRes query/key_gain/recency_bias")
 
 
+def no_decay_patterns() -> list[str]:
+    """``NO_DECAY_PATTERNS`` plus, for every registered cross-layer method, its record's ``no_decay`` names anchored
+    below a ``cross_layer`` module (DWA α, mHC α / b / readout, AttnRes w / g / b; spec-baselines.md §8)."""
+    return NO_DECAY_PATTERNS + [rf"(^|\.)cross_layer\.(?:{p})$" for r in cross_layer.records() for p in r.no_decay]
+
+
 def decays(name: str, param: torch.Tensor, module: nn.Module | None) -> bool:
     """Whether parameter ``name`` (owned directly by ``module``) gets weight decay (module docstring): the 2-D
-    weight of an ``nn.Linear`` / ``nn.Embedding`` whose name matches no ``NO_DECAY_PATTERNS``."""
+    weight of an ``nn.Linear`` / ``nn.Embedding`` whose name matches no ``no_decay_patterns()``."""
     if param.ndim != 2 or not isinstance(module, (nn.Linear, nn.Embedding)) or not name.endswith("weight"):
         return False
-    return not any(re.search(p, name) for p in NO_DECAY_PATTERNS)
+    return not any(re.search(p, name) for p in no_decay_patterns())
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> tuple[list[dict], dict[str, list[str]]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import CROSS_LAYER_METHODS
+from ..cross_layer import names as method_names
 
 #: Plain-text ``--help`` description (argparse prints it verbatim).
 DESCRIPTION = """\
@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.from_qwen3) == bool(args.to_qwen3):
         raise ValueError("give exactly one of --from-qwen3 DIR or --to-qwen3 CKPT")
     if args.from_qwen3:
-        if args.cross_layer not in CROSS_LAYER_METHODS:
-            raise ValueError(f"--cross-layer {args.cross_layer!r} is not one of {CROSS_LAYER_METHODS}")
+        if args.cross_layer not in method_names():
+            raise ValueError(f"--cross-layer {args.cross_layer!r} is not one of {method_names()}")
         model, copied = convert_from_qwen3(args.from_qwen3, args.out, overwrite=args.overwrite,
                                            cross_layer=args.cross_layer)
         print(f"wrote depthattn checkpoint {args.out} (cross_layer={model.config.cross_layer}, "
@@ -60,5 +60,5 @@ def register(sub) -> None:
                    help="depthattn checkpoint with cross_layer='none', or a run folder (its newest checkpoint)")
     p.add_argument("--out", required=True, help="output folder (written atomically)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
-    p.add_argument("--cross-layer", default="none", help=f"method for --from-qwen3, one of {CROSS_LAYER_METHODS}")
+    p.add_argument("--cross-layer", default="none", help=f"method for --from-qwen3, one of {method_names()}")
     p.set_defaults(func=run)

@@ -18,7 +18,8 @@ import json
 import torch
 
 from ..accounting import inflight_bytes_per_token, kv_cache_bytes_per_token, num_flops, num_params
-from ..config import CROSS_LAYER_METHODS, LOOPABLE_METHODS, PRESETS, ModelConfig, check_keys
+from ..config import PRESETS, ModelConfig, check_keys
+from ..cross_layer import loopable as loopable_methods, names as method_names
 
 
 def inspect_rows(preset: str, methods: list[str], loops: int, seq_len: int, prompt_len: int = 2048,
@@ -85,12 +86,12 @@ def parse_overrides(items: list[str]) -> dict:
 def run(args: argparse.Namespace) -> int:
     """Print the cost table of ``--preset`` for the ``--cross-layer`` methods."""
     if args.cross_layer in (None, "all"):  # with loops > 1: only the methods for which looping is defined
-        methods = list(CROSS_LAYER_METHODS if args.loops == 1 else LOOPABLE_METHODS)
+        methods = list(method_names() if args.loops == 1 else loopable_methods())
     else:
         methods = [m.strip() for m in args.cross_layer.split(",") if m.strip()]
     for m in methods:
-        if m not in CROSS_LAYER_METHODS:
-            raise ValueError(f"--cross-layer {m!r} is not one of {CROSS_LAYER_METHODS} (or 'all')")
+        if m not in method_names():
+            raise ValueError(f"--cross-layer {m!r} is not one of {method_names()} (or 'all')")
     if args.prompt_len < 1:
         raise ValueError(f"--prompt-len {args.prompt_len} must be >= 1")
     if args.seq_len < 1:

@@ -22,14 +22,18 @@ with the default φ (the dynamic logits add noise of order α · σ · √(nC)).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .functional import rms_norm
-from .layers import RMSNorm
+from ..functional import rms_norm
+from ..layers import RMSNorm
+from .registry import MethodRecord
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 _CLAMP = 1e-12
 
@@ -184,3 +188,15 @@ class MHCStreams(nn.Module):
     def end(self, X_BTSC: Tensor) -> Tensor:
         w = torch.softmax(self.readout.float(), dim=0).to(X_BTSC.dtype)
         return torch.einsum("s,btsc->btc", w, X_BTSC)
+
+
+RECORD = MethodRecord(
+    name="mhc",
+    at_init="vanilla to rounding with φ = 0; near-vanilla with the default φ",
+    layer=MHC,
+    model=MHCStreams,
+    extra_params=extra_params,
+    extra_flops=extra_flops,
+    inflight_elements=inflight_elements,
+    no_decay=(r"connectors\.\d+\.(alpha|bias)", r"readout"),  # α, b, readout; φ decays (spec-baselines.md §8)
+)

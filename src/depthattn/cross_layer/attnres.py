@@ -29,12 +29,15 @@ State through depth: Kimi ``(blocks, partial)`` (tuple of completed block sums, 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from .registry import MethodRecord
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 
 # ----------------------------------------------------------------------------- static structure
@@ -215,3 +218,16 @@ class AttnResFinal(_Aggregators):
 
     def mix_weights(self, state) -> Tensor:
         return self.mix(state, 0)[1]
+
+
+RECORD = MethodRecord(
+    name="attnres",
+    at_init="Kimi form: vanilla up to each norm's eps, scaled by the square of its source count (vanilla to rounding "
+            "when rms_norm_eps = 0); recency variant: not vanilla in deep layers, by design (e^b weighting)",
+    layer=AttnRes,
+    model=AttnResFinal,
+    extra_params=extra_params,
+    extra_flops=extra_flops,
+    inflight_elements=inflight_elements,
+    no_decay=(r"query|key_gain|recency_bias",),  # w, g, b: stacked [A, C] matrices, yet never decayed (§8)
+)

@@ -1,4 +1,4 @@
-"""The residual seam: how each sublayer's input is formed and how its output is written back.
+"""The plain residual (``cross_layer="none"``) and the residual-seam protocol every method implements.
 
 Every block has two sublayers, 0 = attention and 1 = MLP. A method provides
 
@@ -10,23 +10,22 @@ Every block has two sublayers, 0 = attention and 1 = MLP. A method provides
 
 ``state`` is whatever the method carries through depth for the current tokens (in-flight state, never persisted
 across decode steps): a tensor ``[B, T, C]`` for the plain residual, a tuple of tensors otherwise. Methods are
-registry entries; the model code is shared. Depth-Attention uses the value seam instead (``depth_attention.py``), so
-it takes the plain residual.
+registry entries (``cross_layer.registry``); the model code is shared. Depth-Attention uses the value seam instead
+(``cross_layer/depth_attention.py``), so it takes the plain residual.
 
-Registered methods (spec-baselines.md): ``none`` / ``depth_attention`` (plain residual), ``denseformer``
-(``denseformer.py``, §3), ``mhc`` (``mhc.py``, §5), ``attnres`` (``attnres.py``, §6).
+**At init:** ``none`` is the plain Qwen3 decoder; it has no parameters, so there is nothing to initialise.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
-from .attnres import AttnRes, AttnResFinal
-from .config import ModelConfig
-from .denseformer import DWA, DWAStart
-from .mhc import MHC, MHCStreams
+from .registry import MethodRecord
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 
 class Residual(nn.Module):
@@ -51,12 +50,20 @@ class Residual(nn.Module):
         """Nothing to initialise."""
 
 
-#: name -> (layer module factory, model module factory). Factories take (cfg, layer_idx, device=None) and
-#: (cfg, device=None).
-RESIDUAL: dict[str, tuple[Callable[[ModelConfig, int], nn.Module], Callable[[ModelConfig], nn.Module]]] = {
-    "none": (lambda cfg, i, device=None: Residual(), lambda cfg, device=None: Residual()),
-    "depth_attention": (lambda cfg, i, device=None: Residual(), lambda cfg, device=None: Residual()),
-    "denseformer": (DWA, DWAStart),
-    "mhc": (MHC, MHCStreams),
-    "attnres": (AttnRes, AttnResFinal),
-}
+def residual_layer(cfg: ModelConfig, layer_idx: int, device=None) -> Residual:
+    """Layer-module factory of the plain residual (for any method that keeps it)."""
+    return Residual()
+
+
+def residual_model(cfg: ModelConfig, device=None) -> Residual:
+    """Model-module factory of the plain residual (for any method that keeps it)."""
+    return Residual()
+
+
+RECORD = MethodRecord(
+    name="none",
+    at_init="the plain Qwen3 decoder (no parameters)",
+    layer=residual_layer,
+    model=residual_model,
+    loopable=True,
+)

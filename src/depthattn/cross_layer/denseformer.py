@@ -15,12 +15,15 @@ State through depth: ``(h, history)`` with ``h`` the current hidden state ``[B, 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from .registry import MethodRecord
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 
 # ----------------------------------------------------------------------------- static structure
@@ -122,3 +125,15 @@ class DWAStart(nn.Module):
 
     def end(self, state) -> Tensor:
         return state[0]
+
+
+RECORD = MethodRecord(
+    name="denseformer",
+    at_init="exactly vanilla (α_{i,i} = 1, others 0)",
+    layer=DWA,
+    model=DWAStart,
+    extra_params=extra_params,
+    extra_flops=extra_flops,
+    inflight_elements=inflight_elements,
+    no_decay=(r"alpha",),  # DWA α (spec-baselines.md §8)
+)
