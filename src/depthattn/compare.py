@@ -19,7 +19,8 @@ from typing import Any, Callable
 import torch
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
-from .config import CROSS_LAYER_METHODS, ModelConfig, atomic_write_text
+from .config import CROSS_LAYER_METHODS, ModelConfig
+from .fileio import atomic_write_text
 from .runs import RUN_FILE, SUMMARY_FILE, checkpoint_dirs, config_differences, read_metrics, read_run
 from .train import train
 from .train_config import TrainConfig, resolve_model_config
