@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from depthattn.data.corpus import write_corpus  # noqa: E402 (after sys.path)
-from depthattn.data.sources import source_documents  # noqa: E402
+from depthattn.data.sources.catalogue import source_documents  # noqa: E402
 
 #: source -> predicate over document ids (``None`` keeps every document)
 SELECTION = {

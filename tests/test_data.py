@@ -19,27 +19,24 @@ import numpy as np
 import pytest
 import torch
 
+from depthattn.commands import data_cmd as data_cli
 from depthattn.data import (
     EOS_TOKEN,
+    Document,
     TokenBatches,
     embedded_corpus_documents,
     embedded_manifest,
     load_prepared,
     prepare_corpus,
     sequential_batches,
-    shards,
     split_documents,
 )
-from depthattn.data import cli as data_cli
+from depthattn.data import prepare as prepare_module
 from depthattn.data.corpus import EMBEDDED_DIR, read_corpus_dir
-from depthattn.data.sources import (
-    Document,
-    MissingToolError,
-    clean_osis,
-    read_r_lazyload,
-    read_sword_module,
-    strip_gutenberg,
-)
+from depthattn.data.sources.rds import read_r_lazyload
+from depthattn.data.sources.registry import MissingToolError
+from depthattn.data.sources.sword import clean_osis, read_sword_module
+from depthattn.data.sources.text import strip_gutenberg
 
 SLICE_IDS = ("sotu/1790_george_washington_n", "sotu/1810_james_madison_dr", "sotu/1951_harry_s_truman_d")
 
@@ -244,8 +241,8 @@ def test_tokenizer_round_trips_real_text(prepared, docs):
 def test_literal_eos_in_text_is_not_a_document_end(prepared, docs, tmp_path):
     text = docs[SLICE_IDS[0]][:2000]
     tok = load_prepared(prepared).tokenizer
-    ids = shards._encode_split(tok, [Document("a", f"{text}{EOS_TOKEN}{text}")], 0, "uint16", tmp_path / "x.bin",
-                               "encode test", False)
+    ids = prepare_module._encode_split(tok, [Document("a", f"{text}{EOS_TOKEN}{text}")], 0, "uint16",
+                                       tmp_path / "x.bin", "encode test", False)
     arr = np.fromfile(tmp_path / "x.bin", dtype=np.uint16)
     assert ids["tokens"] == len(arr) and int((arr == 0).sum()) == 1 and arr[-1] == 0
     assert tok.decode(arr[:-1].tolist()) == f"{text}{EOS_TOKEN}{text}"
@@ -357,7 +354,7 @@ def test_failure_while_writing_keeps_previous_files(prepared, slice_jsonl, tmp_p
     for p in prepared.iterdir():
         (out / p.name).write_bytes(p.read_bytes())
     before = _snapshot(out)
-    real = shards._encode_split
+    real = prepare_module._encode_split
 
     def encode_then_fail(tok, docs, eos_id, dtype, path, desc, progress):
         stats = real(tok, docs, eos_id, dtype, path, desc, progress)
@@ -365,7 +362,7 @@ def test_failure_while_writing_keeps_previous_files(prepared, slice_jsonl, tmp_p
             raise OSError("disk full")
         return stats
 
-    monkeypatch.setattr(shards, "_encode_split", encode_then_fail)
+    monkeypatch.setattr(prepare_module, "_encode_split", encode_then_fail)
     with pytest.raises(OSError, match="disk full"):
         prepare_corpus(out, [str(slice_jsonl)], vocab_size=300, val_fraction=0.2, seed=7, progress=False)
     assert _snapshot(out) == before  # no temp files left, nothing replaced

@@ -8,43 +8,17 @@ and every shape, and raises ``ValueError`` naming the file on any mismatch.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from typing import Callable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
+from .fileio import write_folder_atomically
 from .model import DecoderLM
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
-
-
-def write_folder_atomically(path: str | os.PathLike, fill: Callable[[str], None]) -> None:
-    """Create folder ``path`` by calling ``fill(tmpdir)`` on a temporary sibling, then renaming it into place.
-
-    An existing folder at ``path`` is replaced only after ``fill`` succeeded.
-    """
-    path = os.path.abspath(os.fspath(path))
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".tmp-{os.path.basename(path)}-")
-    try:
-        fill(tmp)
-        if os.path.exists(path):
-            old = tempfile.mkdtemp(dir=parent, prefix=f".old-{os.path.basename(path)}-")
-            os.rmdir(old)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def model_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:

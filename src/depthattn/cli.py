@@ -15,7 +15,7 @@ from . import __version__
 #: (module, attribute) pairs; each module's ``register(subparsers)`` adds its commands.
 COMMAND_MODULES = (
     "depthattn.commands.inspect_cmd",
-    "depthattn.data.cli",
+    "depthattn.commands.data_cmd",
     "depthattn.commands.convert_cmd", "depthattn.commands.analyze_cmd",
     "depthattn.commands.train_cmd", "depthattn.commands.eval_cmd", "depthattn.commands.generate_cmd",
     "depthattn.commands.compare_cmd",

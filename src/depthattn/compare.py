@@ -19,8 +19,9 @@ from typing import Any, Callable
 import torch
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
-from .config import ModelConfig, atomic_write_text
+from .config import ModelConfig
 from .cross_layer import names as method_names
+from .fileio import atomic_write_text
 from .runs import RUN_FILE, SUMMARY_FILE, checkpoint_dirs, config_differences, read_metrics, read_run
 from .train import train
 from .train_config import TrainConfig, resolve_model_config

@@ -15,11 +15,11 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .cross_layer import loopable as loopable_methods, names as method_names
+from .fileio import atomic_write_text
 
 
 @dataclass
@@ -187,24 +187,6 @@ def read_json_object(path: str | os.PathLike, what: str = "file") -> dict[str, A
     if not isinstance(values, dict):
         raise ValueError(f"{what} {os.fspath(path)!r} must hold a JSON object")
     return values
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # Paper-scale shapes come from spec-depth-attention.md §12 (the authors' released configs).

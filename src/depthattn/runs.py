@@ -12,7 +12,7 @@ A *run folder* holds::
                                  trainer_state.pt (optimizer, scheduler, RNG states, step, tokens seen, data position)
 
 Every file is written atomically and every checkpoint folder is assembled under a temporary name
-(``checkpoint.write_folder_atomically``), so a failure never damages what is already there.
+(``fileio.write_folder_atomically``), so a failure never damages what is already there.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt
-from .config import atomic_write_text
+from .fileio import atomic_write_text, write_folder_atomically
 from .model import DecoderLM
 from .train_config import RESUMABLE_KEYS, TrainConfig
 
@@ -233,7 +233,7 @@ def _save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, da
         atomic_write_text(os.path.join(tmp, TRAIN_CONFIG_FILE), json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         torch.save(state, os.path.join(tmp, STATE_FILE))
 
-    ckpt.write_folder_atomically(target, fill)
+    write_folder_atomically(target, fill)
     for old in checkpoint_dirs(run_dir)[:-train_cfg.keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return target

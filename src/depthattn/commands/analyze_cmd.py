@@ -24,7 +24,7 @@ the checkpoint's tokenizer.json (or --tokenizer PATH); --data reads the validati
 def run(args: argparse.Namespace) -> int:
     from ..analyze import depth_weight_means, heatmap
     from ..checkpoint import load_model
-    from ..config import atomic_write_text
+    from ..fileio import atomic_write_text
     from ..runs import TOKENIZER_FILE, latest_checkpoint
 
     if bool(args.prompt) == bool(args.data):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import inspect
 import json
 import os
@@ -12,7 +11,7 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint as ckpt
-from ..config import atomic_write_text
+from ..fileio import atomic_write_text, sha256_file
 from ..runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, latest_checkpoint, run_of_checkpoint
 from ..train import autocast_dtype, resolve_device
 
@@ -36,10 +35,6 @@ def load_for_inference(path: str | os.PathLike, device: str = "auto", device_opt
     return model, tokenizer, folder, dev
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def eval_data_dir(folder: Path, data: str | None) -> Path:
     """``--data`` if given (its tokenizer must be the checkpoint's), else the data the run was trained on."""
     if data is None:
@@ -51,7 +46,7 @@ def eval_data_dir(folder: Path, data: str | None) -> Path:
     tok = data / TOKENIZER_FILE
     if not tok.is_file():
         raise FileNotFoundError(f"{tok} not found: {data} is not a prepared data folder")
-    if _sha256(tok) != _sha256(folder / TOKENIZER_FILE):
+    if sha256_file(tok) != sha256_file(folder / TOKENIZER_FILE):
         raise ValueError(f"tokenizer mismatch: {tok} differs from the checkpoint's {folder / TOKENIZER_FILE}; "
                          f"evaluate on data prepared with the checkpoint's tokenizer (data prepare --tokenizer)")
     return data

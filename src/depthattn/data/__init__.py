@@ -9,15 +9,9 @@ See docs/data.md.
 """
 
 from depthattn.data.corpus import embedded_corpus_documents, embedded_manifest, read_corpus_dir, verify_corpus
-from depthattn.data.shards import (
-    PreparedData,
-    TokenBatches,
-    load_prepared,
-    prepare_corpus,
-    sequential_batches,
-    split_documents,
-)
-from depthattn.data.sources import Document
+from depthattn.data.document import Document
+from depthattn.data.prepare import prepare_corpus, split_documents
+from depthattn.data.shards import PreparedData, TokenBatches, load_prepared, sequential_batches
 from depthattn.data.tokenizer import EOS_TOKEN, load_tokenizer, train_bpe
 
 __all__ = [

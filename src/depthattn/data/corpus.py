@@ -1,4 +1,4 @@
-"""The document-corpus format, the embedded corpus, and atomic file writes.
+"""The document-corpus format and the embedded corpus.
 
 A *corpus folder* (the embedded corpus under ``depthattn/data/corpus/`` and every ``depthattn data fetch`` output)
 holds one ``<source>.jsonl.gz`` per source -- one JSON object per line with ``id``, ``source``, ``title`` and
@@ -14,62 +14,17 @@ byte-identical files (and sha256).
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import hashlib
 import io
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from depthattn.data.sources import Document
+from depthattn.data.document import Document
+from depthattn.fileio import atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file
 
 CORPUS_FORMAT = "depthattn-corpus"
 EMBEDDED_DIR = Path(__file__).resolve().parent / "corpus"
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# atomic writes
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success it replaces ``path`` (``os.replace``), else is removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; written files are ordinary data files
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
-def atomic_write_json(path: str | Path, obj: object) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# writing and reading corpus folders
 
 
 def encode_documents(docs: Iterable[Document]) -> bytes:
@@ -95,7 +50,7 @@ def write_corpus(out_dir: str | Path, sources: list[tuple[dict, list[Document]]]
         file = f"{entry['name']}.jsonl.gz"
         atomic_write_bytes(out_dir / file, data)
         entries.append({**entry, "documents": len(docs), "characters": sum(len(d.text) for d in docs),
-                        "file": file, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+                        "file": file, "bytes": len(data), "sha256": sha256_bytes(data)})
     manifest = {"format": CORPUS_FORMAT, "format_version": 1, "name": name,
                 "documents": sum(e["documents"] for e in entries),
                 "characters": sum(e["characters"] for e in entries),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from depthattn.data.corpus import EMBEDDED_DIR, is_corpus_dir, read_corpus_dir, read_jsonl_documents
-from depthattn.data.sources import Document
+from depthattn.data.document import Document
 
 
 def _read_txt(path: Path) -> Document:

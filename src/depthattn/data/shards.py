@@ -1,5 +1,7 @@
-"""Tokenised, memory-mappable shards: ``prepare_corpus`` writes them, ``load_prepared`` reads them back, and
-``TokenBatches`` samples training windows from them as a pure function of ``(seed, step)``.
+"""Prepared data folders, read back: ``load_prepared`` validates one and memory-maps its token files,
+``data_fingerprint`` condenses what determines its token streams into one hash, and ``TokenBatches`` samples
+training windows from them as a pure function of ``(seed, step)`` (``sequential_batches``: evaluation windows).
+:mod:`depthattn.data.prepare` writes the folders.
 
 Legend: ``B`` batch, ``T`` sequence length (a window holds ``T + 1`` tokens: inputs and shifted targets),
 ``N`` tokens in a split.
@@ -16,239 +18,25 @@ A prepared folder holds::
 ``data_fingerprint(meta)`` condenses what determines the token streams (tokenizer hash, dtype, seed, val_fraction,
 held-out document ids, per-split counts and .bin hashes) into one hash: runs record it and refuse to resume on
 other data.
-
-Bits per byte counts each token's bytes with ``tokenizer.token_byte_lengths`` (the byte-level alphabet), so prepare
-checks, document by document, that the tokens' byte lengths add up to the text's UTF-8 bytes, and refuses a tokenizer
-for which they do not (a normalizer, a Metaspace pre-tokenizer, unknown tokens).
-
-Every file is first written under a temporary name in the folder and renamed only when all of them are complete,
-with meta.json last, so a failed run leaves the previous contents of the folder as they were.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
 import json
-import os
-import random
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from tqdm.auto import tqdm
 
-from depthattn.data.inputs import read_inputs
-from depthattn.data.sources import Document
-from depthattn.data.tokenizer import (EOS_TOKEN, load_tokenizer, sha256_bytes, token_byte_lengths, tokenizer_bytes,
-                                      train_bpe)
+from depthattn.data.tokenizer import load_tokenizer
+from depthattn.fileio import sha256_bytes
 
 META_FORMAT = "depthattn-prepared"
 SPLITS = ("train", "val")
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-UINT16_MAX_VOCAB = 1 << 16
-
-
-def _package_version() -> str:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-        return version("depthattn")
-    except (ImportError, PackageNotFoundError):
-        return "unknown"
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# splitting
-
-
-#: Why a single document cannot be prepared, and what to do instead.
-SPLIT_HINT = ("need at least 2 documents to split into train and validation (whole documents are held out), got {n}; "
-              "pass several .txt files (one file = one document, e.g. a folder of them) or a .jsonl file (one line = "
-              "one document), e.g. split one long text into chapters saved as separate files")
-
-
-def split_documents(docs: list[Document], val_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:
-    """Hold out whole documents for validation, about ``val_fraction`` of the characters; deterministic in ``seed``.
-
-    Documents are visited in a seeded shuffle; one joins validation while validation is below its character target
-    and adding it stays within 1.5x of the target (so one long novel cannot swallow the split). If none fits, the
-    shortest document is held out. Both splits always get at least one document; input order is kept within each.
-    """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    if len(docs) < 2:
-        raise ValueError(SPLIT_HINT.format(n=len(docs)))
-    total = sum(len(d.text) for d in docs)
-    target = val_fraction * total
-    order = list(range(len(docs)))
-    random.Random(seed).shuffle(order)
-    val: set[int] = set()
-    val_chars = 0
-    for i in order:
-        if val_chars >= target:
-            break
-        if val_chars + len(docs[i].text) <= 1.5 * target and len(val) < len(docs) - 1:
-            val.add(i)
-            val_chars += len(docs[i].text)
-    if not val:
-        val.add(min(order, key=lambda i: len(docs[i].text)))  # min() keeps the first (shuffled) among ties
-    return [d for i, d in enumerate(docs) if i not in val], [d for i, d in enumerate(docs) if i in val]
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# prepare
-
-
-def _resolve_dtype(dtype: str, vocab_size: int) -> str:
-    if dtype not in ("auto", *DTYPES):
-        raise ValueError(f"--dtype must be auto, uint16 or uint32, got {dtype!r}")
-    if dtype == "auto":
-        return "uint16" if vocab_size <= UINT16_MAX_VOCAB else "uint32"
-    if dtype == "uint16" and vocab_size > UINT16_MAX_VOCAB:
-        raise ValueError(f"--dtype uint16 cannot hold a vocabulary of {vocab_size} tokens "
-                         f"(at most {UINT16_MAX_VOCAB}); use --dtype uint32 or auto")
-    return dtype
-
-
-def _encode_split(tok: Tokenizer, docs: list[Document], eos_id: int, dtype: str, path: Path, desc: str,
-                  progress: bool) -> dict:
-    """Encode ``docs`` (each followed by EOS) into ``path``; returns the split's counts.
-
-    A literal ``<|endoftext|>`` inside a document is encoded as plain text, so only the appended EOS ids mark
-    document ends.
-    """
-    tok.encode_special_tokens = True
-    try:
-        return _encode_split_inner(tok, docs, eos_id, dtype, path, desc, progress)
-    finally:
-        tok.encode_special_tokens = False
-
-
-def _encode_split_inner(tok: Tokenizer, docs: list[Document], eos_id: int, dtype: str, path: Path, desc: str,
-                        progress: bool) -> dict:
-    """The counts of ``_encode_split``, the sha256 of the written file, and under ``"byte_mismatch"`` (popped by
-    ``prepare_corpus``) the first document whose tokens' byte lengths do not add up to its UTF-8 bytes, or None."""
-    n_tokens = n_bytes = n_chars = 0
-    batch: list[str] = []
-    batch_docs: list[Document] = []
-    byte_len = token_byte_lengths(tok)
-    digest = hashlib.sha256()
-    mismatch: dict | None = None
-    with open(path, "wb") as f, tqdm(total=sum(len(d.text) for d in docs), unit="char", unit_scale=True, desc=desc,
-                                     disable=not progress) as bar:
-        def flush() -> None:
-            nonlocal n_tokens, mismatch
-            for doc, enc in zip(batch_docs, tok.encode_batch(batch, add_special_tokens=False)):
-                ids = np.asarray(enc.ids + [eos_id], dtype=DTYPES[dtype])
-                raw = ids.tobytes()
-                f.write(raw)
-                digest.update(raw)
-                n_tokens += ids.size
-                if mismatch is None:
-                    counted, actual = int(byte_len[ids[:-1].astype(np.int64)].sum()), len(doc.text.encode("utf-8"))
-                    if counted != actual:
-                        mismatch = {"document": doc.id, "token_bytes": counted, "utf8_bytes": actual}
-            bar.update(sum(len(t) for t in batch))
-            batch.clear()
-            batch_docs.clear()
-
-        for d in docs:
-            batch.append(d.text)
-            batch_docs.append(d)
-            n_bytes += len(d.text.encode("utf-8"))
-            n_chars += len(d.text)
-            if sum(len(t) for t in batch) >= 1 << 22:
-                flush()
-        if batch:
-            flush()
-    return {"file": path.name, "tokens": n_tokens, "bytes": n_bytes, "characters": n_chars, "documents": len(docs),
-            "sha256": digest.hexdigest(), "byte_mismatch": mismatch}
-
-
-def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, vocab_size: int = 8192,
-                   tokenizer: str | Path | None = None, val_fraction: float = 0.05, seed: int = 0,
-                   dtype: str = "auto", progress: bool = True, log: Callable[[str], None] | None = print) -> dict:
-    """Split documents, train (or load) a tokenizer, and write ``tokenizer.json``, ``train.bin``, ``val.bin`` and
-    ``meta.json`` to ``out_dir``; returns the meta dict.
-
-    ``inputs``: see :mod:`depthattn.data.inputs` (default: the embedded corpus). ``tokenizer``: an existing
-    ``tokenizer.json`` with an ``<|endoftext|>`` token; when given, ``vocab_size`` is ignored. ``dtype``:
-    ``auto`` picks uint16 up to 65,536 tokens, else uint32. ``log`` (None: silent): one-line notes (skipped
-    files, a trained vocabulary smaller than ``vocab_size``, and with ``progress`` the tokenizer training).
-    """
-    out_dir = Path(out_dir)
-    if tokenizer is None:  # fail fast on options before any work
-        if vocab_size < 257:
-            raise ValueError(f"--vocab-size must be at least 257 (256 bytes + {EOS_TOKEN}), got {vocab_size}")
-        _resolve_dtype(dtype, vocab_size)
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"{out_dir}: --out exists and is not a folder")
-    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
-    if tok is not None:
-        _resolve_dtype(dtype, tok.get_vocab_size(with_added_tokens=True))
-
-    log = log or (lambda _msg: None)
-    docs, records = read_inputs(inputs, log)
-    train_docs, val_docs = split_documents(docs, val_fraction, seed)
-    if tok is None:
-        if progress:
-            log(f"training a byte-level BPE tokenizer (vocabulary {vocab_size:,d}) on {len(train_docs):,d} "
-                f"documents, {sum(len(d.text) for d in train_docs):,d} characters")
-        # the tokenizers library's own progress display prints blank lines to stdout: keep it off
-        tok = train_bpe((d.text for d in train_docs), vocab_size=vocab_size, show_progress=False)
-        if tok.get_vocab_size(with_added_tokens=True) < vocab_size:
-            log(f"note: the trained vocabulary has {tok.get_vocab_size(with_added_tokens=True):,d} tokens, fewer "
-                f"than --vocab-size {vocab_size:,d}: the training text has no more pairs that occur at least twice")
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    dtype = _resolve_dtype(dtype, vocab)
-    eos_id = tok.token_to_id(EOS_TOKEN)
-    tok_bytes = tokenizer_bytes(tok)
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    finals = {"tokenizer": out_dir / "tokenizer.json", "train": out_dir / "train.bin", "val": out_dir / "val.bin",
-              "meta": out_dir / "meta.json"}
-    temps: dict[str, Path] = {}
-    try:
-        for key, final in finals.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=out_dir)
-            os.close(fd)
-            temps[key] = Path(tmp)
-        temps["tokenizer"].write_bytes(tok_bytes)
-        splits = {}
-        for name, split_docs in (("train", train_docs), ("val", val_docs)):
-            splits[name] = _encode_split(tok, split_docs, eos_id, dtype, temps[name], f"encode {name}", progress)
-            splits[name]["file"] = finals[name].name
-            bad = splits[name].pop("byte_mismatch", None)
-            if bad is not None:
-                source = f"tokenizer {tokenizer}" if tokenizer is not None else "the trained tokenizer"
-                raise ValueError(
-                    f"{source} does not preserve bytes: the tokens of {name} document {bad['document']!r} stand for "
-                    f"{bad['token_bytes']} bytes by the byte-level alphabet, but its text has {bad['utf8_bytes']} "
-                    f"UTF-8 bytes; bits per byte needs a byte-level BPE without normalizer (ByteLevel pre-tokenizer "
-                    f"and decoder, no normalizer), e.g. one trained by `depthattn data prepare` without --tokenizer")
-        meta = {
-            "format": META_FORMAT, "format_version": 1, "package_version": _package_version(),
-            "tokenizer_file": "tokenizer.json", "tokenizer_sha256": sha256_bytes(tok_bytes),
-            "tokenizer_source": str(tokenizer) if tokenizer is not None else "trained",
-            "vocab_size": vocab, "eos_token": EOS_TOKEN, "eos_token_id": eos_id, "dtype": dtype,
-            "seed": seed, "val_fraction": val_fraction, "sources": records, "splits": splits,
-            "val_document_ids": [d.id for d in val_docs],
-        }
-        temps["meta"].write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        for key in ("tokenizer", "train", "val", "meta"):  # meta.json last: it vouches for the others
-            os.chmod(temps[key], 0o644)
-            os.replace(temps.pop(key), finals[key])
-    finally:
-        for tmp in temps.values():
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-    return meta
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -265,7 +53,7 @@ def data_fingerprint(meta: dict) -> str:
     keyed = {"tokenizer_sha256": meta.get("tokenizer_sha256"), "dtype": meta.get("dtype"), "seed": meta.get("seed"),
              "val_fraction": meta.get("val_fraction"), "val_document_ids": meta.get("val_document_ids"),
              "splits": splits}
-    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode("utf-8")).hexdigest()
+    return sha256_bytes(json.dumps(keyed, sort_keys=True).encode("utf-8"))
 
 
 @dataclasses.dataclass

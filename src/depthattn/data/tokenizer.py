@@ -1,4 +1,4 @@
-"""Byte-level BPE tokenizers (Hugging Face ``tokenizers``): train on documents, load, and hash.
+"""Byte-level BPE tokenizers (Hugging Face ``tokenizers``): train on documents, load, serialise, count bytes.
 
 The tokenizer is GPT-2 style: a ``ByteLevel`` pre-tokenizer (no prefix space, GPT-2 split regex) and decoder, so
 every UTF-8 string encodes and decodes back to itself; ``<|endoftext|>`` is the only special token and separates
@@ -7,13 +7,13 @@ documents (it is appended after each document as EOS). No normaliser runs, so by
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+#: The end-of-document token, the only special token (defined here only; hf/, eval/ and generate import it).
 EOS_TOKEN = "<|endoftext|>"
 MIN_VOCAB_SIZE = 257  # 256 byte symbols + EOS
 
@@ -67,10 +67,6 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if tok.token_to_id(EOS_TOKEN) is None:
         raise ValueError(f"{path}: tokenizer has no {EOS_TOKEN} token (needed as the end-of-document token)")
     return tok
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _byte_decoder() -> dict[str, int]:

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..config import atomic_write_text
+from ..data.tokenizer import EOS_TOKEN
+from ..fileio import atomic_write_text
 from .tasks import TASKS, Item, load_task, parse_tasks
-
-EOS_TOKEN = "<|endoftext|>"
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from depthattn.checkpoint import load_model, save_model_files, write_folder_atomically
+from depthattn.checkpoint import load_model, save_model_files
 from depthattn.config import ModelConfig, read_json_object
+from depthattn.data.tokenizer import EOS_TOKEN
+from depthattn.fileio import write_folder_atomically
 from depthattn.model import DecoderLM
 
 #: ModelConfig fields whose Qwen3Config field has the same name and meaning.
@@ -44,8 +46,6 @@ SHARED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_l
 
 #: Tokenizer files carried over by ``convert_from_qwen3`` / ``convert_to_qwen3`` when the source has them.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-#: The special token of tokenizers made by ``depthattn data prepare``.
-EOS_TOKEN = "<|endoftext|>"
 
 
 def _read_json(path: str) -> dict[str, Any]:

