@@ -22,7 +22,7 @@ CLOCK = time.perf_counter  # --clock cpu switches to process CPU time (all threa
 
 from depthattn import DecoderLM, ModelConfig
 from depthattn.generate import decode_one_token, prefill
-from depthattn.parallelize import apply_compile
+from depthattn.training.parallelize import apply_compile
 
 
 def _sync(device: torch.device) -> None:
@@ -94,7 +94,7 @@ def main() -> None:
                    help="parameter dtype for decode; bfloat16 also turns on autocast for training")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = leave)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile each block (parallelize.apply_compile); use with --decode-batches ''")
+                   help="torch.compile each block (training.parallelize.apply_compile); use with --decode-batches ''")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall: elapsed time; cpu: process CPU time of all threads (less sensitive to other load)")
     args = p.parse_args()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from depthattn.cli import main
-from depthattn.train import read_metrics
+from depthattn.training import read_metrics
 
 from test_train import make_data
 
@@ -137,7 +137,7 @@ def test_compare_cli_report_matches_printed_table(data_dir, tmp_path, capsys):
 def test_compare_keys_runs_and_eval_cache_by_data_fingerprint(data_dir, tmp_path):
     from depthattn.compare import CompareSettings, run_compare
     from depthattn.data import load_prepared, prepare_corpus
-    from depthattn.train import TrainConfig
+    from depthattn.training import TrainConfig
 
     data = tmp_path / "data"
     shutil.copytree(data_dir, data)

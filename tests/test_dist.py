@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from depthattn import DecoderLM, ModelConfig
 from depthattn import checkpoint as ckpt
 from depthattn import data as data_module
+from depthattn.checkpoint import checkpoint_dirs
 from depthattn.data import load_prepared
-from depthattn.train import TrainConfig, checkpoint_dirs, read_metrics, read_summary, resolve_model_config, train
+from depthattn.training import TrainConfig, read_metrics, read_summary, resolve_model_config, train
 
 from test_train import make_data
 
@@ -136,7 +137,7 @@ SGD_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed as dist, torch.nn.functional as F
     from depthattn import DecoderLM, ModelConfig
-    from depthattn.parallelize import parallelize
+    from depthattn.training.parallelize import parallelize
 
     out, steps, B, T, lr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     models = json.loads(sys.argv[6])

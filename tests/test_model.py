@@ -5,7 +5,7 @@ import torch
 
 from depthattn import DecoderLM, ModelConfig, num_params
 from depthattn.cross_layer.depth_attention import candidate_plan
-from depthattn.parallelize import apply_activation_checkpointing
+from depthattn.training.parallelize import apply_activation_checkpointing
 
 from conftest import left_padded_batch, make_model
 

@@ -15,11 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from depthattn import DecoderLM, ModelConfig
+from depthattn.checkpoint import checkpoint_dirs
 from depthattn.data import embedded_corpus_documents, load_prepared, prepare_corpus
 from depthattn.eval.perplexity import evaluate_perplexity, token_byte_lengths
-from depthattn.optim import build_optimizer, lr_factor
-from depthattn.train import (TrainConfig, checkpoint_dirs, init_from_checkpoint, load_toml, read_metrics,
-                             resolve_model_config, train)
+from depthattn.training import (TrainConfig, init_from_checkpoint, load_toml, read_metrics, resolve_model_config,
+                                train)
+from depthattn.training.optim import build_optimizer, lr_factor
 
 TRAIN = dict(steps=8, batch_size=4, seq_len=64, lr=3e-3, warmup=0.1, eval_every=4, eval_windows=4, save_every=4,
              keep_last=3)

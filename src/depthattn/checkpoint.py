@@ -8,6 +8,8 @@ and every shape, and raises ``ValueError`` naming the file on any mismatch.
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
@@ -99,3 +101,32 @@ def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
     if dtype is not None:
         model.to(dtype=dtype)
     return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------------- run folders
+#: A run folder keeps its checkpoints under ``CHECKPOINT_DIR/step_XXXXXXXX/`` (``depthattn.training.runs``).
+CHECKPOINT_DIR = "checkpoints"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
+    """The run's checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
+
+
+def latest_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder as given, or the newest checkpoint of a run folder.
+
+    Raises ``FileNotFoundError`` naming the folder if it is neither.
+    """
+    path = Path(path)
+    if (path / CONFIG_NAME).is_file():
+        return path
+    dirs = checkpoint_dirs(path)
+    if not dirs:
+        raise FileNotFoundError(f"{path} is neither a checkpoint folder (no {CONFIG_NAME}) nor a run folder "
+                                f"with checkpoints under {CHECKPOINT_DIR}/")
+    return dirs[-1]

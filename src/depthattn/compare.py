@@ -19,12 +19,12 @@ from typing import Any, Callable
 import torch
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
+from .checkpoint import checkpoint_dirs
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_write_text
-from .runs import RUN_FILE, SUMMARY_FILE, checkpoint_dirs, config_differences, read_metrics, read_run
-from .train import train
-from .train_config import TrainConfig, resolve_model_config
+from .training import TrainConfig, read_metrics, read_run, resolve_model_config, train
+from .training.runs import RUN_FILE, SUMMARY_FILE, config_differences
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
@@ -96,11 +96,12 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
                  harness: str, progress: bool) -> dict[str, Any]:
     """Numbers of one finished run: accounting, median per-step throughput, validation perplexity / bits per byte,
     a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when ``tasks``."""
-    from .commands.eval_cmd import load_for_inference, zero_shot
-    from .commands.generate_cmd import generate_text
     from .data import load_prepared
+    from .eval.inference import load_for_inference
     from .eval.perplexity import evaluate_perplexity
-    from .train import autocast_dtype
+    from .eval.zero_shot import run_zero_shot
+    from .generate import generate_text
+    from .training.runtime import autocast_dtype
 
     run = read_run(run_dir)
     summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
@@ -139,8 +140,8 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
                                 top_k=50, seed=0, device=dev),
     }
     if tasks:
-        zs = zero_shot(model, tokenizer, tasks, limit, eval_batch_size, harness, str(run_dir / "zero_shot"),
-                       progress=progress)
+        zs = run_zero_shot(model, tokenizer, tasks=tasks, limit=limit, batch_size=eval_batch_size, harness=harness,
+                           out_dir=str(run_dir / "zero_shot"), progress=progress)
         out["zero_shot"] = {k: v for k, v in zs.items() if k != "items"}  # per-item predictions stay in the run
         out["task_accuracy"] = _task_accuracies(zs, tasks)
     return out

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .cross_layer import loopable as loopable_methods, names as method_names

@@ -4,7 +4,8 @@ Legend: B batch, T prompt length, V vocab.
 
 Left-padded batches work: the attention mask marks real tokens, RoPE positions count real tokens only, and the
 cache remembers which slots are padding. ``naive_generate`` (no cache, a full forward per token) is the reference
-twin the tests compare against.
+twin the tests compare against. ``stream_text`` / ``generate_text`` continue a text prompt with a ``tokenizers``
+tokenizer (``generate`` and ``compare`` use them).
 """
 
 from __future__ import annotations
@@ -140,3 +141,39 @@ def naive_generate(model: DecoderLM, input_ids: Tensor, max_new_tokens: int,
         ids = torch.cat([ids, token[:, None]], dim=1)
         mask = torch.cat([mask, torch.ones_like(token[:, None], dtype=mask.dtype)], dim=1)
     return ids
+
+
+# ---------------------------------------------------------------------------------------------------- text
+def stream_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 100, temperature: float = 0.8,
+                top_k: int | None = 50, top_p: float | None = None, seed: int | None = 0,
+                device: torch.device | str = "cpu") -> Iterator[str]:
+    """Yield decoded text pieces of the continuation of ``prompt`` (``generate_stream``, KV cache), stopping at
+    ``<|endoftext|>``. A piece is emitted once its bytes form complete UTF-8 characters."""
+    from .data import EOS_TOKEN
+
+    ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+    if not ids:
+        raise ValueError("--prompt must not be empty")
+    eos = tokenizer.token_to_id(EOS_TOKEN)
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+    new: list[int] = []
+    shown = ""
+    for token in generate_stream(model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                                 top_p=top_p, eos_token_id=eos, seed=seed):
+        t = int(token[0])
+        if t == eos:
+            break
+        new.append(t)
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next byte-level token
+            continue
+        yield text[len(shown):]
+        shown = text
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    if len(text) > len(shown):
+        yield text[len(shown):]
+
+
+def generate_text(model, tokenizer, prompt: str, **kw) -> str:
+    """The whole continuation of ``prompt`` as one string (``stream_text`` joined)."""
+    return "".join(stream_text(model, tokenizer, prompt, **kw))

@@ -23,9 +23,9 @@ the checkpoint's tokenizer.json (or --tokenizer PATH); --data reads the validati
 
 def run(args: argparse.Namespace) -> int:
     from ..analyze import depth_weight_means, heatmap
-    from ..checkpoint import load_model
+    from ..checkpoint import latest_checkpoint, load_model
     from ..fileio import atomic_write_text
-    from ..runs import TOKENIZER_FILE, latest_checkpoint
+    from ..training.runs import TOKENIZER_FILE
 
     if bool(args.prompt) == bool(args.data):
         raise ValueError("give exactly one of --prompt TEXT or --data DIR")

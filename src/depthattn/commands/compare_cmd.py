@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..compare import CompareSettings, parse_methods, render_table, run_compare
-from ..train_config import TrainConfig
+from ..training import TrainConfig
 from .eval_cmd import check_task_options
 from .train_cmd import add_model_options, check_model_settings, gather_settings
 

@@ -1,38 +1,16 @@
-"""``depthattn eval`` and the checkpoint helpers shared with ``generate`` and ``compare``."""
+"""``depthattn eval``, and the ``--tasks`` / ``--limit`` check shared with ``compare``."""
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 from pathlib import Path
 
-import torch
-
-from .. import checkpoint as ckpt
+from ..eval.inference import load_for_inference
 from ..fileio import atomic_write_text, sha256_file
-from ..runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, latest_checkpoint, run_of_checkpoint
-from ..train import autocast_dtype, resolve_device
-
-
-def load_for_inference(path: str | os.PathLike, device: str = "auto", device_option: str = "--device"):
-    """(model in eval mode, ``tokenizers.Tokenizer``, checkpoint folder, torch device) for a checkpoint or run
-    folder. All weight loading goes through ``checkpoint.load_model``. Raises ``ValueError`` /
-    ``FileNotFoundError`` naming the file (or ``device_option`` for a device that is not available)."""
-    from ..data import load_tokenizer
-
-    dev = resolve_device(device, device_option)
-    folder = latest_checkpoint(path)
-    model = ckpt.load_model(folder, device=dev)
-    tok_file = folder / TOKENIZER_FILE
-    if not tok_file.is_file():
-        raise FileNotFoundError(f"{tok_file} not found: the checkpoint has no tokenizer")
-    tokenizer = load_tokenizer(tok_file)
-    if tokenizer.get_vocab_size(with_added_tokens=True) > model.config.vocab_size:
-        raise ValueError(f"{tok_file} has {tokenizer.get_vocab_size(with_added_tokens=True)} tokens, more than the "
-                         f"model's vocab_size={model.config.vocab_size}")
-    return model, tokenizer, folder, dev
+from ..training.runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, run_of_checkpoint
+from ..training.runtime import autocast_dtype
 
 
 def eval_data_dir(folder: Path, data: str | None) -> Path:
@@ -57,21 +35,6 @@ def default_seq_len(folder: Path, model) -> int:
     if file.is_file():
         return int(json.loads(file.read_text(encoding="utf-8"))["seq_len"])
     return min(1024, model.config.max_position_embeddings)
-
-
-def zero_shot(model, tokenizer, tasks: list[str], limit, batch_size: int, harness: str, out_dir,
-              progress: bool = True) -> dict:
-    """Call ``depthattn.eval.zero_shot.run_zero_shot`` (imported lazily). Raises ``ValueError`` if not installed."""
-    try:
-        from ..eval.zero_shot import run_zero_shot
-    except ImportError as e:
-        raise ValueError(f"zero-shot tasks are not installed in this build of depthattn ({e}); "
-                         f"--tasks needs depthattn.eval.zero_shot") from e
-    kw = {}
-    if "progress" in inspect.signature(run_zero_shot).parameters:
-        kw["progress"] = progress
-    return run_zero_shot(model, tokenizer, tasks=tasks, limit=limit, batch_size=batch_size, harness=harness,
-                         out_dir=out_dir, **kw)
 
 
 def check_task_options(tasks: str | None, limit: int | None, shorten: str = "--max-tokens") -> list[str]:
@@ -101,6 +64,7 @@ def run_eval(args: argparse.Namespace) -> int:
     zero-shot tasks (--tasks). CHECKPOINT is a checkpoint folder or a run folder (its newest checkpoint)."""
     from ..data import load_prepared
     from ..eval.perplexity import evaluate_perplexity
+    from ..eval.zero_shot import run_zero_shot
 
     tasks = check_task_options(args.tasks, args.limit)  # before loading or evaluating anything
     if args.skip_perplexity and not tasks:
@@ -120,8 +84,8 @@ def run_eval(args: argparse.Namespace) -> int:
               f"({res.tokens:,d} tokens, {res.bytes:,d} bytes, seq_len {seq_len})")
     if tasks:
         out_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else None
-        zs = zero_shot(model, tokenizer, tasks, args.limit, args.batch_size, args.harness, out_dir,
-                       progress=not args.no_progress)
+        zs = run_zero_shot(model, tokenizer, tasks=tasks, limit=args.limit, batch_size=args.batch_size,
+                           harness=args.harness, out_dir=out_dir, progress=not args.no_progress)
         results["zero_shot"] = zs
         print(zs.get("markdown", ""))
     if args.out:

@@ -4,46 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterator
 
-import torch
-
-from ..generate import check_sampling, generate_stream
-
-
-def stream_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 100, temperature: float = 0.8,
-                top_k: int | None = 50, top_p: float | None = None, seed: int | None = 0,
-                device: torch.device | str = "cpu") -> Iterator[str]:
-    """Yield decoded text pieces of the continuation of ``prompt`` (``generate_stream``, KV cache), stopping at
-    ``<|endoftext|>``. A piece is emitted once its bytes form complete UTF-8 characters."""
-    from ..data import EOS_TOKEN
-
-    ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-    if not ids:
-        raise ValueError("--prompt must not be empty")
-    eos = tokenizer.token_to_id(EOS_TOKEN)
-    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-    new: list[int] = []
-    shown = ""
-    for token in generate_stream(model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                                 top_p=top_p, eos_token_id=eos, seed=seed):
-        t = int(token[0])
-        if t == eos:
-            break
-        new.append(t)
-        text = tokenizer.decode(new, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next byte-level token
-            continue
-        yield text[len(shown):]
-        shown = text
-    text = tokenizer.decode(new, skip_special_tokens=True)
-    if len(text) > len(shown):
-        yield text[len(shown):]
-
-
-def generate_text(model, tokenizer, prompt: str, **kw) -> str:
-    """The whole continuation of ``prompt`` as one string (``stream_text`` joined)."""
-    return "".join(stream_text(model, tokenizer, prompt, **kw))
+from ..eval.inference import load_for_inference
+from ..generate import check_sampling, stream_text
 
 
 def check_prompt(model, tokenizer, prompt: str, max_new_tokens: int) -> None:
@@ -64,8 +27,6 @@ def check_prompt(model, tokenizer, prompt: str, max_new_tokens: int) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Continue --prompt with a checkpoint (checkpoint folder or run folder), streaming to stdout; stops at EOS."""
-    from .eval_cmd import load_for_inference
-
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 0")
     check_sampling(args.temperature, args.top_k, args.top_p)  # fail before loading or echoing the prompt

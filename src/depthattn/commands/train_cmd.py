@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..runs import read_run
-from ..train import resolve_device, train
-from ..train_config import TrainConfig, load_toml, parse_value, resolve_model_config, split_overrides
+from ..training import TrainConfig, load_toml, read_run, resolve_model_config, train
+from ..training.config import parse_value, split_overrides
+from ..training.runtime import resolve_device
 
 DEFAULT_PRESET = "small"
 

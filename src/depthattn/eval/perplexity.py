@@ -14,10 +14,15 @@ Definitions (nats, natural log):
 
 Every token of the split except the first is predicted exactly once: full windows of ``T + 1`` tokens at stride
 ``T``, then one shorter window for the tail.
+
+Periodic validation during training (``depthattn.training``) uses the same definitions on a fixed subset:
+``validation_windows`` picks the windows, ``mean_loss`` measures them, and ``next_token_loss`` is also the training
+loss.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass
 
@@ -111,3 +116,46 @@ def evaluate_perplexity(model: torch.nn.Module, tokens: np.ndarray, tokenizer, *
     bpb = nats / (math.log(2) * n_bytes) if n_bytes else float("nan")
     return EvalResult(loss=loss, perplexity=math.exp(loss), bits_per_byte=bpb, tokens=count, bytes=n_bytes,
                       nats=nats, seq_len=seq_len)
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast`` to ``dtype`` on ``device``'s type; no autocast (a null context) when ``dtype`` is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def next_token_loss(net: torch.nn.Module, w_BT1: torch.Tensor, device: torch.device, amp: torch.dtype | None,
+                    reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy of ``net`` on windows ``[B, T + 1]`` (inputs ``w[:, :-1]``, targets ``w[:, 1:]``),
+    the forward under ``autocast``, the loss in float32."""
+    with autocast(device, amp):
+        logits = net(w_BT1[:, :-1]).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), w_BT1[:, 1:].flatten(), reduction=reduction)
+
+
+def validation_windows(val: np.ndarray, seq_len: int, n: int) -> torch.Tensor:
+    """``[n', T + 1]`` int64: ``n' = min(n, (N - 1) // T)`` non-overlapping windows spread evenly over the split
+    (the fixed set used for periodic validation). Raises ``ValueError`` if the split is shorter than a window."""
+    total = (len(val) - 1) // seq_len
+    if total < 1:
+        raise ValueError(f"the validation split has {len(val)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+    idx = np.unique(np.linspace(0, total - 1, min(n, total)).round().astype(np.int64))
+    return torch.from_numpy(np.stack([np.asarray(val[i * seq_len:i * seq_len + seq_len + 1], dtype=np.int64)
+                                      for i in idx]))
+
+
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, windows_BT1: torch.Tensor, batch_size: int, device: torch.device,
+              amp: torch.dtype | None) -> float:
+    """Mean next-token cross-entropy (nats) over every target of ``windows`` (equal-length rows)."""
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(windows_BT1), batch_size):
+        w = windows_BT1[i:i + batch_size].to(device)
+        total += float(next_token_loss(model, w, device, amp, reduction="sum"))
+        count += w[:, 1:].numel()
+    model.train(was)
+    return total / count

@@ -279,7 +279,7 @@ def convert_to_qwen3(ckpt: str | os.PathLike, out: str | os.PathLike,
     """depthattn checkpoint (or run folder: its newest checkpoint) → Hugging Face Qwen3 folder with the
     checkpoint's tokenizer; returns (model, checkpoint folder used, tokenizer files written). Raises
     ``ValueError`` for a method Qwen3 cannot express, or if ``out`` exists and not ``overwrite``."""
-    from depthattn.runs import latest_checkpoint
+    from depthattn.checkpoint import latest_checkpoint
 
     _check_out(out, overwrite)
     folder = latest_checkpoint(ckpt)

@@ -1,4 +1,5 @@
-"""Run folders on disk: the run record, metrics log, checkpoints and the trainer state inside them.
+"""Run folders on disk: the run record, metrics log, checkpoints and the trainer state inside them, and the
+policy for resuming a run.
 
 A *run folder* holds::
 
@@ -12,7 +13,9 @@ A *run folder* holds::
                                  trainer_state.pt (optimizer, scheduler, RNG states, step, tokens seen, data position)
 
 Every file is written atomically and every checkpoint folder is assembled under a temporary name
-(``fileio.write_folder_atomically``), so a failure never damages what is already there.
+(``fileio.write_folder_atomically``), so a failure never damages what is already there. Where the checkpoints
+of a run folder are (``checkpoint_dirs``, ``latest_checkpoint``) is ``depthattn.checkpoint``'s; what may change when
+a run resumes (``config_differences``, ``resume_point``) is decided here.
 """
 
 from __future__ import annotations
@@ -20,20 +23,20 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
-import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 
-from . import checkpoint as ckpt
-from .fileio import atomic_write_text, write_folder_atomically
-from .model import DecoderLM
-from .train_config import RESUMABLE_KEYS, TrainConfig
+from .. import checkpoint as ckpt
+from ..checkpoint import CHECKPOINT_DIR, checkpoint_dirs
+from ..config import ModelConfig
+from ..fileio import atomic_write_text, write_folder_atomically
+from ..model import DecoderLM
+from .config import RESUMABLE_KEYS, TrainConfig
+from .runtime import rng_state, set_rng_state
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -42,8 +45,6 @@ PARAM_GROUPS_FILE = "param_groups.json"
 STATE_FILE = "trainer_state.pt"
 TRAIN_CONFIG_FILE = "train_config.json"
 TOKENIZER_FILE = "tokenizer.json"
-CHECKPOINT_DIR = "checkpoints"
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
 # ---------------------------------------------------------------------------------------------------- environment
@@ -74,30 +75,14 @@ def git_revision() -> str | None:
         return None
 
 
+def environment(cfg: TrainConfig, device: torch.device, amp: torch.dtype | None) -> dict[str, Any]:
+    """The machine-dependent part of ``run.json``."""
+    return dict(versions=versions(), git_revision=git_revision(), world_size=cfg.world_size(), device=str(device),
+                autocast=str(amp) if amp else "float32", tokens_per_step=cfg.tokens_per_step(),
+                warmup_steps=cfg.warmup_steps())
+
+
 # ---------------------------------------------------------------------------------------------------- run folders
-def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
-    """The run's checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
-    root = Path(run_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
-
-
-def latest_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint folder as given, or the newest checkpoint of a run folder.
-
-    Raises ``FileNotFoundError`` naming the folder if it is neither.
-    """
-    path = Path(path)
-    if (path / ckpt.CONFIG_NAME).is_file():
-        return path
-    dirs = checkpoint_dirs(path)
-    if not dirs:
-        raise FileNotFoundError(f"{path} is neither a checkpoint folder (no {ckpt.CONFIG_NAME}) nor a run folder "
-                                f"with checkpoints under {CHECKPOINT_DIR}/")
-    return dirs[-1]
-
-
 def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The ``run.json`` of a run folder (``ValueError`` / ``FileNotFoundError`` naming it)."""
     file = Path(run_dir) / RUN_FILE
@@ -131,6 +116,7 @@ def _truncate_metrics(run_dir: Path, last_step: int) -> None:
     atomic_write_text(run_dir / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
 
 
+# ---------------------------------------------------------------------------------------------------- resume policy
 def _diff(a: Mapping[str, Any], b: Mapping[str, Any], ignore: frozenset = frozenset()) -> list[str]:
     return [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if k not in ignore and a.get(k) != b.get(k)]
@@ -142,28 +128,59 @@ def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], tr
     return _diff(recorded["model"], model) + _diff(recorded["train"], train, RESUMABLE_KEYS)
 
 
+def _recorded_precision(run: dict[str, Any]) -> str | None:
+    """A run.json's resolved precision (older runs recorded only ``autocast``: ``float32`` or ``torch.bfloat16``)."""
+    if "resolved_precision" in run:
+        return run["resolved_precision"]
+    if "autocast" in run:
+        return str(run["autocast"]).removeprefix("torch.")
+    return None
+
+
+def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint to resume from (None: start afresh). Refuses a config, tokenizer, data (fingerprint) or resolved
+    precision that differs from the recorded run, and, without ``resume``, a run folder that already holds
+    checkpoints."""
+    if not resume:
+        if checkpoint_dirs(run_dir):
+            raise ValueError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue it or "
+                             f"choose another --out")
+        return None
+    old = read_run(run_dir)
+    problems = config_differences(old, record["model"], record["train"])
+    if problems:
+        raise ValueError(f"cannot resume {run_dir}: the requested config differs from the recorded one "
+                         f"({'; '.join(problems)})")
+    if old.get("tokenizer_sha256") != record["tokenizer_sha256"]:
+        raise ValueError(f"cannot resume {run_dir}: data {data_dir} has another tokenizer than the run's "
+                         f"{old.get('data')}")
+    if old.get("data_fingerprint") not in (None, record["data_fingerprint"]):
+        raise ValueError(f"cannot resume {run_dir}: data folder {data_dir} holds other data than the run trained on "
+                         f"({old.get('data')}; fingerprint {record['data_fingerprint'][:12]} vs "
+                         f"{old['data_fingerprint'][:12]}: other documents, split, seed or tokens); resume with the "
+                         f"run's data folder")
+    was = _recorded_precision(old)
+    if was is not None and was != record["resolved_precision"]:
+        raise ValueError(f"cannot resume {run_dir}: it trained in {was} (device {old.get('device')}, precision "
+                         f"{old['train'].get('precision')!r}), but on device {record['device']} this session would "
+                         f"train in {record['resolved_precision']}; resume with --device set to the run's device "
+                         f"type so the precision stays {was}")
+    dirs = checkpoint_dirs(run_dir)
+    return dirs[-1] if dirs else None
+
+
+def load_resume_weights(model: DecoderLM, model_cfg: ModelConfig, checkpoint_dir: Path) -> None:
+    """Load the weights of the checkpoint to resume from, refusing one written for another model config."""
+    problems = _diff(ckpt.load_config(checkpoint_dir).to_dict(), model_cfg.to_dict())
+    if problems:
+        raise ValueError(f"checkpoint {checkpoint_dir} was written for another model config ({'; '.join(problems)})")
+    ckpt.load_weights_into(model, ckpt.load_state(checkpoint_dir), str(checkpoint_dir / ckpt.WEIGHTS_NAME))
+
+
 # ---------------------------------------------------------------------------------------------------- state
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(tuple(state["python"][:1]) + (tuple(state["python"][1]),) + tuple(state["python"][2:]))
-    n = state["numpy"]
-    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), *n[2:]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def trainer_state(optimizer: torch.optim.Optimizer, scheduler: Any, step: int, tokens_seen: int) -> dict[str, Any]:
     """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position."""
-    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
             "step": step, "tokens_seen": tokens_seen, "data_position": step}
 
 
@@ -179,7 +196,7 @@ def restore_trainer_state(state: Mapping[str, Any], optimizer: torch.optim.Optim
         scheduler.load_state_dict(state["scheduler"])
     except (KeyError, ValueError, RuntimeError) as e:
         raise ValueError(f"{file}: optimizer/scheduler state does not fit the model ({e})") from e
-    _set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
     if int(state["data_position"]) != step:
         raise ValueError(f"{file}: data position {state['data_position']} != step {step}")
@@ -222,7 +239,7 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def _save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict) -> Path:
+def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict) -> Path:
     """Write ``checkpoints/step_XXXXXXXX/`` atomically, then keep only the newest ``keep_last``; return its path."""
     step = state["step"]
     target = run_dir / CHECKPOINT_DIR / f"step_{step:08d}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .model import DecoderLM
+from ..model import DecoderLM
 
 
 def apply_activation_checkpointing(model: DecoderLM, enabled: bool = True) -> DecoderLM:

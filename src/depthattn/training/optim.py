@@ -24,7 +24,7 @@ import re
 import torch
 from torch import nn
 
-from . import cross_layer
+from .. import cross_layer
 
 #: Regular expressions (``re.search`` on the parameter name) of parameters that never decay, whatever the method:
 #: norm gains (spec-baselines.md §8). The methods' own names come from their records (``no_decay_patterns``).

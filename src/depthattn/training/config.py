@@ -1,7 +1,7 @@
 """Training settings: the typed ``TrainConfig`` and the parsing of run configs (TOML files, ``--set`` overrides).
 
-Model architecture lives in ``config.ModelConfig``; ``split_overrides`` and ``load_toml`` route each key to one of the
-two dataclasses and name unknown keys. ``RESUMABLE_KEYS`` are the train settings a resumed run may change.
+Model architecture lives in ``depthattn.config.ModelConfig``; ``split_overrides`` and ``load_toml`` route each key
+to one of the two dataclasses and name unknown keys. ``RESUMABLE_KEYS`` are the train settings a resumed run may change.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .config import ModelConfig
+from ..config import ModelConfig
 
 
 @dataclass

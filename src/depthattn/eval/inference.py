@@ -1,0 +1,28 @@
+"""Open a checkpoint for inference (``eval``, ``generate``, ``compare``): model, tokenizer, folder and device."""
+
+from __future__ import annotations
+
+import os
+
+from .. import checkpoint as ckpt
+from ..training.runs import TOKENIZER_FILE
+from ..training.runtime import resolve_device
+
+
+def load_for_inference(path: str | os.PathLike, device: str = "auto", device_option: str = "--device"):
+    """(model in eval mode, ``tokenizers.Tokenizer``, checkpoint folder, torch device) for a checkpoint or run
+    folder. All weight loading goes through ``checkpoint.load_model``. Raises ``ValueError`` /
+    ``FileNotFoundError`` naming the file (or ``device_option`` for a device that is not available)."""
+    from ..data import load_tokenizer
+
+    dev = resolve_device(device, device_option)
+    folder = ckpt.latest_checkpoint(path)
+    model = ckpt.load_model(folder, device=dev)
+    tok_file = folder / TOKENIZER_FILE
+    if not tok_file.is_file():
+        raise FileNotFoundError(f"{tok_file} not found: the checkpoint has no tokenizer")
+    tokenizer = load_tokenizer(tok_file)
+    if tokenizer.get_vocab_size(with_added_tokens=True) > model.config.vocab_size:
+        raise ValueError(f"{tok_file} has {tokenizer.get_vocab_size(with_added_tokens=True)} tokens, more than the "
+                         f"model's vocab_size={model.config.vocab_size}")
+    return model, tokenizer, folder, dev

@@ -1,0 +1,294 @@
+"""The training loop: ``train()`` sets up (or resumes) a run, takes optimizer steps with gradient accumulation, each
+followed by validation, logging and a checkpoint when due, and writes the run's summary at the end.
+
+Legend: B micro-batch rows, T sequence length, V vocab.
+
+The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`` parsing), ``runtime`` (device,
+precision, seeding, the torchrun process group), ``runs`` (the run folder, its checkpoints and trainer state, the
+resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation checkpointing, compile, DDP); the
+loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows come from ``data.TokenBatches``,
+a pure function of ``(seed, step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run
+repeats an uninterrupted one bit for bit on float32 CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import data
+from ..config import ModelConfig
+from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
+from ..model import DecoderLM
+from .config import TrainConfig
+from .optim import DECAY_RULE, build_optimizer, build_scheduler
+from .parallelize import parallelize
+from .runs import (METRICS_FILE, TOKENIZER_FILE, environment, init_from_checkpoint, load_resume_weights,
+                   load_trainer_state, read_metrics, read_summary, restore_trainer_state, resume_point,
+                   run_tokens_per_s, save_checkpoint, start_run_files, trainer_state, write_summary)
+from .runtime import autocast_dtype, resolve_device, resolved_precision, seed_everything, start_distributed
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    tokens: int
+    final_val_loss: float | None
+    train_tokens_per_s: float | None  # this session's; whole-run (from the log) when it resumed at the last step
+    checkpoint: Path | None
+    steps_this_session: int = 0  # 0: a resumed run that had already finished
+
+
+@dataclass
+class _Trainer:
+    """What the loop works on: model, optimizer and data (set up once) and the counters each step advances."""
+
+    cfg: TrainConfig  # ``steps`` resolved
+    model: DecoderLM
+    net: torch.nn.Module  # ``model`` as parallelized (DDP, compiled blocks, activation checkpointing)
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    batches: Any  # data.TokenBatches
+    val_windows: torch.Tensor
+    device: torch.device
+    amp: torch.dtype | None
+    run_dir: Path
+    data_dir: Path
+    is_main: bool
+    step: int = 0
+    tokens_seen: int = 0
+    val_loss: float | None = None
+    train_time: float = 0.0  # seconds in optimizer steps this session (validation and saving excluded)
+    train_tokens: int = 0  # tokens trained this session
+    saved: Path | None = None
+    start_step: int = 0  # the step this session started from
+
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.steps
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: str | os.PathLike,
+          *, resume: bool = False, init_from: str | os.PathLike | None = None, stop_after: int | None = None,
+          progress: bool = True, log: Callable[[str], None] = print) -> TrainResult:
+    """Train ``model_cfg`` on the prepared data folder ``data_dir`` into ``run_dir``.
+
+    ``resume``: continue from the newest checkpoint of ``run_dir`` (configs must match the recorded ones, except
+    ``RESUMABLE_KEYS``). ``init_from``: start from a checkpoint's weights (``init_from_checkpoint``).
+    ``stop_after``: return after this global step (as if interrupted; the last checkpoint stays resumable).
+    ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished).
+
+    Raises:
+        ValueError: vocabulary mismatch with the data's tokenizer, a budget shorter than one step, a run folder that
+            already holds checkpoints (without ``resume``), a config that differs from the checkpoint's on resume,
+            a truncated checkpoint file (named), or any invalid setting. Nothing already written is modified.
+    """
+    run_dir, data_dir = Path(run_dir), Path(data_dir).resolve()
+    t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log)
+    last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
+    t.net.train()
+    with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics_file:
+        while t.step < last:
+            row = _optimizer_step(t)
+            _maybe_validate(t, row)
+            _log_row(t, row, metrics_file, bar, last)
+            _maybe_checkpoint(t)
+    return _finish(t)
+
+
+# ---------------------------------------------------------------------------------------------------- set-up
+def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path, resume: bool,
+            init_from: str | os.PathLike | None, log: Callable[[str], None]) -> _Trainer:
+    """Check everything, then build model, optimizer and data, restore the newest checkpoint on ``resume`` and
+    (rank 0) write the run folder's files."""
+    train_cfg = start_distributed(train_cfg)
+    prepared, val_windows, train_cfg = _load_data(model_cfg, train_cfg, data_dir)
+    device = resolve_device(train_cfg.device)
+    amp = autocast_dtype(train_cfg.precision, device)
+    record = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": str(data_dir),
+              "tokenizer_sha256": prepared.meta["tokenizer_sha256"], "data_fingerprint": prepared.fingerprint,
+              "device": str(device), "resolved_precision": resolved_precision(amp)}
+    resume_from = resume_point(run_dir, record, data_dir, resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model, state = _build_model(model_cfg, train_cfg, device, resume_from, init_from, log)
+    net = parallelize(model, activation_checkpointing=train_cfg.activation_checkpointing, compile=train_cfg.compile,
+                      data_parallel=train_cfg.data_parallel)
+    rank = torch.distributed.get_rank() if train_cfg.world_size() > 1 else 0
+    optimizer, scheduler, groups = _build_optimizer(model, train_cfg)
+    step, tokens_seen = 0, 0
+    if state is not None:
+        step, tokens_seen = restore_trainer_state(state, optimizer, scheduler, resume_from)
+    if resume and rank == 0:
+        if step == train_cfg.total_steps():
+            log(f"{run_dir} already finished at step {step}; nothing to do")
+        else:
+            log(f"resuming {run_dir} from step {step} of {train_cfg.total_steps()}")
+    if rank == 0:
+        record.update(environment(train_cfg, device, amp))
+        start_run_files(run_dir, record, {**groups, "rule": DECAY_RULE}, resume, step,
+                        finished=step == train_cfg.total_steps())
+    batches = data.TokenBatches(prepared.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed,
+                                rank=rank)
+    return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
+                    val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, data_dir=data_dir,
+                    is_main=rank == 0, step=step, tokens_seen=tokens_seen, saved=resume_from,
+                    start_step=step)
+
+
+def _load_data(model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path):
+    """(prepared data, validation windows, ``train_cfg`` with ``steps`` resolved) after checking that the data fits
+    the model and the budget."""
+    prepared = data.load_prepared(data_dir)
+    if model_cfg.vocab_size != prepared.vocab_size:
+        raise ValueError(f"ModelConfig.vocab_size={model_cfg.vocab_size} does not match the tokenizer's vocabulary of "
+                         f"{prepared.vocab_size} tokens ({data_dir / TOKENIZER_FILE})")
+    total_steps = train_cfg.total_steps()
+    if train_cfg.seq_len > model_cfg.max_position_embeddings:
+        raise ValueError(f"TrainConfig.seq_len={train_cfg.seq_len} exceeds ModelConfig.max_position_embeddings="
+                         f"{model_cfg.max_position_embeddings}")
+    if len(prepared.train) < train_cfg.seq_len + 1:
+        raise ValueError(f"{data_dir}: the train split has {len(prepared.train)} tokens, fewer than seq_len + 1")
+    val_windows = validation_windows(prepared.val, train_cfg.seq_len, train_cfg.eval_windows)
+    return prepared, val_windows, train_cfg.replace(steps=total_steps)
+
+
+def _build_model(model_cfg: ModelConfig, train_cfg: TrainConfig, device: torch.device, resume_from: Path | None,
+                 init_from: str | os.PathLike | None, log: Callable[[str], None]) -> tuple[DecoderLM, dict | None]:
+    """Seed the RNGs and build the model on ``device``; weights from ``resume_from`` (then also returns its trainer
+    state) or ``init_from`` when given."""
+    seed_everything(train_cfg.seed)
+    model = DecoderLM(model_cfg).to(device)
+    if resume_from is not None:
+        load_resume_weights(model, model_cfg, resume_from)
+        return model, load_trainer_state(resume_from)
+    if init_from is not None:
+        kept = init_from_checkpoint(model, init_from)
+        log(f"initialised from {init_from}" + (f" ({len(kept)} cross-layer tensors keep their init)" if kept else ""))
+    return model, None
+
+
+def _build_optimizer(model: DecoderLM, cfg: TrainConfig):
+    """(AdamW, warm-up + cosine scheduler, parameter groups as written to ``param_groups.json``)."""
+    optimizer, groups = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
+    scheduler = build_scheduler(optimizer, cfg.warmup_steps(), cfg.total_steps(), cfg.min_lr_ratio)
+    return optimizer, scheduler, groups
+
+
+def _progress_bar(t: _Trainer, progress: bool, desc: str):
+    """A tqdm bar over the run's steps (rank 0, when ``progress``), closed on leaving the ``with``."""
+    return contextlib.closing(tqdm(total=t.total_steps, initial=t.step, desc=desc, unit="step",
+                                   disable=not (progress and t.is_main), dynamic_ncols=True))
+
+
+def _metrics_log(t: _Trainer):
+    """``metrics.jsonl`` opened for appending on rank 0; None on the other ranks."""
+    if t.is_main:
+        return open(t.run_dir / METRICS_FILE, "a", encoding="utf-8")
+    return contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------------------------------------- one step
+def _accumulate_gradients(t: _Trainer) -> float:
+    """Forward and backward over the step's ``grad_accum`` micro-batches (DDP syncs on the last); the summed loss."""
+    loss_sum = 0.0
+    for micro in range(t.cfg.grad_accum):
+        w = t.batches.batch(t.step, micro).to(t.device)
+        sync = contextlib.nullcontext()
+        if t.cfg.data_parallel == "ddp" and micro < t.cfg.grad_accum - 1:
+            sync = t.net.no_sync()
+        with sync:
+            loss = next_token_loss(t.net, w, t.device, t.amp)
+            (loss / t.cfg.grad_accum).backward()
+        loss_sum += float(loss.detach())
+    return loss_sum
+
+
+def _optimizer_step(t: _Trainer) -> dict[str, Any]:
+    """One optimizer step (gradient accumulation, clipping, scheduler); advances the counters and returns the
+    step's metrics row. Raises ``FloatingPointError`` if the loss is not finite."""
+    t0 = time.perf_counter()
+    lr = t.scheduler.get_last_lr()[0]
+    loss_sum = _accumulate_gradients(t)
+    max_norm = t.cfg.grad_clip if t.cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(t.model.parameters(), max_norm))
+    t.optimizer.step()
+    t.scheduler.step()
+    t.optimizer.zero_grad(set_to_none=True)
+    t.step += 1
+    t.tokens_seen += t.cfg.tokens_per_step()
+    dt = time.perf_counter() - t0
+    t.train_time += dt
+    t.train_tokens += t.cfg.tokens_per_step()
+    train_loss = loss_sum / t.cfg.grad_accum
+    if not math.isfinite(train_loss):
+        raise FloatingPointError(f"training loss became {train_loss} at step {t.step}")
+    return {"step": t.step, "tokens": t.tokens_seen, "loss": train_loss, "lr": lr, "grad_norm": grad_norm,
+            "tokens_per_s": t.cfg.tokens_per_step() / dt}
+
+
+# ---------------------------------------------------------------------------------------------------- periodic work
+def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
+    """Every ``eval_every`` steps and at the last step: measure ``val_loss`` into ``t`` and ``row``."""
+    if (t.cfg.eval_every and t.step % t.cfg.eval_every == 0) or t.step == t.total_steps:
+        t.val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
+        row["val_loss"] = t.val_loss
+
+
+def _log_row(t: _Trainer, row: dict[str, Any], metrics_file, bar, last: int) -> None:
+    """Append ``row`` to ``metrics.jsonl`` every ``log_every`` steps, with a validation, and at ``last``; update
+    the progress bar."""
+    if metrics_file and (t.step % t.cfg.log_every == 0 or "val_loss" in row or t.step == last):
+        metrics_file.write(json.dumps(row) + "\n")
+        metrics_file.flush()
+    bar.update(1)
+    bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                    **({"val": f"{t.val_loss:.3f}"} if t.val_loss is not None else {}))
+
+
+def _maybe_checkpoint(t: _Trainer) -> None:
+    """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint; ranks meet after periodic ones."""
+    periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0)
+    if t.is_main and (periodic or t.step == t.total_steps):
+        state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen)
+        t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state)
+    if t.cfg.world_size() > 1 and periodic:
+        torch.distributed.barrier()
+
+
+# ---------------------------------------------------------------------------------------------------- the end
+def _finish(t: _Trainer) -> TrainResult:
+    """When the run reached its last step: ``summary.json`` (rank 0). A session that resumed at the last step keeps
+    an intact summary of that step, or re-creates it (final validation loss from the metrics log or measured now,
+    whole-run throughput from the log). Returns the result of this session."""
+    tps = t.train_tokens / t.train_time if t.train_time > 0 else None
+    if t.step == t.total_steps:
+        if t.val_loss is None:
+            t.val_loss = _final_val_loss(t)
+        old = read_summary(t.run_dir) if t.train_time == 0 else None
+        if tps is None:
+            tps = (old or {}).get("train_tokens_per_s") or run_tokens_per_s(read_metrics(t.run_dir))
+        if t.is_main and not (old and old.get("steps") == t.step and old.get("final_val_loss") is not None):
+            write_summary(t.run_dir, {"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
+                                      "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
+                                      "checkpoint": str(t.saved) if t.saved else None})
+    return TrainResult(t.run_dir, t.step, t.tokens_seen, t.val_loss, tps, t.saved, t.step - t.start_step)
+
+
+def _final_val_loss(t: _Trainer) -> float:
+    """The validation loss at the last step of a run resumed there: the one logged in ``metrics.jsonl`` at that
+    step, else measured now on the restored weights."""
+    for row in read_metrics(t.run_dir):
+        if row.get("step") == t.step and row.get("val_loss") is not None:
+            return float(row["val_loss"])
+    return mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)

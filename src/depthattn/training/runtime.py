@@ -1,0 +1,89 @@
+"""The process a run trains in: device, precision, seeding and RNG states, the torchrun process group.
+
+``precision = "auto"`` resolves to float32 on CPU and bf16 autocast (float32 master weights) on CUDA; the resolved
+precision is what ``run.json`` records and what a resumed run must keep (``runs.resume_point``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from .config import TrainConfig
+
+
+# ---------------------------------------------------------------------------------------------------- device
+def resolve_device(name: str, option: str = "TrainConfig.device") -> torch.device:
+    """``auto`` → cuda if available, else cpu; otherwise the named device. ``ValueError`` naming ``option`` (the
+    setting or flag it came from) for a bad name or CUDA that is not available."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    given = f"{option} {name}" if option.startswith("--") else f"{option}={name!r}"
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"{given} is not a device ({e})") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{given}: CUDA is not available on this machine (use cpu or auto)")
+    return device
+
+
+def start_distributed(train_cfg: TrainConfig) -> TrainConfig:
+    """Refuse fsdp; under ``data_parallel``, join the torchrun process group (on CUDA, ``device = auto`` becomes the
+    rank's own GPU)."""
+    if train_cfg.data_parallel == "fsdp":
+        raise ValueError("TrainConfig.data_parallel='fsdp': the trainer does not gather sharded checkpoints yet; "
+                         "use 'ddp'")
+    if train_cfg.data_parallel and not torch.distributed.is_initialized():
+        if "WORLD_SIZE" not in os.environ:
+            raise ValueError(f"TrainConfig.data_parallel={train_cfg.data_parallel!r} needs a torchrun launch")
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available() and train_cfg.device == "auto":
+            train_cfg = train_cfg.replace(device=f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    return train_cfg
+
+
+# ---------------------------------------------------------------------------------------------------- precision
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA under ``auto``; float32 (no autocast) on CPU under ``auto``."""
+    if precision == "float32" or (precision == "auto" and device.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
+def resolved_precision(amp: torch.dtype | None) -> str:
+    """The precision a run actually trains in, as recorded in ``run.json``: ``"float32"`` or ``"bfloat16"``."""
+    return "float32" if amp is None else str(amp).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------------------------------------------- randomness
+def seed_everything(seed: int) -> None:
+    """Seed torch, Python's ``random`` and NumPy's global generator."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch, Python, NumPy (and CUDA) RNG states, as ``trainer_state.pt`` stores them (tensors and lists only,
+    so ``torch.load(weights_only=True)`` reads them)."""
+    np_state = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore the RNG states saved by ``rng_state``."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(tuple(state["python"][:1]) + (tuple(state["python"][1]),) + tuple(state["python"][2:]))
+    n = state["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), *n[2:]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
