@@ -261,3 +261,22 @@ def test_rope_frequencies_stay_float32_in_a_bf16_model():
     ids = torch.randint(0, 512, (1, 6))
     with torch.no_grad():
         assert torch.isfinite(model(ids).logits.float()).all()
+
+
+def test_init_from_a_tied_checkpoint_into_another_method(tmp_path):
+    """--init-from (kind="init_from"): a tied checkpoint stores lm_head once; the head is the embedding, and the
+    method's own tensors keep their initialisation."""
+    from depthattn.checkpoint import WEIGHTS_NAME, load_state, load_weights_into, save_model
+    src = make_model(cross_layer="none", tie_word_embeddings=True)
+    save_model(src, tmp_path / "ckpt")
+    assert "lm_head.weight" not in load_state(tmp_path / "ckpt")
+    dst = make_model(cross_layer="denseformer", tie_word_embeddings=True)
+    init = {k: v.clone() for k, v in dst.state_dict().items()}
+    kept = load_weights_into(dst, load_state(tmp_path / "ckpt"), str(tmp_path / "ckpt" / WEIGHTS_NAME),
+                             kind="init_from")
+    assert kept and all(".cross_layer." in k for k in kept)
+    state = dst.state_dict()
+    assert all(torch.equal(state[k], init[k]) for k in kept)
+    assert all(torch.equal(state[k], v) for k, v in src.state_dict().items())
+    with pytest.raises(ValueError, match="lacks backbone keys"):
+        load_weights_into(make_model(cross_layer="none"), load_state(tmp_path / "ckpt"), "x", kind="init_from")
