@@ -7,6 +7,7 @@ import torch
 
 from depthattn import DecoderLM, ModelConfig
 from depthattn.analyze import depth_weight_means
+from depthattn.attention import LayerContext
 from depthattn.checkpoint import save_model
 from depthattn.cross_layer.depth_attention import depth_weights
 from depthattn.functional import rope_cos_sin
@@ -20,7 +21,7 @@ def test_weights_match_explicit_layer_walk():
     # explicit twin: run the layers by hand, keeping every layer's K̂/Ṽ, and average depth_weights
     with torch.no_grad():
         h = m.model.embed_tokens(ids)
-        cos, sin = rope_cos_sin(torch.arange(7).expand(2, 7), m.inv_freq, h.dtype)
+        cos, sin = rope_cos_sin(torch.arange(7).expand(2, 7), m.model.rotary_emb.inv_freq, h.dtype)
         kv = {}
         for u, cands in enumerate(m.plan):
             layer = m.model.layers[u]
@@ -31,7 +32,7 @@ def test_weights_match_explicit_layer_walk():
             assert row["candidates"] == list(cands) + [u]
             torch.testing.assert_close(torch.tensor(row["weights"], dtype=torch.float32), w, atol=1e-6, rtol=0)
             assert sum(row["weights"]) == pytest.approx(1.0)
-            h, kv[u] = layer(h, tuple(kv[j] for j in cands), cos, sin, None)
+            h, kv[u] = layer(h, tuple(kv[j] for j in cands), ctx=LayerContext(cos, sin, None), layer_idx=u)
     assert res["layers"][0]["weights"] == [1.0] and len(res["layers"][4]["candidates"]) > 1
 
 

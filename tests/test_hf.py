@@ -11,10 +11,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from depthattn import DecoderLM, ModelConfig, generate, naive_generate  # noqa: E402
-from depthattn.checkpoint import load_model, save_model  # noqa: E402
-from depthattn.hf import DepthAttnCache, DepthAttnConfig, DepthAttnForCausalLM  # noqa: E402
-from depthattn.hf.convert import load_qwen3, qwen3_to_model_config, save_qwen3  # noqa: E402
+from depthattn.checkpoint import save_model  # noqa: E402
 from depthattn.cross_layer import names as method_names  # noqa: E402
+from depthattn.hf import DepthAttnCache, DepthAttnConfig, DepthAttnForCausalLM  # noqa: E402
+from depthattn.hf.convert import load_any_model, load_qwen3, qwen3_to_model_config, save_qwen3  # noqa: E402
 
 METHODS = list(method_names())
 
@@ -137,7 +137,7 @@ def test_qwen3_in_and_out(tmp_path, tie):
     ref = q(ids, attention_mask=mask).logits[real]
     ours = load_qwen3(tmp_path / "q3")
     torch.testing.assert_close(ours(ids, attention_mask=mask).logits[real], ref, atol=1e-5, rtol=0)
-    torch.testing.assert_close(load_model(tmp_path / "q3")(ids, attention_mask=mask).logits[real], ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(load_any_model(tmp_path / "q3")(ids, attention_mask=mask).logits[real], ref, atol=1e-5, rtol=0)
     assert main(["convert", "--from-qwen3", str(tmp_path / "q3"), "--out", str(tmp_path / "ck")]) == 0
     assert main(["convert", "--to-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "q3b")]) == 0
     back = Qwen3ForCausalLM.from_pretrained(tmp_path / "q3b").eval()
@@ -422,3 +422,15 @@ def test_lm_eval_harness_does_not_print_git_errors(tmp_path, monkeypatch, capfd)
 
     assert lm_eval.evaluator.get_git_commit_hash.__module__ == "lm_eval.loggers.utils"  # restored afterwards
     assert "not a git repository" not in capfd.readouterr().err
+
+
+def test_native_loader_refuses_a_qwen3_folder_in_one_line(tmp_path):
+    from depthattn.checkpoint import load_config, load_model
+
+    qwen3_tiny(tmp_path)
+    for load in (load_config, load_model):
+        with pytest.raises(ValueError, match=r"q3 is a Hugging Face Qwen3 folder, not a depthattn checkpoint: "
+                                             r"open it with depthattn.hf.convert.load_any_model") as e:
+            load(tmp_path / "q3")
+        assert "\n" not in str(e.value)
+    assert load_any_model(tmp_path / "q3").config.num_hidden_layers == 3

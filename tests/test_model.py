@@ -66,13 +66,14 @@ def test_keys_equal_what_a_vanilla_layer_caches_from_the_same_input():
     ids = torch.randint(0, 512, (2, 6))
     inputs = {}
     hooks = [layer.self_attn.register_forward_pre_hook(
-        lambda mod, args, i=i: inputs.__setitem__(i, args)) for i, layer in enumerate(model.model.layers)]
+        lambda mod, args, kwargs, i=i: inputs.__setitem__(i, (args[0], kwargs["ctx"])), with_kwargs=True)
+        for i, layer in enumerate(model.model.layers)]
     cache = model.new_cache(2, 6)
     with torch.no_grad():
         model(ids, cache=cache)
         for i, layer in enumerate(model.model.layers):
-            x, _, cos, sin = inputs[i][:4]
-            _, k, v = layer.self_attn.project(x, cos, sin)
+            x, ctx = inputs[i]
+            _, k, v = layer.self_attn.project(x, ctx.cos, ctx.sin)
             torch.testing.assert_close(cache.k[i], k, atol=0, rtol=0)
             if i == 0:
                 torch.testing.assert_close(cache.v[0], v, atol=0, rtol=0)
@@ -84,8 +85,8 @@ def test_empty_plan_equals_vanilla_bit_for_bit():
     da = make_model(cross_layer="depth_attention")
     van = DecoderLM(da.config.replace(cross_layer="none")).eval()
     van.load_state_dict(da.state_dict())
-    da.plan = ((),) * len(da.plan)
-    da.sources = frozenset()
+    da.model.plan = ((),) * len(da.plan)
+    da.model.sources = frozenset()
     ids = torch.randint(0, 512, (2, 8))
     with torch.no_grad():
         assert torch.equal(da(ids).logits, van(ids).logits)
@@ -136,13 +137,15 @@ def test_recursion_source_passes_on_its_mixed_value():
     # cached Ṽ_4, i.e. the layer really read Ṽ_2.
     from depthattn.cross_layer.depth_attention import depth_mix
     inputs = {}
-    model.model.layers[4].self_attn.register_forward_pre_hook(lambda m, args: inputs.__setitem__(4, args))
-    model.model.layers[2].self_attn.register_forward_pre_hook(lambda m, args: inputs.__setitem__(2, args))
+    for i in (4, 2):
+        model.model.layers[i].self_attn.register_forward_pre_hook(
+            lambda m, args, kwargs, i=i: inputs.__setitem__(i, (args[0], kwargs["ctx"].cos, kwargs["ctx"].sin)),
+            with_kwargs=True)
     with torch.no_grad():
         cache = model.new_cache(1, 5)
         model(ids, cache=cache)
-        q4, k4, v4 = model.model.layers[4].self_attn.project(inputs[4][0], *inputs[4][2:4])
-        _, _, v2_raw = model.model.layers[2].self_attn.project(inputs[2][0], *inputs[2][2:4])
+        q4, k4, v4 = model.model.layers[4].self_attn.project(*inputs[4])
+        _, _, v2_raw = model.model.layers[2].self_attn.project(*inputs[2])
         with_mixed = depth_mix(q4, [cache.k[0], cache.k[2], k4], [cache.v[0], cache.v[2], v4])
         with_raw = depth_mix(q4, [cache.k[0], cache.k[2], k4], [cache.v[0], v2_raw, v4])
     torch.testing.assert_close(cache.v[4], with_mixed, atol=1e-6, rtol=0)
@@ -254,7 +257,26 @@ def test_tied_config_refuses_an_untied_checkpoint(tmp_path):
 
 def test_rope_frequencies_stay_float32_in_a_bf16_model():
     model = make_model().to(torch.bfloat16)
-    assert model.inv_freq.dtype == torch.float32
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
     ids = torch.randint(0, 512, (1, 6))
     with torch.no_grad():
         assert torch.isfinite(model(ids).logits.float()).all()
+
+
+def test_init_from_a_tied_checkpoint_into_another_method(tmp_path):
+    """--init-from (kind="init_from"): a tied checkpoint stores lm_head once; the head is the embedding, and the
+    method's own tensors keep their initialisation."""
+    from depthattn.checkpoint import WEIGHTS_NAME, load_state, load_weights_into, save_model
+    src = make_model(cross_layer="none", tie_word_embeddings=True)
+    save_model(src, tmp_path / "ckpt")
+    assert "lm_head.weight" not in load_state(tmp_path / "ckpt")
+    dst = make_model(cross_layer="denseformer", tie_word_embeddings=True)
+    init = {k: v.clone() for k, v in dst.state_dict().items()}
+    kept = load_weights_into(dst, load_state(tmp_path / "ckpt"), str(tmp_path / "ckpt" / WEIGHTS_NAME),
+                             kind="init_from")
+    assert kept and all(".cross_layer." in k for k in kept)
+    state = dst.state_dict()
+    assert all(torch.equal(state[k], init[k]) for k in kept)
+    assert all(torch.equal(state[k], v) for k, v in src.state_dict().items())
+    with pytest.raises(ValueError, match="lacks backbone keys"):
+        load_weights_into(make_model(cross_layer="none"), load_state(tmp_path / "ckpt"), "x", kind="init_from")

@@ -2,14 +2,16 @@
 
 Legend: B batch, K KV heads, T time, H query heads, D head dim, N candidates (sources then self), L virtual layers.
 
-The weights are computed with ``depthattn.cross_layer.depth_attention.depth_weights`` on the q and K̂ the model itself
-produces: forward hooks on every ``self_attn`` module capture the attention's inputs (its normalised input, the
-sources' (K̂, Ṽ), RoPE tables) and its output K̂; q comes from the module's own ``project``. Nothing of the model
-forward is re-implemented and nothing is added to the model (hooks are removed afterwards).
+The weights are computed with ``depthattn.cross_layer.depth_attention.depth_weights`` on the q and K̂ the model itself produces:
+forward hooks on every ``self_attn`` module capture the attention's inputs by name (its normalised input, the
+sources' (K̂, Ṽ), the call's ``LayerContext`` with the RoPE tables, the virtual layer index) and its output K̂; q
+comes from the module's own ``project``. Nothing of the model forward is re-implemented and nothing is added to the
+model (hooks are removed afterwards).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -33,17 +35,17 @@ def depth_weight_means(model, input_ids_BT: torch.Tensor, attention_mask_BT: tor
     sums: dict[int, torch.Tensor] = {}
     mask = None if attention_mask_BT is None else attention_mask_BT.bool()
 
-    def hook(module, args, output):
-        x_BTC, sources, cos, sin = args[0], args[1], args[2], args[3]
-        u = args[6] if len(args) > 6 else 0
-        q_BHTD, _, _ = module.project(x_BTC, cos, sin)
+    def hook(module, args, kwargs, output):
+        call = inspect.signature(module.forward).bind(*args, **kwargs).arguments  # by name, however it was called
+        x_BTC, sources, ctx, u = call["x_BTC"], call["sources"], call["ctx"], call["layer_idx"]
+        q_BHTD, _, _ = module.project(x_BTC, ctx.cos, ctx.sin)
         k_self = output[1][0]
         w_BKTN = depth_weights(q_BHTD, [k for k, _ in sources] + [k_self])
         m = torch.ones(w_BKTN.shape[0], w_BKTN.shape[2], dtype=torch.bool) if mask is None else mask
         w = w_BKTN.permute(0, 2, 1, 3)[m.to(w_BKTN.device)]  # [n_real, K, N]
         sums[u] = sums.get(u, 0) + w.sum(dim=(0, 1)).double()
 
-    handles = [layer.self_attn.register_forward_hook(hook) for layer in model.model.layers]
+    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
     was_training = model.training
     model.eval()
     try:

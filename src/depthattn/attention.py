@@ -10,6 +10,7 @@ the cache stores. Keys are never mixed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from torch import Tensor, nn
@@ -19,6 +20,26 @@ from .config import ModelConfig
 from .cross_layer.depth_attention import depth_mix
 from .functional import apply_rope, attention
 from .layers import RMSNorm
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """What every layer of one forward call shares; built once per call by ``Backbone.forward``.
+
+    Attributes:
+        cos, sin: RoPE tables ``[B, T, D]`` for this call's positions (model dtype).
+        mask: additive ``[B|1, 1, T, S]`` mask aligned to absolute slots, or None for plain causal attention over
+            exactly these T positions (no padding, no cache offset).
+        cache: when given, each layer writes its K̂ and Ṽ to its own slots from ``cache_start`` and the attention
+            reads every filled slot.
+        cache_start: the slot of this call's first token (``cache.length`` before the call).
+    """
+
+    cos: Tensor
+    sin: Tensor
+    mask: Tensor | None = None
+    cache: KVCache | None = None
+    cache_start: int = 0
 
 
 class Attention(nn.Module):
@@ -43,36 +64,25 @@ class Attention(nn.Module):
         v_BKTD = self.v_proj(x_BTC).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q_BHTD, cos, sin), apply_rope(k_BKTD, cos, sin), v_BKTD
 
-    def forward(
-        self,
-        x_BTC: Tensor,
-        sources: Sequence[tuple[Tensor, Tensor]],
-        cos: Tensor,
-        sin: Tensor,
-        mask: Tensor | None,
-        cache: KVCache | None = None,
-        layer_idx: int = 0,
-        cache_start: int = 0,
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, x_BTC: Tensor, sources: Sequence[tuple[Tensor, Tensor]], *, ctx: LayerContext,
+                layer_idx: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """Attend over the sequence; return the output ``[B, T, C]`` and this layer's (K̂, Ṽ) for this call.
 
         Args:
             sources: (K̂_j, Ṽ_j) of this layer's depth candidates for the same positions, ``[B, K, T, D]`` each;
                 empty for a plain Qwen3 layer.
-            mask: additive ``[B|1, 1, T, S]`` mask aligned to absolute slots, or None for plain causal attention
-                over exactly these T positions (no padding, no cache offset).
-            cache: when given, K̂ and Ṽ are written to ``layer_idx``'s slots from ``cache_start`` and the attention
-                reads every filled slot.
+            ctx: RoPE tables, mask and cache of this call (``LayerContext``).
+            layer_idx: the virtual layer u, whose cache slots K̂ and Ṽ are written to.
         """
-        q_BHTD, k_BKTD, v_BKTD = self.project(x_BTC, cos, sin)
+        q_BHTD, k_BKTD, v_BKTD = self.project(x_BTC, ctx.cos, ctx.sin)
         if sources:  # Depth-Attention value seam (arXiv 2606.05014, spec §3.2–3.4): mix along depth, same position
             keys = [k for k, _ in sources] + [k_BKTD]
             values = [v for _, v in sources] + [v_BKTD]
             v_BKTD = depth_mix(q_BHTD, keys, values)
-        if cache is not None:
-            k_all, v_all = cache.write(layer_idx, cache_start, k_BKTD, v_BKTD)
+        if ctx.cache is not None:
+            k_all, v_all = ctx.cache.write(layer_idx, ctx.cache_start, k_BKTD, v_BKTD)
         else:
             k_all, v_all = k_BKTD, v_BKTD
-        o_BHTD = attention(q_BHTD, k_all, v_all, mask, is_causal=mask is None and x_BTC.shape[1] > 1)
+        o_BHTD = attention(q_BHTD, k_all, v_all, ctx.mask, is_causal=ctx.mask is None and x_BTC.shape[1] > 1)
         B, T, _ = x_BTC.shape
         return self.o_proj(o_BHTD.transpose(1, 2).reshape(B, T, -1)), (k_BKTD, v_BKTD)

@@ -15,7 +15,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig
+from .config import ModelConfig, read_json_object
 from .fileio import write_folder_atomically
 from .model import DecoderLM
 
@@ -43,14 +43,17 @@ def save_model(model: DecoderLM, path: str | os.PathLike) -> None:
 
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
-    """Read ``config.json`` of a checkpoint folder. Raises ``ValueError`` / ``FileNotFoundError`` naming it."""
+    """Read ``config.json`` of a depthattn checkpoint folder. Raises ``ValueError`` / ``FileNotFoundError`` naming
+    it (a Hugging Face Qwen3 folder is a ``ValueError`` saying so)."""
     file = os.path.join(os.fspath(path), CONFIG_NAME)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: {os.fspath(path)!r} is not a depthattn checkpoint folder")
-    from .hf.convert import is_qwen3_folder, qwen3_to_model_config, _read_json  # HF Qwen3 folders too
-    if is_qwen3_folder(path):
-        return qwen3_to_model_config(_read_json(file), source=file)
-    return ModelConfig.load_json(file)
+    values = read_json_object(file, "model config")
+    if values.get("model_type") == "qwen3":
+        raise ValueError(f"{os.fspath(path)} is a Hugging Face Qwen3 folder, not a depthattn checkpoint: open it "
+                         f"with depthattn.hf.convert.load_any_model, or convert it with depthattn convert "
+                         f"--from-qwen3")
+    return ModelConfig.from_dict(values)
 
 
 def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -64,39 +67,76 @@ def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise ValueError(f"cannot read weights {file} (truncated or corrupt?): {e}") from e
 
 
-def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: str) -> None:
-    """Copy ``state`` into ``model`` with strict key and shape checks; errors name ``source``."""
+def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: str,
+                      kind: str = "checkpoint") -> list[str]:
+    """Copy ``state`` into ``model`` with strict key and shape checks; errors name ``source``.
+
+    The one weight loader: checkpoints and resume, ``--init-from`` and Qwen3 import all come through here. ``kind``
+    says what ``state`` is:
+
+    * ``"checkpoint"``: a depthattn checkpoint of the model's own config: every key and every shape must match.
+    * ``"init_from"``: a depthattn checkpoint that may use another ``cross_layer``: keys under ``cross_layer``
+      that one side lacks keep the model's initialisation (missing) or are dropped (unexpected).
+    * ``"qwen3"``: the tensors of a Hugging Face Qwen3 folder (``source`` names the folder): parameters only the
+      model's method has (``*.cross_layer.*``) keep their vanilla-equivalent initialisation.
+
+    With ``tie_word_embeddings`` the LM head is the embedding: a missing ``lm_head.weight`` is taken from
+    ``model.embed_tokens.weight``, and a different one is refused (a Qwen3 folder's is ignored, as transformers
+    does). Tensors are cast to the model's dtype. Returns the keys that kept their initialisation (sorted).
+    Raises ``ValueError`` naming ``source`` for any other missing or unexpected key or any shape mismatch.
+    """
+    if kind not in ("checkpoint", "init_from", "qwen3"):
+        raise ValueError(f"kind={kind!r} must be 'checkpoint', 'init_from' or 'qwen3'")
     expected = model.state_dict()
+    state = dict(state)
     if model.config.tie_word_embeddings:
-        state = dict(state)
         embed, head = state.get("model.embed_tokens.weight"), state.get("lm_head.weight")
-        if embed is not None and head is not None and not torch.equal(embed, head):
+        if kind == "qwen3":
+            state.pop("lm_head.weight", None)
+        elif embed is not None and head is not None and not torch.equal(embed, head):
             raise ValueError(f"{source} holds an untied lm_head.weight, but the config says "
                              f"tie_word_embeddings=true; fix the config or the weights")
         state.setdefault("lm_head.weight", embed)
     missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
+    unexpected = [k for k in state if k not in expected]
+
+    def method_only(key: str) -> bool:
+        return ".cross_layer." in f".{key}"
+
+    if kind == "checkpoint" and (missing or unexpected):
+        unexpected = sorted(unexpected)
         raise ValueError(f"{source} does not match the model config: missing keys {missing[:5]}"
                          f"{'…' if len(missing) > 5 else ''}, unexpected keys {unexpected[:5]}"
                          f"{'…' if len(unexpected) > 5 else ''}")
+    if kind == "init_from":
+        bad = [k for k in unexpected if not method_only(k)]
+        if bad:
+            raise ValueError(f"{source}: keys {bad[:5]} do not exist in the new model ({model.config.cross_layer}); "
+                             f"is it a checkpoint of another architecture?")
+        if any(not method_only(k) for k in missing):
+            raise ValueError(f"{source} lacks backbone keys {[k for k in missing if not method_only(k)][:5]} of "
+                             f"the new model")
+    if kind == "qwen3":
+        backbone_missing = [k for k in missing if not method_only(k)]
+        if unexpected or backbone_missing:
+            raise ValueError(f"{source}: weights do not match a Qwen3 model of its config.json: unexpected "
+                             f"{sorted(unexpected)[:5]}, missing {backbone_missing[:5]}")
+    needs = "config.json needs" if kind == "qwen3" else "the config needs"
     for key, tensor in expected.items():
-        if tuple(state[key].shape) != tuple(tensor.shape):
-            raise ValueError(f"{source}: {key} has shape {tuple(state[key].shape)}, the config needs "
-                             f"{tuple(tensor.shape)}")
-    model.load_state_dict(state, strict=True)
+        if key in state and tuple(state[key].shape) != tuple(tensor.shape):
+            raise ValueError(f"{source}: {key} has shape {tuple(state[key].shape)}, {needs} {tuple(tensor.shape)}")
+    merged = {k: v for k, v in state.items() if k in expected}
+    merged.update({k: expected[k] for k in missing})  # method tensors the source lacks keep their initialisation
+    model.load_state_dict(merged, strict=True)
+    return missing
 
 
 def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None) -> DecoderLM:
-    """Build the model of a checkpoint folder and load its weights (strict); a Hugging Face Qwen3 folder
-    (``"model_type": "qwen3"``) loads as ``cross_layer="none"`` (``depthattn.hf.convert.load_qwen3``)."""
-    from .hf.convert import is_qwen3_folder, load_qwen3
-    if is_qwen3_folder(path):
-        model = load_qwen3(path)
-    else:
-        model = DecoderLM(load_config(path))
-        load_weights_into(model, load_state(path), os.path.join(os.fspath(path), WEIGHTS_NAME))
+    """Build the model of a depthattn checkpoint folder and load its weights (strict). A Hugging Face Qwen3 folder
+    raises ``ValueError``: ``depthattn.hf.convert.load_any_model`` opens any folder, native or Qwen3."""
+    model = DecoderLM(load_config(path))
+    load_weights_into(model, load_state(path), os.path.join(os.fspath(path), WEIGHTS_NAME))
     model.to(device=device)
     if dtype is not None:
         model.to(dtype=dtype)

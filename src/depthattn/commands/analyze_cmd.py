@@ -23,14 +23,15 @@ the checkpoint's tokenizer.json (or --tokenizer PATH); --data reads the validati
 
 def run(args: argparse.Namespace) -> int:
     from ..analyze import depth_weight_means, heatmap
-    from ..checkpoint import latest_checkpoint, load_model
+    from ..checkpoint import latest_checkpoint
     from ..fileio import atomic_write_text
+    from ..hf.convert import load_any_model  # a depthattn checkpoint or a Hugging Face Qwen3 folder
     from ..training.runs import TOKENIZER_FILE
 
     if bool(args.prompt) == bool(args.data):
         raise ValueError("give exactly one of --prompt TEXT or --data DIR")
     folder = latest_checkpoint(args.checkpoint)  # a run folder means its newest checkpoint, as in eval/generate
-    model = load_model(folder)
+    model = load_any_model(folder)
     if args.prompt:
         from tokenizers import Tokenizer
 

@@ -11,13 +11,15 @@ from ..training.runtime import resolve_device
 
 def load_for_inference(path: str | os.PathLike, device: str = "auto", device_option: str = "--device"):
     """(model in eval mode, ``tokenizers.Tokenizer``, checkpoint folder, torch device) for a checkpoint or run
-    folder. All weight loading goes through ``checkpoint.load_model``. Raises ``ValueError`` /
-    ``FileNotFoundError`` naming the file (or ``device_option`` for a device that is not available)."""
+    folder (a Hugging Face Qwen3 folder too). All weight loading goes through ``hf.convert.load_any_model``.
+    Raises ``ValueError`` / ``FileNotFoundError`` naming the file (or ``device_option`` for a device that is not
+    available)."""
     from ..data import load_tokenizer
+    from ..hf.convert import load_any_model  # imported here: transformers only for commands that open models
 
     dev = resolve_device(device, device_option)
     folder = ckpt.latest_checkpoint(path)
-    model = ckpt.load_model(folder, device=dev)
+    model = load_any_model(folder, device=dev)
     tok_file = folder / TOKENIZER_FILE
     if not tok_file.is_file():
         raise FileNotFoundError(f"{tok_file} not found: the checkpoint has no tokenizer")

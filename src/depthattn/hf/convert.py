@@ -33,7 +33,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from depthattn.checkpoint import load_model, save_model_files
+from depthattn.checkpoint import load_model, load_weights_into, save_model_files
 from depthattn.config import ModelConfig, read_json_object
 from depthattn.data.tokenizer import EOS_TOKEN
 from depthattn.fileio import write_folder_atomically
@@ -177,21 +177,20 @@ def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
     cfg = qwen3_to_model_config(values, source=file, **overrides)
     state = read_qwen3_state(path)
     model = DecoderLM(cfg)
-    expected = model.state_dict()
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-        expected.pop("lm_head.weight", None)
-    unexpected = sorted(set(state) - set(expected))
-    missing = sorted(k for k in set(expected) - set(state) if ".cross_layer." not in f".{k}")
-    if unexpected or missing:
-        raise ValueError(f"{path}: weights do not match a Qwen3 model of its config.json: unexpected "
-                         f"{unexpected[:5]}, missing {missing[:5]}")
-    with torch.no_grad():
-        for key, tensor in state.items():
-            if tuple(tensor.shape) != tuple(expected[key].shape):
-                raise ValueError(f"{path}: {key} has shape {tuple(tensor.shape)}, config.json needs "
-                                 f"{tuple(expected[key].shape)}")
-            expected[key].copy_(tensor.to(expected[key].dtype))
+    load_weights_into(model, state, path, kind="qwen3")
+    return model.eval()
+
+
+def load_any_model(path: str | os.PathLike, device: torch.device | str = "cpu",
+                   dtype: torch.dtype | None = None) -> DecoderLM:
+    """Open any model folder for inference, in eval mode on ``device`` (and ``dtype``): a depthattn checkpoint
+    (``depthattn.checkpoint.load_model``) or a Hugging Face Qwen3 folder (``"model_type": "qwen3"``, loaded as
+    ``cross_layer="none"`` by ``load_qwen3``). Raises ``ValueError`` / ``FileNotFoundError`` naming the file."""
+    if not is_qwen3_folder(path):
+        return load_model(path, device=device, dtype=dtype)
+    model = load_qwen3(path).to(device=device)
+    if dtype is not None:
+        model.to(dtype=dtype)
     return model.eval()
 
 
@@ -276,12 +275,12 @@ def convert_from_qwen3(src: str | os.PathLike, out: str | os.PathLike, overwrite
 
 def convert_to_qwen3(ckpt: str | os.PathLike, out: str | os.PathLike,
                      overwrite: bool = False) -> tuple[DecoderLM, Path, list[str]]:
-    """depthattn checkpoint (or run folder: its newest checkpoint) → Hugging Face Qwen3 folder with the
-    checkpoint's tokenizer; returns (model, checkpoint folder used, tokenizer files written). Raises
+    """depthattn checkpoint (or run folder: its newest checkpoint; a Qwen3 folder is re-exported) → Hugging Face
+    Qwen3 folder with the checkpoint's tokenizer; returns (model, checkpoint folder used, tokenizer files written). Raises
     ``ValueError`` for a method Qwen3 cannot express, or if ``out`` exists and not ``overwrite``."""
     from depthattn.checkpoint import latest_checkpoint
 
     _check_out(out, overwrite)
     folder = latest_checkpoint(ckpt)
-    model = load_model(folder)
+    model = load_any_model(folder)
     return model, folder, save_qwen3(model, out, tokenizer_dir=folder)

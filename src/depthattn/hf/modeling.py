@@ -1,12 +1,12 @@
-"""``DepthAttnForCausalLM``: a thin ``PreTrainedModel`` + ``GenerationMixin`` shell around the core ``DecoderLM``.
+"""``DepthAttnForCausalLM``: a thin ``PreTrainedModel`` + ``GenerationMixin`` shell around the core's modules.
 
 Legend: B batch, T time (this call), S cache slots, V vocab.
 
-No model code lives here. The wrapper owns a ``DecoderLM`` and registers the core's own ``model`` (backbone) and
-``lm_head`` modules as its children, so the state dict holds exactly the core's keys (``model.*``, ``lm_head.*``, the
-Hugging Face Qwen3 names) and a ``cross_layer="none"`` export is a valid Qwen3 checkpoint. The core itself is kept
-out of the module tree (it would duplicate every key); its one buffer (``inv_freq``) follows ``.to()`` through
-``_apply`` and stays float32.
+No model code lives here. Like ``Qwen3ForCausalLM``, the wrapper owns the core ``Backbone`` as ``model`` (HF
+``Qwen3Model``'s place) and an ``lm_head``, and its forward is ``self.model(...)`` then ``self.lm_head``, so the
+state dict holds exactly the core's keys (``model.*``, ``lm_head.*``, the Hugging Face Qwen3 names) and a
+``cross_layer="none"`` export is a valid Qwen3 checkpoint. The RoPE frequencies live in ``model.rotary_emb``
+(a non-persistent float32 buffer, recomputed by ``_init_weights`` after ``from_pretrained``).
 
 The cache transformers sees is ``DepthAttnCache``, a ``transformers.Cache`` that owns one core ``KVCache`` and grows
 it on demand. It stores what the core stores: keys and the depth-mixed values Ṽ (spec-depth-attention.md §7.1),
@@ -22,9 +22,8 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from depthattn.cache import KVCache
-from depthattn.functional import rope_inv_freq
-from depthattn.layers import RMSNorm
-from depthattn.model import DecoderLM
+from depthattn.checks import check_forward_inputs
+from depthattn.model import Backbone, DecoderLM, init_module_weights, next_token_loss
 
 from .configuration import DepthAttnConfig
 
@@ -143,34 +142,26 @@ class DepthAttnPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module):
-        """Per-module version of the core's ``DecoderLM.init_weights`` (its docstring is the per-parameter table).
+        """One module of the core's ``DecoderLM.init_weights`` table (``depthattn.model.init_module_weights``).
 
-        transformers calls this module by module, and after ``from_pretrained`` only for modules with a missing key
-        (e.g. a method's parameters when a vanilla checkpoint is loaded with ``cross_layer="mhc"``): ``nn.Linear`` /
-        ``nn.Embedding`` weights ~ N(0, initializer_range²), ``RMSNorm`` weights = 1, and a seam module's own
-        ``init_weights(cfg)``. Tensors that were loaded (``_is_hf_initialized``) are never overwritten.
+        transformers calls this module by module, children first: on a new model for every module (so
+        ``DepthAttnForCausalLM(config)`` draws exactly what ``DecoderLM(config)`` draws), and after
+        ``from_pretrained`` only for modules with a tensor it did not load: a method's parameters when a vanilla
+        checkpoint is loaded with ``cross_layer="mhc"``, and always ``model.rotary_emb``, whose non-persistent
+        ``inv_freq`` transformers re-creates uninitialised off the meta device. Tensors that were loaded
+        (``_is_hf_initialized``) are never overwritten.
         """
-        core = self.__dict__.get("core")
-        cfg = core.config if core is not None else self.config.to_model_config()
-        loaded_weight = getattr(getattr(module, "weight", None), "_is_hf_initialized", False)
-        if isinstance(module, (nn.Linear, nn.Embedding)) and not loaded_weight:
-            nn.init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
-        elif isinstance(module, RMSNorm) and not loaded_weight:
-            nn.init.ones_(module.weight)
-        if module is self:
-            if core is not None and core.inv_freq.device.type != "meta":
-                core.inv_freq.copy_(rope_inv_freq(cfg.head_dim, cfg.rope_theta, device=core.inv_freq.device))
-        elif not isinstance(module, PreTrainedModel) and callable(getattr(module, "init_weights", None)):
-            # the seam modules write in place (zero_/fill_/copy_), so keep whatever was loaded under them
-            loaded = [(p, p.detach().clone()) for p in module.parameters()
-                      if getattr(p, "_is_hf_initialized", False)]
-            module.init_weights(cfg)
-            for p, value in loaded:
-                p.copy_(value)
+        if isinstance(module, PreTrainedModel):
+            return
+        # the seam modules write in place (zero_/fill_/copy_), so keep whatever was loaded under them
+        loaded = [(p, p.detach().clone()) for p in module.parameters() if getattr(p, "_is_hf_initialized", False)]
+        init_module_weights(module, self.config.to_model_config())
+        for p, value in loaded:
+            p.copy_(value)
 
 
 class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
-    """Hugging Face causal LM delegating to ``depthattn.DecoderLM``.
+    """Hugging Face causal LM: the core ``Backbone`` (``model``) and ``lm_head``, as in ``depthattn.DecoderLM``.
 
     ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,S+T] 0/1, position_ids [B,T], cache, labels [B,T],
     use_cache, logits_to_keep)`` → ``CausalLMOutputWithPast(loss, logits [B,T',V], cache)``. ``past_key_values`` is
@@ -181,61 +172,26 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
-    def __init__(self, config: DepthAttnConfig, core: DecoderLM | None = None):
+    def __init__(self, config: DepthAttnConfig):
         super().__init__(config)
-        if core is None:
-            core = DecoderLM(config.to_model_config())
-        object.__setattr__(self, "core", core)  # not a submodule: its children are registered below
-        self.model = core.model
-        self.lm_head = core.lm_head
-        if not config.tie_word_embeddings:
+        cfg = config.to_model_config()
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        else:
             self._tied_weights_keys = {}
-        object.__setattr__(self, "_constructing", True)
-        try:
-            self.post_init()
-        finally:
-            object.__setattr__(self, "_constructing", False)
-
-    def init_weights(self):
-        """transformers' ``init_weights`` (per-module ``_init_weights`` + tying), except inside ``__init__``: the core
-        initialised itself (``DecoderLM.__init__``) or arrived trained (``from_core``), so ``post_init`` must not
-        re-draw it."""
-        if self.__dict__.get("_constructing"):
-            self.tie_weights(recompute_mapping=False)
-            return
-        super().init_weights()
+        self.post_init()
 
     @classmethod
     def from_core(cls, core: DecoderLM, **config_kwargs) -> "DepthAttnForCausalLM":
-        """Wrap an existing ``DecoderLM`` (shares its parameters; nothing is copied)."""
+        """Wrap an existing ``DecoderLM``: the wrapper's ``model`` and ``lm_head`` are the core's own modules (shares
+        its parameters; nothing is copied). ``config_kwargs`` set HF-only config fields (``eos_token_id``, ...)."""
         cfg = DepthAttnConfig.from_model_config(core.config, **config_kwargs)
-        return cls(cfg, core=core).to(core.lm_head.weight.device)
-
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """``PreTrainedModel.from_pretrained``; then the core's non-persistent RoPE buffer, which transformers
-        builds on the meta device and never loads, is recomputed on the weights' device."""
-        model = super().from_pretrained(*args, **kwargs)
-        core, p = model.core, model.lm_head.weight
-        if core.inv_freq.device != p.device:
-            cfg = core.config
-            core._buffers["inv_freq"] = rope_inv_freq(cfg.head_dim, cfg.rope_theta, device=p.device)
-        return model
-
-    def _apply(self, fn, *args, **kwargs):
-        super()._apply(fn, *args, **kwargs)
-        core = self.__dict__.get("core")
-        if core is not None:  # the core's one buffer: moved with the weights, kept float32 as DecoderLM._apply does
-            device = fn(core.inv_freq).device
-            core._buffers["inv_freq"] = rope_inv_freq(core.config.head_dim, core.config.rope_theta, device=device)
-        return self
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        core = self.__dict__.get("core")
-        if core is not None:
-            core.training = mode
-        return self
+        with torch.device("meta"):  # built without allocating or drawing anything, then given the core's modules
+            wrapper = cls(cfg)
+        wrapper.model, wrapper.lm_head = core.model, core.lm_head
+        return wrapper
 
     def get_input_embeddings(self):
         return self.model.embed_tokens
@@ -270,19 +226,21 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
             cache = None
         if cache is None and use_cache:
             cache = DepthAttnCache(self.config)
+        cfg = self.model.config
         kv = None
         if cache is not None:
             B, T = input_ids.shape
             p = self.lm_head.weight
-            kv = cache.core_for(self.core.config, B, T, p.dtype, p.device)
-        out = self.core(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=kv,
-                        labels=labels)
-        logits = out.logits
+            kv = cache.core_for(cfg, B, T, p.dtype, p.device)
+        check_forward_inputs(cfg, input_ids, attention_mask, position_ids, labels, kv)  # as DecoderLM.forward
+        hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False)
+        logits = self.lm_head(hidden)
+        loss = None if labels is None else next_token_loss(logits, labels, attention_mask)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
             logits = logits[:, logits_to_keep]
-        return CausalLMOutputWithPast(loss=out.loss, logits=logits, cache=cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
 
 
 def register() -> None:

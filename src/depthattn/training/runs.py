@@ -221,21 +221,7 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
     Returns the keys that kept their initialisation. Raises ``ValueError`` naming the file otherwise.
     """
     source = os.path.join(os.fspath(path), ckpt.WEIGHTS_NAME)
-    state = ckpt.load_state(path)
-    own = model.state_dict()
-    extra = [k for k in state if k not in own]
-    bad = [k for k in extra if "cross_layer" not in k]
-    if bad:
-        raise ValueError(f"{source}: keys {bad[:5]} do not exist in the new model ({model.config.cross_layer}); "
-                         f"is it a checkpoint of another architecture?")
-    kept = sorted(k for k in own if k not in state)
-    if any("cross_layer" not in k for k in kept):
-        missing = [k for k in kept if "cross_layer" not in k]
-        raise ValueError(f"{source} lacks backbone keys {missing[:5]} of the new model")
-    merged = {k: own[k] for k in kept}
-    merged.update({k: v for k, v in state.items() if k in own})
-    ckpt.load_weights_into(model, merged, source)
-    return kept
+    return ckpt.load_weights_into(model, ckpt.load_state(path), source, kind="init_from")
 
 
 # ---------------------------------------------------------------------------------------------------- writing

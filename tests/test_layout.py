@@ -1,0 +1,39 @@
+"""Package layout: the library and the light CLI commands stay free of transformers (issue 8).
+
+transformers is imported by the Hugging Face bridge (``depthattn.hf``) only; ``import depthattn``, ``depthattn
+--help`` and ``depthattn inspect`` must not pay for it. Each check runs in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+IMPORTED = "import sys; print('transformers' in sys.modules, 'depthattn.hf' in sys.modules)"
+
+
+def fresh_python(code: str) -> str:
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("code", [
+    "import depthattn",
+    "import depthattn.cli",
+    "from depthattn.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0",
+    "from depthattn.cli import main\nassert main(['inspect', '--preset', 'tiny']) == 0",
+], ids=["import", "import-cli", "help", "inspect"])
+def test_library_and_light_commands_do_not_import_transformers(code):
+    assert fresh_python(f"{code}\n{IMPORTED}") == "False False"
+
+
+def test_the_hf_bridge_registers_itself_when_imported():
+    code = ("import depthattn.hf, sys; from transformers import AutoConfig, AutoModelForCausalLM; "
+            "from depthattn.hf import DepthAttnConfig, DepthAttnForCausalLM; "
+            "cfg = AutoConfig.for_model('depthattn'); "
+            "print(type(cfg) is DepthAttnConfig, AutoModelForCausalLM._model_mapping[DepthAttnConfig] is "
+            "DepthAttnForCausalLM)")
+    assert fresh_python(code) == "True True"
