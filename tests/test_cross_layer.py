@@ -19,7 +19,7 @@ from depthattn.accounting import inflight_bytes_per_token
 from depthattn.analyze import depth_weight_means
 from depthattn.cross_layer import MethodRecord, registered
 from depthattn.cross_layer.none import residual_model
-from depthattn.optim import build_optimizer
+from depthattn.training.optim import build_optimizer
 from test_residual import assert_cache_matches_full, padded_batch
 
 
@@ -182,6 +182,6 @@ def test_toy_is_accounted_for(toy):
 
 def test_toy_has_no_value_seam(toy):
     model = DecoderLM(tiny_toy())
-    assert model.plan == ((),) * 4 and not model.sources
+    assert model.plan == ((),) * 4 and not model.model.sources
     with pytest.raises(ValueError, match="depth-attention weights need cross_layer='depth_attention'"):
         depth_weight_means(model, torch.zeros(1, 3, dtype=torch.long))
