@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..data.tokenizer import _byte_decoder, token_byte_lengths  # noqa: F401 (re-exported)
+from ..data.tokenizer import token_byte_lengths
 
 
 @dataclass
