@@ -61,10 +61,15 @@ def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     file = os.path.join(os.fspath(path), WEIGHTS_NAME)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: the checkpoint has no safetensors weights")
+    return read_safetensors(file)
+
+
+def read_safetensors(file: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file; a truncated or corrupt file raises ``ValueError`` naming it."""
     try:
         return load_file(file)
     except (SafetensorError, OSError, RuntimeError) as e:
-        raise ValueError(f"cannot read weights {file} (truncated or corrupt?): {e}") from e
+        raise ValueError(f"cannot read weights {os.fspath(file)} (truncated or corrupt?): {e}") from e
 
 
 def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: str,

@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from depthattn.checkpoint import load_model, load_weights_into, save_model_files
+from depthattn.checkpoint import load_model, load_weights_into, read_safetensors, save_model_files
 from depthattn.config import ModelConfig, read_json_object
 from depthattn.data.tokenizer import EOS_TOKEN
 from depthattn.fileio import write_folder_atomically
@@ -151,10 +150,7 @@ def read_qwen3_state(path: str) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        try:
-            state.update(load_file(file))
-        except (SafetensorError, OSError, RuntimeError) as e:
-            raise ValueError(f"cannot read weights {file} (truncated or corrupt?): {e}") from e
+        state.update(read_safetensors(file))
     return state
 
 
