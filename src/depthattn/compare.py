@@ -22,7 +22,7 @@ from .accounting import kv_cache_bytes_per_token, num_flops, num_params
 from .checkpoint import checkpoint_dirs
 from .config import ModelConfig
 from .cross_layer import names as method_names
-from .fileio import atomic_write_text
+from .fileio import atomic_path, atomic_write_text
 from .training import TrainConfig, read_metrics, read_run, resolve_model_config, train
 from .training.runs import RUN_FILE, SUMMARY_FILE, config_differences
 
@@ -319,8 +319,7 @@ def plot_curves(results: dict, path: Path) -> None:
         a.grid(alpha=0.3)
         a.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
