@@ -52,13 +52,19 @@ class DecoderLayer(nn.Module):
         ``sources``: the (K̂_j, Ṽ_j) of this layer's depth candidates; ``ctx``: RoPE tables, mask and cache of this
         call; ``layer_idx``: the virtual layer u (its cache slots)."""
         state = self.cross_layer.prepare(state, 0)
-        x = self.cross_layer.read(state, 0)
-        a, kv = self.self_attn(self.input_layernorm(x), sources, ctx=ctx, layer_idx=layer_idx)
+        a, kv = self.attention_sublayer(self.cross_layer.read(state, 0), sources, ctx=ctx, layer_idx=layer_idx)
         state = self.cross_layer.write(state, 0, a)
         state = self.cross_layer.prepare(state, 1)
-        x = self.cross_layer.read(state, 1)
-        state = self.cross_layer.write(state, 1, self.mlp(self.post_attention_layernorm(x)))
+        state = self.cross_layer.write(state, 1, self.mlp_sublayer(self.cross_layer.read(state, 1)))
         return state, kv
+
+    def attention_sublayer(self, x: Tensor, sources, *, ctx: LayerContext, layer_idx: int):
+        """Sublayer 0 without the residual seam: ``self_attn(input_layernorm(x))`` → (a ``[B, T, C]``, (K̂, Ṽ))."""
+        return self.self_attn(self.input_layernorm(x), sources, ctx=ctx, layer_idx=layer_idx)
+
+    def mlp_sublayer(self, x: Tensor) -> Tensor:
+        """Sublayer 1 without the residual seam: ``mlp(post_attention_layernorm(x))`` ``[B, T, C]``."""
+        return self.mlp(self.post_attention_layernorm(x))
 
 
 class Backbone(nn.Module):

@@ -174,6 +174,9 @@ class _Aggregators(nn.Module):
 class AttnRes(_Aggregators):
     """Layer module: aggregators 0 (attention input) and 1 (MLP input) of layer ``layer_idx``."""
 
+    #: The state's tuple grows with depth: ``parallelize.apply_compile`` compiles the sublayer bodies only.
+    state_grows_with_depth = True
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, device=None):
         super().__init__(cfg, 2, device=device)
         g0, n_sub, S = 2 * layer_idx, 2 * cfg.num_hidden_layers, cfg.attnres_block_size

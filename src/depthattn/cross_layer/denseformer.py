@@ -83,6 +83,9 @@ class DWA(nn.Module):
     Parameters: ``alpha`` ``[|S_i|]`` float32 (absent when p ∤ i), ordered as ``dwa_sources(i, k)``.
     """
 
+    #: The state's tuple grows with depth: ``parallelize.apply_compile`` compiles the sublayer bodies only.
+    state_grows_with_depth = True
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, device=None):
         super().__init__()
         self.block = layer_idx + 1

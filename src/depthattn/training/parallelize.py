@@ -6,6 +6,8 @@ so every cross-layer tensor (Depth-Attention sources, residual-seam state) keeps
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -18,10 +20,59 @@ def apply_activation_checkpointing(model: DecoderLM, enabled: bool = True) -> De
     return model
 
 
-def apply_compile(model: DecoderLM) -> DecoderLM:
-    """Compile each physical block with ``torch.compile`` (a handful of graphs: one per candidate-set size)."""
-    for i, layer in enumerate(model.model.layers):
-        model.model.layers[i] = torch.compile(layer, dynamic=False)
+def compile_units(model: DecoderLM) -> list[tuple[str, int]]:
+    """What ``apply_compile`` compiles, as (unit, distinct signatures): the bound on its dynamo graphs.
+
+    A block whose residual-seam state has a fixed shape (``none``, ``depth_attention``, ``mhc``) is compiled whole;
+    its signatures are the distinct Depth-Attention candidate-set sizes (one for the other methods). A block whose
+    seam state grows with depth (DenseFormer's history, AttnRes's block sums: the layer module says so with
+    ``state_grows_with_depth``) would need a graph per layer, so only its two sublayer bodies (norm + attention,
+    norm + MLP), whose signatures are the candidate-set sizes and one, are compiled and the seam's mixing runs
+    eagerly between them.
+    """
+    sizes = len({len(c) for c in model.plan})
+    if any(_grows(layer) for layer in model.model.layers):
+        return [("attention_sublayer", sizes), ("mlp_sublayer", 1)]
+    return [("block", sizes)]
+
+
+def _grows(layer: nn.Module) -> bool:
+    return bool(getattr(layer.cross_layer, "state_grows_with_depth", False))
+
+
+def check_compiler(device: torch.device) -> None:
+    """Refuse ``compile`` in one line where inductor cannot work: no C++ compiler on CPU, no Triton on CUDA."""
+    import importlib.util
+    import shutil
+
+    if device.type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            raise ValueError("TrainConfig.compile=true: torch.compile's inductor backend needs the triton package on "
+                             "CUDA, which is not installed; install triton or set compile=false")
+        return
+    cxx = os.environ.get("CXX", "g++")
+    if not any(shutil.which(c) for c in (cxx, "g++", "clang++", "c++")):
+        raise ValueError(f"TrainConfig.compile=true: torch.compile's inductor backend needs a C++ compiler on CPU "
+                         f"(looked for {cxx}, g++, clang++, c++ on PATH); install one or set compile=false")
+
+
+def apply_compile(model: DecoderLM, backend: str = "inductor") -> DecoderLM:
+    """Compile the blocks in place (``nn.Module.compile`` / a compiled bound method on the instance), so parameter
+    names and state-dict keys never change and compiled runs save, resume and load strictly.
+
+    Graphs are shared by all blocks of one signature (``compile_units``), whatever the depth; dynamo's recompile
+    limit is raised to that bound (at least its default) so no block silently falls back to eager.
+    """
+    import torch._dynamo
+
+    bound = max(n for _, n in compile_units(model))
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, bound + 1)
+    for layer in model.model.layers:
+        if _grows(layer):
+            layer.attention_sublayer = torch.compile(layer.attention_sublayer, backend=backend, dynamic=False)
+            layer.mlp_sublayer = torch.compile(layer.mlp_sublayer, backend=backend, dynamic=False)
+        else:
+            layer.compile(backend=backend, dynamic=False)
     return model
 
 
@@ -31,6 +82,7 @@ def parallelize(model: DecoderLM, *, activation_checkpointing: bool = False, com
     process group). Returns the module to train (the wrapper for DDP, the model itself otherwise)."""
     apply_activation_checkpointing(model, activation_checkpointing)
     if compile:
+        check_compiler(next(model.parameters()).device)
         apply_compile(model)
     if data_parallel is None:
         return model
