@@ -24,9 +24,18 @@ CONFIG_NAME = "config.json"
 
 
 def model_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
-    """Contiguous CPU tensors, tied LM head stored once (safetensors refuses shared storage)."""
+    """Contiguous CPU tensors, tied LM head stored once (safetensors refuses shared storage).
+
+    Whether the head is tied is read from the tensors (identity), not the config flag: a model whose config says
+    ``tie_word_embeddings`` but whose ``lm_head.weight`` is its own tensor (e.g. built on the meta device and
+    untied by ``to_empty``) raises ``ValueError`` instead of silently dropping the trained head.
+    """
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    if model.config.tie_word_embeddings and not tied:
+        raise ValueError("the model's config says tie_word_embeddings=true but lm_head.weight is not the embedding's "
+                         "tensor (untied, e.g. by to_empty); call model.tie_weights() before saving")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
+    if tied:
         state.pop("lm_head.weight", None)
     return state
 

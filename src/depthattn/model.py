@@ -202,9 +202,18 @@ class DecoderLM(nn.Module):
         self.config = cfg
         self.model = Backbone(cfg, device=device)  # validates cfg
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         self.init_weights()
+
+    def tie_weights(self) -> None:
+        """With ``tie_word_embeddings``, make ``lm_head.weight`` the embedding's Parameter (one tensor). Call it again
+        after ``to_empty``, which gives every module its own new Parameter and so unties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def is_tied(self) -> bool:
+        """Whether the LM head and the embedding are one Parameter (tensor identity, not the config flag)."""
+        return self.lm_head.weight is self.model.embed_tokens.weight
 
     @property
     def plan(self) -> tuple[tuple[int, ...], ...]:

@@ -54,6 +54,8 @@ class TrainConfig:
     compile: bool = False
     activation_checkpointing: bool = False
     data_parallel: str | None = None
+    fsdp_replicate: int = 1
+    dist_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -91,6 +93,11 @@ class TrainConfig:
         need(isinstance(self.compile, bool), "compile", "must be true or false")
         need(isinstance(self.activation_checkpointing, bool), "activation_checkpointing", "must be true or false")
         need(self.data_parallel in (None, "ddp", "fsdp"), "data_parallel", "must be null, 'ddp' or 'fsdp'")
+        need(is_int(self.fsdp_replicate) and self.fsdp_replicate >= 1, "fsdp_replicate",
+             "must be an integer >= 1 (HSDP replica groups; 1: plain FSDP)")
+        need(isinstance(self.dist_timeout_s, (int, float)) and not isinstance(self.dist_timeout_s, bool)
+             and math.isfinite(self.dist_timeout_s) and self.dist_timeout_s > 0, "dist_timeout_s",
+             "must be a number of seconds > 0")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -136,7 +143,7 @@ TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 #: Train keys that may change on ``--resume`` without changing the trajectory.
 RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "keep_last", "log_every", "device", "compile",
-                            "activation_checkpointing"})
+                            "activation_checkpointing", "fsdp_replicate", "dist_timeout_s"})
 
 
 def parse_value(text: str) -> Any:

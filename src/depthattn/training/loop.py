@@ -31,11 +31,14 @@ from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
 from ..model import DecoderLM
 from .config import TrainConfig
 from .optim import DECAY_RULE, build_optimizer, build_scheduler
+from .build import build_on_meta, materialize
+from .dcp import is_sharded, load_sharded, save_sharded
 from .parallelize import parallelize
-from .runs import (METRICS_FILE, TOKENIZER_FILE, environment, init_from_checkpoint, load_resume_weights,
-                   load_trainer_state, read_metrics, read_summary, restore_trainer_state, resume_point,
-                   run_tokens_per_s, save_checkpoint, start_run_files, trainer_state, write_summary)
-from .runtime import autocast_dtype, resolve_device, resolved_precision, seed_everything, start_distributed
+from .runs import (METRICS_FILE, TOKENIZER_FILE, environment, init_from_checkpoint, keep_tokens_per_step,
+                   load_resume_weights, load_trainer_state, read_metrics, read_summary, restore_trainer_state,
+                   resume_point, run_tokens_per_s, save_checkpoint, start_run_files, trainer_state, write_summary)
+from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
+                      seed_everything, start_distributed)
 
 
 @dataclass
@@ -113,22 +116,34 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     """Check everything, then build model, optimizer and data, restore the newest checkpoint on ``resume`` and
     (rank 0) write the run folder's files."""
     train_cfg = start_distributed(train_cfg)
+    rank = process_rank()
+    if resume:
+        train_cfg = keep_tokens_per_step(run_dir, train_cfg, log if rank == 0 else lambda _: None)
     prepared, val_windows, train_cfg = _load_data(model_cfg, train_cfg, data_dir)
     device = resolve_device(train_cfg.device)
     amp = autocast_dtype(train_cfg.precision, device)
     record = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": str(data_dir),
               "tokenizer_sha256": prepared.meta["tokenizer_sha256"], "data_fingerprint": prepared.fingerprint,
-              "device": str(device), "resolved_precision": resolved_precision(amp)}
+              "device": str(device), "resolved_precision": resolved_precision(amp),
+              "world_size": train_cfg.world_size(), "tokens_per_step": train_cfg.tokens_per_step()}
     resume_from = resume_point(run_dir, record, data_dir, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
-    model, state = _build_model(model_cfg, train_cfg, device, resume_from, init_from, log)
-    net = parallelize(model, activation_checkpointing=train_cfg.activation_checkpointing, compile=train_cfg.compile,
-                      data_parallel=train_cfg.data_parallel)
-    rank = torch.distributed.get_rank() if train_cfg.world_size() > 1 else 0
+    sharded = resume_from is not None and is_sharded(resume_from)
+    if sharded != (resume_from is not None and train_cfg.data_parallel == "fsdp"):
+        raise ValueError(f"cannot resume from {resume_from}: a {'sharded (FSDP)' if sharded else 'full'} checkpoint "
+                         f"needs data_parallel={'fsdp' if sharded else 'null or ddp'}")
+    model = _build_model(model_cfg, train_cfg, device, amp)
+    if resume_from is not None and not sharded:
+        load_resume_weights(model, model_cfg, resume_from)
+    elif init_from is not None:
+        _init_from(model, init_from, train_cfg.data_parallel == "fsdp", log if rank == 0 else lambda _: None)
+    net = torch.nn.parallel.DistributedDataParallel(model) if train_cfg.data_parallel == "ddp" else model
     optimizer, scheduler, groups = _build_optimizer(model, train_cfg)
     step, tokens_seen = 0, 0
-    if state is not None:
-        step, tokens_seen = restore_trainer_state(state, optimizer, scheduler, resume_from)
+    if resume_from is not None:
+        if sharded:
+            load_sharded(resume_from, model, optimizer)
+        step, tokens_seen = restore_trainer_state(load_trainer_state(resume_from), optimizer, scheduler, resume_from)
     if resume and rank == 0:
         if step == train_cfg.total_steps():
             log(f"{run_dir} already finished at step {step}; nothing to do")
@@ -163,19 +178,34 @@ def _load_data(model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path):
     return prepared, val_windows, train_cfg.replace(steps=total_steps)
 
 
-def _build_model(model_cfg: ModelConfig, train_cfg: TrainConfig, device: torch.device, resume_from: Path | None,
-                 init_from: str | os.PathLike | None, log: Callable[[str], None]) -> tuple[DecoderLM, dict | None]:
-    """Seed the RNGs and build the model on ``device``; weights from ``resume_from`` (then also returns its trainer
-    state) or ``init_from`` when given."""
+def _build_model(model_cfg: ModelConfig, train_cfg: TrainConfig, device: torch.device,
+                 amp: torch.dtype | None) -> DecoderLM:
+    """Seed the RNGs, build the model on the meta device, apply activation checkpointing, compile and FSDP2
+    sharding (``parallelize``; DDP wraps later), then materialise and initialise it on ``device``
+    (``build.materialize``: the same weights sharded or not)."""
     seed_everything(train_cfg.seed)
-    model = DecoderLM(model_cfg).to(device)
-    if resume_from is not None:
-        load_resume_weights(model, model_cfg, resume_from)
-        return model, load_trainer_state(resume_from)
-    if init_from is not None:
-        kept = init_from_checkpoint(model, init_from)
-        log(f"initialised from {init_from}" + (f" ({len(kept)} cross-layer tensors keep their init)" if kept else ""))
-    return model, None
+    model = build_on_meta(model_cfg)
+    fsdp = train_cfg.data_parallel == "fsdp"
+    parallelize(model, activation_checkpointing=train_cfg.activation_checkpointing, compile=train_cfg.compile,
+                data_parallel="fsdp" if fsdp else None, param_dtype=amp if fsdp else None,
+                replicate=train_cfg.fsdp_replicate)
+    return materialize(model, device)
+
+
+def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Callable[[str], None]) -> None:
+    """``--init-from``: a checkpoint's weights (``init_from_checkpoint``); an FSDP model goes through a full CPU
+    copy on every rank (gathered, loaded, scattered back)."""
+    if not fsdp:
+        kept = init_from_checkpoint(model, path)
+    else:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             set_model_state_dict)
+
+        full = DecoderLM(model.config)
+        full.load_state_dict(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
+        kept = init_from_checkpoint(full, path)
+        set_model_state_dict(model, full.state_dict(), options=StateDictOptions(full_state_dict=True))
+    log(f"initialised from {path}" + (f" ({len(kept)} cross-layer tensors keep their init)" if kept else ""))
 
 
 def _build_optimizer(model: DecoderLM, cfg: TrainConfig):
@@ -207,6 +237,8 @@ def _accumulate_gradients(t: _Trainer) -> float:
         sync = contextlib.nullcontext()
         if t.cfg.data_parallel == "ddp" and micro < t.cfg.grad_accum - 1:
             sync = t.net.no_sync()
+        elif t.cfg.data_parallel == "fsdp":  # reduce-scatter only after the last micro-batch
+            t.model.set_requires_gradient_sync(micro == t.cfg.grad_accum - 1)
         with sync:
             loss = next_token_loss(t.net, w, t.device, t.amp)
             (loss / t.cfg.grad_accum).backward()
@@ -221,7 +253,8 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     lr = t.scheduler.get_last_lr()[0]
     loss_sum = _accumulate_gradients(t)
     max_norm = t.cfg.grad_clip if t.cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(t.model.parameters(), max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), max_norm)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
     t.optimizer.step()
     t.scheduler.step()
     t.optimizer.zero_grad(set_to_none=True)
@@ -259,6 +292,13 @@ def _log_row(t: _Trainer, row: dict[str, Any], metrics_file, bar, last: int) -> 
 def _maybe_checkpoint(t: _Trainer) -> None:
     """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint; ranks meet after periodic ones."""
     periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0)
+    if t.cfg.data_parallel == "fsdp":
+        if periodic or t.step == t.total_steps:
+            state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
+                     "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
+                     "tokens_per_step": t.cfg.tokens_per_step()}
+            t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state)
+        return
     if t.is_main and (periodic or t.step == t.total_steps):
         state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen)
         t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state)

@@ -76,13 +76,46 @@ def apply_compile(model: DecoderLM, backend: str = "inductor") -> DecoderLM:
     return model
 
 
+def apply_fsdp(model: DecoderLM, param_dtype: torch.dtype | None = None, replicate: int = 1) -> DecoderLM:
+    """FSDP2: ``fully_shard`` each block, then the root (embedding, final norm, LM head, model-level seam modules).
+
+    ``param_dtype=torch.bfloat16``: ``MixedPrecisionPolicy`` with bf16 parameters in forward/backward and float32
+    gradient reduction (the sharded master weights and AdamW states stay float32). ``replicate > 1``: HSDP, a
+    (replicate × shard) device mesh, shards within groups of ``world_size / replicate`` ranks (one node) and
+    replicates across them. Works on a meta-built model (``build.materialize`` afterwards). Raises ``ValueError`` if
+    ``replicate`` does not divide the world size.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    world = torch.distributed.get_world_size()
+    if replicate < 1 or world % replicate:
+        raise ValueError(f"TrainConfig.fsdp_replicate={replicate} must divide the world size {world}")
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if replicate > 1:
+        mesh = init_device_mesh(device_type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
+    kwargs = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
 def parallelize(model: DecoderLM, *, activation_checkpointing: bool = False, compile: bool = False,
-                data_parallel: str | None = None) -> nn.Module:
+                data_parallel: str | None = None, param_dtype: torch.dtype | None = None,
+                replicate: int = 1) -> nn.Module:
     """Apply the wrappers in order. ``data_parallel``: None, ``"ddp"`` or ``"fsdp"`` (needs an initialised
-    process group). Returns the module to train (the wrapper for DDP, the model itself otherwise)."""
+    process group; ``param_dtype`` and ``replicate`` as ``apply_fsdp``). Returns the module to train (the wrapper
+    for DDP, the model itself otherwise). A meta-built model can take every step but DDP (``build.materialize``
+    first)."""
     apply_activation_checkpointing(model, activation_checkpointing)
     if compile:
-        check_compiler(next(model.parameters()).device)
+        device = next(model.parameters()).device
+        check_compiler(torch.device("cuda" if device.type == "meta" and torch.cuda.is_available() else
+                                    "cpu" if device.type == "meta" else device))
         apply_compile(model)
     if data_parallel is None:
         return model
@@ -91,10 +124,5 @@ def parallelize(model: DecoderLM, *, activation_checkpointing: bool = False, com
     if data_parallel == "ddp":
         return nn.parallel.DistributedDataParallel(model)
     if data_parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        return model
+        return apply_fsdp(model, param_dtype, replicate)
     raise ValueError(f"data_parallel={data_parallel!r} must be None, 'ddp' or 'fsdp'")

@@ -137,6 +137,28 @@ def _recorded_precision(run: dict[str, Any]) -> str | None:
     return None
 
 
+def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainConfig:
+    """On resume under another world size than the run's: ``grad_accum`` rescaled so one step keeps the recorded
+    tokens per step (said in one line through ``log``), or ``ValueError`` when no whole ``grad_accum`` does. Never
+    a silent change of the global batch."""
+    if not (run_dir / RUN_FILE).is_file():
+        return train_cfg
+    old = read_run(run_dir)
+    was, world = int(old.get("world_size", 1)), train_cfg.world_size()
+    recorded = old.get("tokens_per_step")
+    if was == world or recorded is None or train_cfg.tokens_per_step() == recorded:
+        return train_cfg
+    per_accum = train_cfg.batch_size * train_cfg.seq_len * world
+    if recorded % per_accum:
+        raise ValueError(f"cannot resume {run_dir} on {world} rank(s): it trained {recorded} tokens per step on {was}, "
+                         f"not a multiple of batch_size {train_cfg.batch_size} × seq_len {train_cfg.seq_len} × "
+                         f"{world} ranks = {per_accum}; resume on {was} rank(s) or a world size that divides it")
+    accum = recorded // per_accum
+    log(f"resuming on {world} rank(s) instead of {was}: grad_accum {train_cfg.grad_accum} -> {accum} keeps "
+        f"{recorded} tokens per step")
+    return train_cfg.replace(grad_accum=accum)
+
+
 def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: bool) -> Path | None:
     """The checkpoint to resume from (None: start afresh). Refuses a config, tokenizer, data (fingerprint) or resolved
     precision that differs from the recorded run, and, without ``resume``, a run folder that already holds
@@ -147,7 +169,11 @@ def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: 
                              f"choose another --out")
         return None
     old = read_run(run_dir)
-    problems = config_differences(old, record["model"], record["train"])
+    train = dict(record["train"])
+    if old.get("world_size", 1) != record.get("world_size", 1) and old.get("tokens_per_step") == record.get(
+            "tokens_per_step"):
+        train["grad_accum"] = old["train"].get("grad_accum")  # rescaled by keep_tokens_per_step
+    problems = config_differences(old, record["model"], train)
     if problems:
         raise ValueError(f"cannot resume {run_dir}: the requested config differs from the recorded one "
                          f"({'; '.join(problems)})")
@@ -192,7 +218,8 @@ def restore_trainer_state(state: Mapping[str, Any], optimizer: torch.optim.Optim
     """
     file = checkpoint_dir / STATE_FILE
     try:
-        optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # a sharded checkpoint's optimizer states are in DCP (training.dcp)
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
     except (KeyError, ValueError, RuntimeError) as e:
         raise ValueError(f"{file}: optimizer/scheduler state does not fit the model ({e})") from e

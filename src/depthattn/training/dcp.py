@@ -1,0 +1,126 @@
+"""Sharded checkpoints of FSDP runs with ``torch.distributed.checkpoint`` (DCP).
+
+A sharded checkpoint is an ordinary checkpoint folder ``checkpoints/step_XXXXXXXX/`` whose weights and optimizer
+states live under ``dcp/`` (DCP's ``.metadata`` plus one ``.distcp`` file per rank) instead of
+``model.safetensors``; ``config.json``, ``tokenizer.json``, ``train_config.json`` and ``trainer_state.pt``
+(scheduler, RNG states, step, tokens seen, data position, world size, tokens per step; no optimizer: that is in
+DCP) sit beside it. Every rank writes into ``.tmp-step_XXXXXXXX-dcp``; DCP writes its ``.metadata`` only after
+every rank finished its shard, then rank 0 adds its files and renames the folder into place after a barrier, so a
+checkpoint is visible only once complete. DCP reshards on load: a run resumes on any world size, and ``export``
+gathers the full weights in one process (``export_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import checkpoint as ckpt
+from ..checkpoint import CHECKPOINT_DIR, checkpoint_dirs
+from ..config import ModelConfig
+from ..fileio import atomic_write_text, write_folder_atomically
+from ..model import DecoderLM
+
+DCP_DIR = "dcp"
+TOKENIZER_FILE = "tokenizer.json"
+TRAIN_CONFIG_FILE = "train_config.json"
+STATE_FILE = "trainer_state.pt"
+
+
+def is_sharded(checkpoint_dir: str | os.PathLike) -> bool:
+    """Whether a checkpoint folder holds DCP shards (an FSDP run's) rather than ``model.safetensors``."""
+    return (Path(checkpoint_dir) / DCP_DIR).is_dir()
+
+
+def _states(model: DecoderLM, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    out = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        out["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    return out
+
+
+def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimizer, train_cfg: Any, data_dir: Path,
+                 state: dict[str, Any]) -> Path:
+    """Collective: every rank writes its shards of the model and optimizer; rank 0 writes the rest and makes the
+    folder visible; the newest ``keep_last`` are kept. Returns the checkpoint folder (on every rank)."""
+    import torch.distributed.checkpoint as dcp
+
+    target = run_dir / CHECKPOINT_DIR / f"step_{state['step']:08d}"
+    tmp = target.parent / f".tmp-{target.name}-dcp"
+    main = dist.get_rank() == 0
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / DCP_DIR).mkdir(parents=True)
+    dist.barrier()
+    dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / DCP_DIR))
+    dist.barrier()  # every shard and the metadata are on disk
+    if main:
+        model.config.save_json(str(tmp / ckpt.CONFIG_NAME))
+        shutil.copyfile(data_dir / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+        atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(train_cfg.to_dict(), indent=2) + "\n")
+        torch.save(state, tmp / STATE_FILE)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        for old in checkpoint_dirs(run_dir)[:-train_cfg.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return target
+
+
+def check_config(checkpoint_dir: Path, model_cfg: ModelConfig) -> None:
+    """Refuse a checkpoint written for another model config (``ValueError`` naming it and the differences)."""
+    recorded = ckpt.load_config(checkpoint_dir).to_dict()
+    wanted = model_cfg.to_dict()
+    problems = [f"{k}: {recorded.get(k)!r} vs {wanted.get(k)!r}" for k in sorted(set(recorded) | set(wanted))
+                if recorded.get(k) != wanted.get(k)]
+    if problems:
+        raise ValueError(f"checkpoint {checkpoint_dir} was written for another model config ({'; '.join(problems)})")
+
+
+def load_sharded(checkpoint_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimizer | None) -> None:
+    """Load a sharded checkpoint into an FSDP (or, in one process, a plain) model and its optimizer, resharding to
+    this world size. Raises ``ValueError`` naming the folder for another model config or a missing or corrupt
+    shard."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    check_config(checkpoint_dir, model.config)
+    states = _states(model, optimizer)
+    try:
+        dcp.load(states, checkpoint_id=str(checkpoint_dir / DCP_DIR))
+    except Exception as e:  # DCP wraps a missing or truncated shard in CheckpointException (or raises OSError)
+        raise ValueError(f"cannot read sharded checkpoint {checkpoint_dir / DCP_DIR} (a missing or corrupt shard?): "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    set_model_state_dict(model, states["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, states["optimizer"])
+
+
+def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Gather a checkpoint (a run folder: its newest) into an ordinary checkpoint folder at ``out``
+    (``model.safetensors``, ``config.json``, ``tokenizer.json``), read by ``eval``, ``generate``, ``convert`` and
+    ``from_pretrained``. One process, no process group. Returns the folder it read. Raises ``ValueError`` /
+    ``FileNotFoundError`` naming the folder (nothing is written under ``out`` then)."""
+    src = ckpt.latest_checkpoint(source)
+    model = DecoderLM(ckpt.load_config(src))
+    if is_sharded(src):
+        load_sharded(src, model, None)
+    else:
+        ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
+
+    def fill(tmp: str) -> None:
+        ckpt.save_model_files(model, tmp)
+        if (src / TOKENIZER_FILE).is_file():
+            shutil.copyfile(src / TOKENIZER_FILE, os.path.join(tmp, TOKENIZER_FILE))
+
+    write_folder_atomically(out, fill)
+    return src
