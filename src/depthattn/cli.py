@@ -18,7 +18,7 @@ COMMAND_MODULES = (
     "depthattn.commands.data_cmd",
     "depthattn.commands.convert_cmd", "depthattn.commands.analyze_cmd",
     "depthattn.commands.train_cmd", "depthattn.commands.eval_cmd", "depthattn.commands.generate_cmd",
-    "depthattn.commands.compare_cmd",
+    "depthattn.commands.compare_cmd", "depthattn.commands.export_cmd",
 )
 
 

@@ -91,15 +91,17 @@ def load_sharded(checkpoint_dir: Path, model: DecoderLM, optimizer: torch.optim.
     this world size. Raises ``ValueError`` naming the folder for another model config or a missing or corrupt
     shard."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     check_config(checkpoint_dir, model.config)
     states = _states(model, optimizer)
     try:
         dcp.load(states, checkpoint_id=str(checkpoint_dir / DCP_DIR))
-    except Exception as e:  # DCP wraps a missing or truncated shard in CheckpointException (or raises OSError)
+    except (CheckpointException, OSError, RuntimeError, ValueError) as e:  # a BaseException: a missing/bad shard
+        cause = [line for line in str(e).splitlines() if "Error" in line][-1:] or [type(e).__name__]
         raise ValueError(f"cannot read sharded checkpoint {checkpoint_dir / DCP_DIR} (a missing or corrupt shard?): "
-                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+                         f"{cause[0].strip()}") from e
     set_model_state_dict(model, states["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, states["optimizer"])

@@ -85,8 +85,13 @@ def apply_fsdp(model: DecoderLM, param_dtype: torch.dtype | None = None, replica
     replicates across them. Works on a meta-built model (``build.materialize`` afterwards). Raises ``ValueError`` if
     ``replicate`` does not divide the world size.
     """
+    import warnings
+
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    # A block returns its (K̂, Ṽ) as views; nothing modifies them in place, so FSDP2's warning does not apply.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
     world = torch.distributed.get_world_size()
     if replicate < 1 or world % replicate:
