@@ -56,6 +56,9 @@ class TrainConfig:
     data_parallel: str | None = None
     fsdp_replicate: int = 1
     dist_timeout_s: float = 300.0
+    peak_flops: float | None = None
+    tensorboard: bool = True
+    wandb_project: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -98,6 +101,12 @@ class TrainConfig:
         need(isinstance(self.dist_timeout_s, (int, float)) and not isinstance(self.dist_timeout_s, bool)
              and math.isfinite(self.dist_timeout_s) and self.dist_timeout_s > 0, "dist_timeout_s",
              "must be a number of seconds > 0")
+        need(self.peak_flops is None or (isinstance(self.peak_flops, (int, float)) and not isinstance(
+            self.peak_flops, bool) and math.isfinite(self.peak_flops) and self.peak_flops > 0), "peak_flops",
+             "must be a device's peak dense bf16 FLOP/s > 0 (e.g. 989e12 for an H100 SXM), or unset")
+        need(isinstance(self.tensorboard, bool), "tensorboard", "must be true or false")
+        need(self.wandb_project is None or (isinstance(self.wandb_project, str) and bool(self.wandb_project)),
+             "wandb_project", "must be a Weights & Biases project name, or unset")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -143,7 +152,8 @@ TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 #: Train keys that may change on ``--resume`` without changing the trajectory.
 RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "keep_last", "log_every", "device", "compile",
-                            "activation_checkpointing", "fsdp_replicate", "dist_timeout_s"})
+                            "activation_checkpointing", "fsdp_replicate", "dist_timeout_s", "peak_flops",
+                            "tensorboard", "wandb_project"})
 
 
 def parse_value(text: str) -> Any:

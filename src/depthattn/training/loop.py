@@ -14,7 +14,6 @@ repeats an uninterrupted one bit for bit on float32 CPU.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import time
@@ -33,6 +32,7 @@ from .config import TrainConfig
 from .optim import DECAY_RULE, build_optimizer, build_scheduler
 from .build import build_on_meta, materialize
 from .dcp import is_sharded, load_sharded, save_sharded
+from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
 from .runs import (METRICS_FILE, TOKENIZER_FILE, environment, init_from_checkpoint, keep_tokens_per_step,
                    load_resume_weights, load_trainer_state, read_metrics, read_summary, restore_trainer_state,
@@ -68,6 +68,7 @@ class _Trainer:
     run_dir: Path
     data_dir: Path
     is_main: bool
+    throughput: Throughput
     step: int = 0
     tokens_seen: int = 0
     val_loss: float | None = None
@@ -101,11 +102,11 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log)
     last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
     t.net.train()
-    with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics_file:
+    with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
         while t.step < last:
             row = _optimizer_step(t)
             _maybe_validate(t, row)
-            _log_row(t, row, metrics_file, bar, last)
+            _log_row(t, row, metrics, bar, last)
             _maybe_checkpoint(t)
     return _finish(t)
 
@@ -155,9 +156,12 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
                         finished=step == train_cfg.total_steps())
     batches = data.TokenBatches(prepared.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed,
                                 rank=rank)
+    throughput = Throughput(model_cfg, train_cfg.seq_len, train_cfg.world_size(), device, train_cfg.peak_flops)
+    if rank == 0 and device.type == "cuda" and throughput.peak is None:
+        log(throughput.note)  # an unknown GPU: said once
     return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
                     val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, data_dir=data_dir,
-                    is_main=rank == 0, step=step, tokens_seen=tokens_seen, saved=resume_from,
+                    is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen, saved=resume_from,
                     start_step=step)
 
 
@@ -221,11 +225,11 @@ def _progress_bar(t: _Trainer, progress: bool, desc: str):
                                    disable=not (progress and t.is_main), dynamic_ncols=True))
 
 
-def _metrics_log(t: _Trainer):
-    """``metrics.jsonl`` opened for appending on rank 0; None on the other ranks."""
-    if t.is_main:
-        return open(t.run_dir / METRICS_FILE, "a", encoding="utf-8")
-    return contextlib.nullcontext()
+def _metrics_log(t: _Trainer) -> MetricsLogger:
+    """Rank 0's metrics sinks (``metrics.jsonl``, TensorBoard, W&B when asked); a silent logger elsewhere."""
+    return MetricsLogger(t.run_dir, METRICS_FILE, enabled=t.is_main, tensorboard=t.cfg.tensorboard,
+                         wandb_project=t.cfg.wandb_project, config={"train": t.cfg.to_dict(),
+                                                                    "model": t.model.config.to_dict()})
 
 
 # ---------------------------------------------------------------------------------------------------- one step
@@ -266,8 +270,8 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     train_loss = loss_sum / t.cfg.grad_accum
     if not math.isfinite(train_loss):
         raise FloatingPointError(f"training loss became {train_loss} at step {t.step}")
-    return {"step": t.step, "tokens": t.tokens_seen, "loss": train_loss, "lr": lr, "grad_norm": grad_norm,
-            "tokens_per_s": t.cfg.tokens_per_step() / dt}
+    row = {"step": t.step, "tokens": t.tokens_seen, "loss": train_loss, "lr": lr, "grad_norm": grad_norm}
+    return t.throughput.update(row, t.cfg.tokens_per_step(), dt)
 
 
 # ---------------------------------------------------------------------------------------------------- periodic work
@@ -278,15 +282,13 @@ def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
         row["val_loss"] = t.val_loss
 
 
-def _log_row(t: _Trainer, row: dict[str, Any], metrics_file, bar, last: int) -> None:
-    """Append ``row`` to ``metrics.jsonl`` every ``log_every`` steps, with a validation, and at ``last``; update
-    the progress bar."""
-    if metrics_file and (t.step % t.cfg.log_every == 0 or "val_loss" in row or t.step == last):
-        metrics_file.write(json.dumps(row) + "\n")
-        metrics_file.flush()
+def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last: int) -> None:
+    """Log ``row`` (``metrics.jsonl``, TensorBoard, W&B) every ``log_every`` steps, with a validation, and at
+    ``last``; update the progress bar (loss, tokens/s, MFU, validation loss)."""
+    if t.step % t.cfg.log_every == 0 or "val_loss" in row or t.step == last:
+        metrics.log(row)
     bar.update(1)
-    bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
-                    **({"val": f"{t.val_loss:.3f}"} if t.val_loss is not None else {}))
+    bar.set_postfix(**progress_postfix(row, t.val_loss))
 
 
 def _maybe_checkpoint(t: _Trainer) -> None:
