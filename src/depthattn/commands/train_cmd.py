@@ -114,6 +114,10 @@ def run_train(args: argparse.Namespace) -> int:
     ~/.cache/depthattn/data/embedded, or $XDG_CACHE_HOME/depthattn/data/embedded)."""
     if args.device is not None:
         resolve_device(args.device, "--device")  # before any data work
+    if args.dry_run:
+        return run_dry_run(args)
+    if args.nproc is not None:
+        raise ValueError("--nproc applies to --dry-run only (launch N processes with torchrun --nproc_per_node N)")
     if args.resume:
         given = [flag for attr, flag in RESUME_FIXED if getattr(args, attr, None) not in (None, [])]
         if given:
@@ -158,6 +162,33 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_dry_run(args: argparse.Namespace) -> int:
+    """``--dry-run``: parameters, FLOPs per token, per-GPU memory and the tokens/s a target wall time needs, from
+    the model built on the meta device (``training.dry_run``). Uses the data's vocabulary when --data is given,
+    else the preset's (or the config's)."""
+    from ..config import ModelConfig
+    from ..training.dry_run import dry_run, report
+
+    if args.resume:
+        raise ValueError("--dry-run plans a new run; drop --resume")
+    preset, model_kw, train_kw, data = gather_settings(args, {"cross_layer": args.cross_layer}
+                                                       if args.cross_layer else None)
+    if "steps" not in train_kw and "tokens" not in train_kw:
+        train_kw["steps"] = 200
+    train_cfg = TrainConfig.from_dict(train_kw)
+    if data is not None:
+        from ..data import load_prepared
+
+        model_cfg = resolve_model_config(preset, model_kw, load_prepared(data).vocab_size,
+                                         str(Path(data) / "tokenizer.json"))
+    else:
+        model_cfg = ModelConfig.from_preset(preset, **model_kw)
+    if args.target_hours <= 0:
+        raise ValueError(f"--target-hours {args.target_hours} must be > 0")
+    print(report(dry_run(model_cfg, train_cfg, args.nproc or 1), model_cfg, args.target_hours))
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("train", help="train a model (preset + config + overrides)",
                               description=run_train.__doc__)
@@ -169,4 +200,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "--device, --compile, --activation-checkpointing, --no-progress may be given)")
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
                    help="start from this checkpoint's weights (its cross_layer may differ)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print parameters, FLOPs per token, per-GPU memory and the tokens/s needed; train nothing")
+    p.add_argument("--nproc", type=int, default=None, help="--dry-run: data-parallel ranks to plan for (default 1)")
+    p.add_argument("--target-hours", type=float, default=24.0,
+                   help="--dry-run: wall time to plan the tokens/s for (default 24)")
     p.set_defaults(func=run_train)
