@@ -66,3 +66,22 @@ def test_dry_run_cli_allocates_nothing_and_prints_the_plan(capsys):
     cfg = ModelConfig.from_preset("3b")
     assert f"{num_params(cfg):,d} parameters (FSDP over 32 ranks)" in out
     assert "tokens/s in all" in out and "activations" in out
+
+
+def test_paper_configs_exist_for_every_method_and_plan_on_meta():
+    from pathlib import Path
+
+    from depthattn.cross_layer import names
+    from depthattn.training import load_toml
+
+    root = Path(__file__).resolve().parent.parent / "configs"
+    for size, preset in (("360m", "360m"), ("1p5b", "1.5b"), ("3b", "3b")):
+        for method in names():
+            doc = load_toml(root / f"{size}_{method}.toml")
+            assert doc["preset"] == preset and doc["model"]["cross_layer"] == method
+            train = TrainConfig.from_dict(doc["train"])
+            assert (train.seq_len, train.precision, train.activation_checkpointing, train.data_parallel) == (
+                2048, "bfloat16", True, "fsdp")
+            assert train.min_lr_ratio == 0.1 and train.warmup == 0.02
+            d = dry_run(ModelConfig.from_preset(preset, **doc["model"]), train, 32)
+            assert d.params == num_params(ModelConfig.from_preset(preset, **doc["model"]))
