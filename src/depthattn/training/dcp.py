@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,12 @@ def check_config(checkpoint_dir: Path, model_cfg: ModelConfig) -> None:
         raise ValueError(f"checkpoint {checkpoint_dir} was written for another model config ({'; '.join(problems)})")
 
 
+def _is_sharded_model(model: DecoderLM) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return dist.is_initialized() and any(isinstance(p, DTensor) for p in model.parameters())
+
+
 def load_sharded(checkpoint_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimizer | None) -> None:
     """Load a sharded checkpoint into an FSDP (or, in one process, a plain) model and its optimizer, resharding to
     this world size. Raises ``ValueError`` naming the folder for another model config or a missing or corrupt
@@ -97,7 +104,10 @@ def load_sharded(checkpoint_dir: Path, model: DecoderLM, optimizer: torch.optim.
     check_config(checkpoint_dir, model.config)
     states = _states(model, optimizer)
     try:
-        dcp.load(states, checkpoint_id=str(checkpoint_dir / DCP_DIR))
+        # a plain model (export, one process) reads alone even inside a process group: no collective to wait on
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(states, checkpoint_id=str(checkpoint_dir / DCP_DIR), no_dist=not _is_sharded_model(model))
     except (CheckpointException, OSError, RuntimeError, ValueError) as e:  # a BaseException: a missing/bad shard
         cause = [line for line in str(e).splitlines() if "Error" in line][-1:] or [type(e).__name__]
         raise ValueError(f"cannot read sharded checkpoint {checkpoint_dir / DCP_DIR} (a missing or corrupt shard?): "

@@ -199,6 +199,9 @@ def _build_model(model_cfg: ModelConfig, train_cfg: TrainConfig, device: torch.d
 def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Callable[[str], None]) -> None:
     """``--init-from``: a checkpoint's weights (``init_from_checkpoint``); an FSDP model goes through a full CPU
     copy on every rank (gathered, loaded, scattered back)."""
+    if is_sharded(path):
+        raise ValueError(f"--init-from {path} is a sharded (FSDP) checkpoint; gather it first with depthattn export "
+                         f"{path} --out DIR and start from DIR")
     if not fsdp:
         kept = init_from_checkpoint(model, path)
     else:
