@@ -52,6 +52,7 @@ SCRIPT = textwrap.dedent("""
         train(out / name, cfg("depth_attention"), fsdp, data, progress=False, stop_after=2)
     train(out / "part", cfg("depth_attention"), fsdp, data, progress=False, resume=True)
     train(out / "tied", cfg("none", tie_word_embeddings=True), fsdp, data, progress=False)
+    train(out / "hsdp", cfg("none"), fsdp.replace(fsdp_replicate=2), data, progress=False)
 """)
 
 
@@ -103,6 +104,12 @@ def test_fsdp_equals_ddp_on_the_same_global_batch(runs, method):
     diff = max(float((full[k] - sharded[k]).abs().max()) for k in full)
     assert diff < 1e-4, diff  # AdamW amplifies reduce-order noise: close, not bitwise
     assert abs(read_summary(ddp)["final_val_loss"] - read_summary(fsdp)["final_val_loss"]) < 1e-5
+
+
+def test_hsdp_two_replicas_equals_fsdp(runs):
+    """fsdp_replicate=2 on 2 ranks: a (2 × 1) mesh, replicas all-reducing instead of one shard group."""
+    l_hsdp, l_fsdp = _losses(runs / "hsdp"), _losses(runs / "none_fsdp")
+    assert len(l_hsdp) == 4 and max(abs(a - b) for a, b in zip(l_hsdp, l_fsdp)) < 1e-5, (l_hsdp, l_fsdp)
 
 
 def test_dcp_resume_on_two_ranks_repeats_the_curve_exactly(runs):

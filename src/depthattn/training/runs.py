@@ -11,6 +11,7 @@ A *run folder* holds::
     summary.json        written when the run reaches its last step (strict JSON: an unknown number is null)
     checkpoints/step_XXXXXXXX/   model.safetensors, config.json, tokenizer.json, train_config.json,
                                  trainer_state.pt (optimizer, scheduler, RNG states, step, tokens seen, data position)
+                                 (an FSDP run's: dcp/ shards of model and optimizer instead, see ``training.dcp``)
 
 Every file is written atomically and every checkpoint folder is assembled under a temporary name
 (``fileio.write_folder_atomically``), so a failure never damages what is already there. Where the checkpoints
