@@ -32,6 +32,10 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
+#: Row keys measured on the machine (timing, memory), not part of the trajectory a resumed run repeats.
+MEASURED_KEYS = frozenset({"tokens_per_s", "flops_per_s", "mfu", "peak_memory_gib"})
+
+
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Model FLOPs of one trained token: 3 × forward (``accounting.num_flops(cfg, seq_len).total``)."""
     return 3.0 * num_flops(cfg, seq_len).total
