@@ -14,6 +14,7 @@ byte-identical files (and sha256).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -95,14 +96,39 @@ def verify_corpus(corpus_dir: str | Path) -> dict:
     return manifest
 
 
+def _zst_lines(path: Path) -> Iterator[bytes]:
+    """Lines of a zstandard file (one or more frames), decompressed in 1 MiB reads; ValueError for a truncated
+    last frame or a corrupt one (a checksum or format error)."""
+    import zstandard  # imported only for this input type
+
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    pending, fed = b"", False
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                data, fed = dobj.decompress(chunk), True
+                while dobj.eof and dobj.unused_data:  # the next frame starts inside this chunk
+                    rest, dobj = dobj.unused_data, zstandard.ZstdDecompressor().decompressobj()
+                    data += dobj.decompress(rest)
+                if dobj.eof:
+                    dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
+                lines = (pending + data).split(b"\n")
+                pending = lines.pop()
+                yield from (line + b"\n" for line in lines)
+    except zstandard.ZstdError as e:
+        raise ValueError(f"{path}: cannot read: corrupt zstandard stream ({e})") from e
+    if fed:
+        raise ValueError(f"{path}: cannot read: corrupt zstandard stream (truncated: the last frame is incomplete)")
+    if pending:
+        yield pending
+
+
 def _open_lines(path: Path):
+    """A context manager over the lines (bytes) of a plain, gzip or zstandard file."""
     if path.name.endswith(".gz"):
         return gzip.open(path, "rb")
     if path.name.endswith(".zst"):
-        import zstandard  # imported only for this input type
-
-        raw = open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), 1 << 20)
+        return contextlib.nullcontext(_zst_lines(path))
     return open(path, "rb")
 
 
@@ -139,10 +165,6 @@ def read_jsonl(path: str | Path, text_column: str = "text", source: str = "") ->
                                    source=str(row.get("source", source)), title=str(row.get("title", "")))
     except (OSError, EOFError) as e:
         raise ValueError(f"{path}: cannot read ({e})") from e
-    except Exception as e:  # zstandard.ZstdError (corrupt frame) is not an OSError
-        if type(e).__name__ != "ZstdError":
-            raise
-        raise ValueError(f"{path}: cannot read: corrupt zstandard stream ({e})") from e
 
 
 def read_jsonl_documents(path: str | Path, source: str = "") -> Iterator[Document]:

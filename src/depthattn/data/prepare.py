@@ -220,6 +220,15 @@ def _check_options(out_dir: Path, vocab_size: int, tokenizer: str | Path | None,
 # pass 3: encode
 
 
+def _with_last(items: Iterator[str]) -> Iterator[tuple[str, bool]]:
+    """``(item, is_last)`` pairs, one item of look-ahead."""
+    prev = next(items)
+    for item in items:
+        yield prev, False
+        prev = item
+    yield prev, True
+
+
 def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids: list[str], bar: tqdm
            ) -> Iterator[tuple[list[tuple[int, str]], list[tuple[str, bool]]]]:
     """Work units of about ``UNIT_CHARS`` characters: ``(tags, pieces)`` with one ``(split index, document id)`` tag
@@ -235,10 +244,9 @@ def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids:
         st["characters"] += len(d.text)
         if s:
             val_ids.append(d.id)
-        parts = list(encode_pieces(d.text, PIECE_CHARS))
-        for k, part in enumerate(parts):
+        for part, last in _with_last(encode_pieces(d.text, PIECE_CHARS)):
             tags.append((s, d.id))
-            pieces.append((part, k == len(parts) - 1))
+            pieces.append((part, last))
             size += len(part)
             if size >= UNIT_CHARS:
                 yield tags, pieces
