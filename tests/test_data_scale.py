@@ -217,6 +217,7 @@ def test_a_50_mb_document_prepares_under_1_gb(ref, docs, tmp_path):
     text = (book * (50_000_000 // len(book) + 1))[:50_000_000]  # real prose, one 50 MB document
     src = tmp_path / "big.jsonl"
     src.write_text(json.dumps({"text": text}) + "\n" + json.dumps({"text": book[:20_000]}) + "\n")
+    n_bytes = len(text.encode("utf-8")) + len(book[:20_000].encode("utf-8"))
     del text
     run = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "out"), str(src), str(ref / "tokenizer.json"),
                           "2"], capture_output=True, text=True, timeout=900)
@@ -224,7 +225,8 @@ def test_a_50_mb_document_prepares_under_1_gb(ref, docs, tmp_path):
     rss = json.loads(run.stdout.strip().splitlines()[-1])
     assert max(rss.values()) < 1_000_000, rss  # KiB: the main process and every encoding worker
     data = load_prepared(tmp_path / "out")
-    assert data.num_bytes("train") + data.num_bytes("val") == 50_000_000 + 20_000
+    assert data.num_bytes("train") + data.num_bytes("val") == n_bytes
+    assert data.meta["splits"]["train"]["documents"] + data.meta["splits"]["val"]["documents"] == 2
 
 
 _KILLED = textwrap.dedent("""
