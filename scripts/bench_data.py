@@ -3,8 +3,9 @@
 The input is real text: a corpus folder (``depthattn data fetch public-domain-mix --out DIR``, or the embedded
 corpus) repeated into ``.jsonl`` files of about ``--mb`` MB (each repeat gets new document ids). Every run is a
 fresh subprocess (``python -c`` calling ``prepare_corpus``) so its peak RSS -- the largest of the main process and
-its encoding workers, ``resource.getrusage(RUSAGE_CHILDREN)`` of the child plus its own ``RUSAGE_SELF`` -- is its
-own. By default the runs encode with a given tokenizer (trained once on the text, outside the timing), so the table
+its encoding workers, ``resource.getrusage(RUSAGE_CHILDREN)`` of the child and its own ``RUSAGE_SELF`` -- is its
+own; the CPU seconds of the main process and of the workers show how much of the machine a run got (CPU / wall
+near the worker count: the cores were free; near 1 with 2 workers: the machine was busy). By default the runs encode with a given tokenizer (trained once on the text, outside the timing), so the table
 measures the part that scales with workers; ``--train`` times tokenizer training too.
 
     python scripts/bench_data.py --corpus mix/ --mb 1000 --workers 1 2 --double
@@ -31,8 +32,9 @@ meta = prepare_corpus(out, [src], tokenizer=None if tok == "-" else tok, vocab_s
 wall = time.perf_counter() - t
 tokens = sum(meta["splits"][s]["tokens"] for s in ("train", "val"))
 nbytes = sum(meta["splits"][s]["bytes"] for s in ("train", "val"))
-rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-print(json.dumps({"wall_s": wall, "tokens": tokens, "bytes": nbytes, "peak_rss_kib": rss,
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"wall_s": wall, "tokens": tokens, "bytes": nbytes, "peak_rss_kib": max(me.ru_maxrss, kids.ru_maxrss),
+                  "main_cpu_s": me.ru_utime + me.ru_stime, "workers_cpu_s": kids.ru_utime + kids.ru_stime,
                   "train_sha256": meta["splits"]["train"]["sha256"]}))
 """
 
@@ -89,13 +91,15 @@ def main() -> int:
         base = rows[0]
         print(f"\ninput {args.corpus} repeated to {base['bytes'] / 1e6:,.0f} MB; tokenizer "
               f"{'trained in each run' if args.train else 'given'}")
-        print("| workers | input MB | wall s | MB/s | tokens/s | speed-up vs 1st row | peak RSS MB |")
-        print("|---|---|---|---|---|---|---|")
+        print("| workers | input MB | wall s | MB/s | tokens/s | speed-up vs 1st row | peak RSS MB | CPU s main + "
+              "workers | CPU / wall |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             mbps = r["bytes"] / 1e6 / r["wall_s"]
             print(f"| {r['workers']} | {r['bytes'] / 1e6:,.0f} | {r['wall_s']:.1f} | {mbps:.2f} | "
                   f"{r['tokens'] / r['wall_s']:,.0f} | {base['wall_s'] / r['wall_s'] * r['bytes'] / base['bytes']:.2f}x"
-                  f" | {r['peak_rss_kib'] / 1024:,.0f} |")
+                  f" | {r['peak_rss_kib'] / 1024:,.0f} | {r['main_cpu_s']:.0f} + {r['workers_cpu_s']:.0f} | "
+                  f"{(r['main_cpu_s'] + r['workers_cpu_s']) / r['wall_s']:.2f} |")
         same = {r["train_sha256"] for r in rows[:len(args.workers)]}
         print(f"\ntrain token stream identical across worker counts: {len(same) == 1}")
     return 0

@@ -77,8 +77,17 @@ def _files(folder: Path) -> dict[str, bytes]:
 # the default path is unchanged
 
 
-def test_embedded_corpus_token_streams_unchanged(tmp_path):
-    meta = prepare_corpus(tmp_path / "e", None, progress=False, log=None)
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory) -> Path:
+    """The embedded corpus at the default settings (the `compare` data), in shards of 20,000 tokens."""
+    out = tmp_path_factory.mktemp("embedded") / "data"
+    prepare_corpus(out, None, progress=False, log=None, shard_tokens=20_000)
+    return out
+
+
+def test_embedded_corpus_token_streams_unchanged(embedded):
+    meta = json.loads((embedded / "meta.json").read_text())
+    assert len(meta["splits"]["train"]["shards"]) == 40
     assert meta["tokenizer_sha256"] == EMBEDDED_TOKENIZER_SHA
     assert meta["splits"]["train"]["sha256"] == EMBEDDED_TRAIN_SHA
     assert meta["splits"]["val"]["sha256"] == EMBEDDED_VAL_SHA
@@ -232,27 +241,30 @@ def test_a_50_mb_document_prepares_under_1_gb(ref, docs, tmp_path):
 _KILLED = textwrap.dedent("""
     import sys
     from depthattn.data import prepare_corpus
-    prepare_corpus(sys.argv[1], None, progress=False, log=None, workers=1, shard_tokens=20_000)
+    prepare_corpus(sys.argv[1], None, tokenizer=sys.argv[2], progress=False, log=None, workers=1,
+                   shard_tokens=20_000)
 """)
 
 
-def test_killed_prepare_leaves_nothing_valid_and_a_rerun_equals_an_uninterrupted_one(tmp_path, monkeypatch):
-    out = tmp_path / "out"
-    child = subprocess.Popen([sys.executable, "-c", _KILLED, str(out)], start_new_session=True)
+def test_killed_prepare_leaves_nothing_valid_and_a_rerun_equals_an_uninterrupted_one(embedded, tmp_path):
+    out, tok = tmp_path / "out", embedded / "tokenizer.json"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED, str(out), str(tok)], start_new_session=True)
     partial = out / ".partial"
     deadline = time.time() + 120
     while time.time() < deadline and len(list(partial.glob("train-*.bin"))) < 3:
-        time.sleep(0.05)
+        time.sleep(0.02)
     os.killpg(child.pid, signal.SIGKILL)
     child.wait()
     assert len(list(partial.glob("train-*.bin"))) >= 3, "prepare did not reach the encode pass"
     assert not (out / "meta.json").exists()
     with pytest.raises(ValueError, match="meta.json: not found|not a prepared data folder"):
         load_prepared(out)
-    prepare_corpus(out, None, progress=False, log=None, workers=2, shard_tokens=20_000)
-    prepare_corpus(tmp_path / "clean", None, progress=False, log=None, workers=1, shard_tokens=20_000)
+    meta = prepare_corpus(out, None, tokenizer=tok, progress=False, log=None, workers=2, shard_tokens=20_000)
     assert not partial.exists()
-    assert _files(out) == _files(tmp_path / "clean")
+    got, want = _files(out), _files(embedded)  # the uninterrupted prepare (which trained this tokenizer)
+    assert got.pop("meta.json") and want.pop("meta.json") and got == want
+    clean = json.loads((embedded / "meta.json").read_text())
+    assert {**meta, "tokenizer_source": "trained"} == clean
     assert load_prepared(out).meta["splits"]["train"]["sha256"] == EMBEDDED_TRAIN_SHA
 
 
