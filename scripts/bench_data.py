@@ -14,6 +14,7 @@ measures the part that scales with workers; ``--train`` times tokenizer training
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import subprocess
@@ -79,12 +80,18 @@ def main() -> int:
         src = build_input(args.corpus, args.mb, tmp / "input.jsonl")
         tok = "-"
         if not args.train:  # one tokenizer for every run, trained once outside the timing
-            from depthattn.data import prepare_corpus
+            from depthattn.data.inputs import resolve_inputs
+            from depthattn.data.tokenizer import train_bpe
 
             t = time.perf_counter()
-            prepare_corpus(tmp / "tok", [args.corpus], vocab_size=8192, progress=False, log=None)
-            print(f"tokenizer: trained on {args.corpus} in {time.perf_counter() - t:.1f} s (not timed below)")
-            tok = str(tmp / "tok" / "tokenizer.json")
+            docs = resolve_inputs([args.corpus])[0].documents()
+            sample = itertools.islice(itertools.accumulate(docs, lambda acc, d: (acc[0] + len(d.text), d.text),
+                                                           initial=(0, "")), 1, None)
+            texts = (text for n, text in itertools.takewhile(lambda x: x[0] <= 20_000_000, sample))
+            train_bpe(texts, vocab_size=8192).save(str(tmp / "tokenizer.json"))
+            print(f"tokenizer: 8192-token BPE trained on <= 20 MB of {args.corpus} in "
+                  f"{time.perf_counter() - t:.1f} s (not timed below)")
+            tok = str(tmp / "tokenizer.json")
         rows = [run(src, tok, w, tmp) for w in args.workers]
         if args.double:
             rows.append(run(build_input(args.corpus, 2 * args.mb, tmp / "input2.jsonl"), tok, max(args.workers), tmp))

@@ -287,19 +287,3 @@ def resolve_inputs(specs: list[str] | None, text_column: str = "text", txt_piece
     specs = [str(s) for s in specs or ["embedded"]]
     lone_txt = len(specs) == 1 and specs[0].endswith(".txt") and not glob.has_magic(specs[0])
     return [resolve_input(s, text_column, txt_piece_chars if lone_txt else None, log) for s in specs]
-
-
-def read_inputs(specs: list[str] | None, log: Callable[[str], None] | None = None, text_column: str = "text",
-                txt_piece_chars: int = TXT_PIECE_CHARS) -> tuple[list[Document], list[dict]]:
-    """Every document of ``specs`` in memory, and one ``{"input", "kind", "documents", "characters"}`` record per
-    input (for small corpora and tests; :func:`depthattn.data.prepare.prepare_corpus` streams instead)."""
-    docs: list[Document] = []
-    records = []
-    for src in resolve_inputs(specs, text_column, txt_piece_chars, log):
-        d = list(src.documents())
-        if not d:
-            raise ValueError(f"{src.name}: input has no non-empty documents")
-        docs.extend(d)
-        records.append({"input": src.name, "kind": src.kind, "documents": len(d),
-                        "characters": sum(len(x.text) for x in d)})
-    return docs, records

@@ -303,7 +303,8 @@ def _open_staging(out_dir: Path) -> Path:
         except (OSError, ValueError):
             alive = False
         if alive:
-            raise ValueError(f"{staging}: another `data prepare` (pid {pid}) is writing this folder")
+            raise ValueError(f"{staging}: another `data prepare` (pid {pid}) is writing this folder; remove "
+                             f"{staging} if that process is not a prepare")
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     pid_file.write_text(str(os.getpid()))
@@ -350,7 +351,10 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
     ignored). ``special_tokens``: extra special tokens, one id each, never learned as merges (added to a given
     tokenizer; ValueError if one is an ordinary token of it). ``dtype``: ``auto`` picks uint16 up to 65,536 tokens,
     else uint32. ``workers``: encoding processes (default: all cores); the output does not depend on it.
-    ``log`` (None: silent): one-line notes. Bad input raises one ValueError naming the file or option."""
+    ``text_column``: the text field of jsonl / parquet / datasets inputs. ``tokenizer_sample_bytes``: UTF-8 bytes
+    of training documents the BPE is trained on. ``shard_tokens``: tokens per shard file. ``txt_piece_chars``: the
+    document size a lone ``.txt`` input is cut into. ``log`` (None: silent): one-line notes. Bad input raises one
+    ValueError naming the file or option."""
     out_dir = Path(out_dir)
     workers = default_workers() if workers is None else workers
     special_tokens = list(special_tokens or [])

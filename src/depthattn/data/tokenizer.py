@@ -12,11 +12,9 @@ special token. No normaliser runs, so byte counts of the text are exact.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from pathlib import Path
-
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
