@@ -236,7 +236,11 @@ def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids:
     tags: list[tuple[int, str]] = []
     pieces: list[tuple[str, bool]] = []
     size = 0
+    n = 0
     for i, d in enumerate(_all_documents(sources)):
+        if i >= len(is_val):
+            raise ValueError(_CHANGED.format(names=", ".join(src.name for src in sources)))
+        n = i + 1
         s = int(is_val[i])
         st = stats[SPLITS[s]]
         st["documents"] += 1
@@ -252,9 +256,14 @@ def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids:
                 yield tags, pieces
                 bar.update(size)
                 tags, pieces, size = [], [], 0
+    if n != len(is_val):
+        raise ValueError(_CHANGED.format(names=", ".join(src.name for src in sources)))
     if pieces:
         yield tags, pieces
         bar.update(size)
+
+
+_CHANGED = "{names}: the inputs changed while being prepared (another number of documents than when first read)"
 
 
 def _encode_all(sources: list[InputSource], is_val: np.ndarray, tok: Tokenizer, dtype: str, folder: Path,
