@@ -40,13 +40,19 @@ print(json.dumps({"wall_s": wall, "tokens": tokens, "bytes": nbytes, "peak_rss_k
 """
 
 
-def build_input(corpus: str, mb: float, out: Path) -> Path:
-    """``out`` (.jsonl) holding the corpus's documents repeated until about ``mb`` MB of UTF-8 text."""
+def repeats_for(corpus: str, mb: float) -> int:
+    """How many copies of the corpus make about ``mb`` MB of UTF-8 text (at least 1)."""
+    from depthattn.data.inputs import resolve_inputs
+
+    size = sum(len(d.text.encode("utf-8")) for d in resolve_inputs([corpus])[0].documents())
+    return max(1, round(mb * 1e6 / size))
+
+
+def build_input(corpus: str, repeats: int, out: Path) -> Path:
+    """``out`` (.jsonl) holding the corpus's documents ``repeats`` times (each copy with its own ids)."""
     from depthattn.data.inputs import resolve_inputs
 
     docs = list(resolve_inputs([corpus])[0].documents())
-    size = sum(len(d.text.encode("utf-8")) for d in docs)
-    repeats = max(1, round(mb * 1e6 / size))
     with open(out, "w", encoding="utf-8") as f:
         for r in range(repeats):
             for d in docs:
@@ -77,7 +83,8 @@ def main() -> int:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-data-", dir=args.workdir) as tmp_s:
         tmp = Path(tmp_s)
-        src = build_input(args.corpus, args.mb, tmp / "input.jsonl")
+        repeats = repeats_for(args.corpus, args.mb)
+        src = build_input(args.corpus, repeats, tmp / "input.jsonl")
         tok = "-"
         if not args.train:  # one tokenizer for every run, trained once outside the timing
             from depthattn.data.inputs import resolve_inputs
@@ -94,7 +101,7 @@ def main() -> int:
             tok = str(tmp / "tokenizer.json")
         rows = [run(src, tok, w, tmp) for w in args.workers]
         if args.double:
-            rows.append(run(build_input(args.corpus, 2 * args.mb, tmp / "input2.jsonl"), tok, max(args.workers), tmp))
+            rows.append(run(build_input(args.corpus, 2 * repeats, tmp / "input2.jsonl"), tok, max(args.workers), tmp))
         base = rows[0]
         print(f"\ninput {args.corpus} repeated to {base['bytes'] / 1e6:,.0f} MB; tokenizer "
               f"{'trained in each run' if args.train else 'given'}")
