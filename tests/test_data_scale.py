@@ -422,3 +422,32 @@ def test_failure_in_a_worker_leaves_previous_folder(ref, rows, tmp_path, monkeyp
     with pytest.raises(OSError, match="disk full"):
         _prep(out, [str(src)], ref, workers=2, shard_tokens=2_000)
     assert _files(out) == before and not (out / ".partial").exists()
+
+
+def test_reprepare_removes_stale_shards_and_old_layout_loads(ref, rows, tmp_path):
+    src = tmp_path / "s.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "out"
+    _prep(out, [str(src)], ref, shard_tokens=1_000)
+    assert len(list(out.glob("train-*.bin"))) > 5
+    load_prepared(out)
+    _prep(out, [str(src)], ref)  # one shard per split now: the others are removed, the cache too
+    assert sorted(p.name for p in out.glob("*.bin")) == ["train-00000.bin", "val-00000.bin"]
+    assert not (out / integrity.VERIFY_CACHE).exists()
+    # a folder of format_version 1 (one train.bin / val.bin, the split's sha256 that of the file) still loads
+    meta = json.loads((out / "meta.json").read_text())
+    for split in ("train", "val"):
+        (out / f"{split}-00000.bin").rename(out / f"{split}.bin")
+        info = meta["splits"][split]
+        del info["shards"]
+        info["file"] = f"{split}.bin"
+    meta["format_version"] = 1
+    (out / "meta.json").write_text(json.dumps(meta))
+    old = load_prepared(out)
+    np.testing.assert_array_equal(old.train, load_prepared(ref).train)
+    raw = bytearray((out / "val.bin").read_bytes())
+    raw[0] ^= 0x01
+    time.sleep(0.05)
+    (out / "val.bin").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"val\.bin: sha256 .* does not match meta\.json"):
+        load_prepared(out)
