@@ -451,3 +451,33 @@ def test_reprepare_removes_stale_shards_and_old_layout_loads(ref, rows, tmp_path
     (out / "val.bin").write_bytes(bytes(raw))
     with pytest.raises(ValueError, match=r"val\.bin: sha256 .* does not match meta\.json"):
         load_prepared(out)
+
+
+def test_pieces_of_text_without_spaces_stay_bounded(docs):
+    words = docs["moby_dick/moby_dick"][:50_000]
+    for text in (words.replace(" ", ""), words.replace(" ", "").replace("\n", "")):
+        pieces = list(encode_pieces(text, 1_000))
+        assert "".join(pieces) == text and max(map(len, pieces)) <= 1_000 and min(map(len, pieces[:-1])) > 500
+
+
+def test_cli_prepare_new_options(ref, rows, tmp_path, capsys):
+    import argparse
+
+    from depthattn.commands import data_cmd
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": [r["text"] for r in rows]}), tmp_path / "s.parquet")
+    p = argparse.ArgumentParser()
+    data_cmd.register(p.add_subparsers(dest="command"))
+    args = p.parse_args(["data", "prepare", "--out", str(tmp_path / "out"), "--input", str(tmp_path / "*.parquet"),
+                         "--text-column", "body", "--workers", "2", "--shard-tokens", "5000", "--vocab-size", "400",
+                         "--special-tokens", "<|im_start|>,<|im_end|>", "--special-tokens", "<|pad|>",
+                         "--tokenizer-sample-bytes", "40000", "--val-fraction", "0.25", "--quiet"])
+    assert args.func(args) == 0
+    meta = load_prepared(tmp_path / "out").meta
+    assert meta["special_tokens"] == [EOS_TOKEN, "<|im_start|>", "<|im_end|>", "<|pad|>"]
+    assert meta["sources"][0]["kind"] == "glob" and meta["sources"][0]["documents"] == len(rows)
+    assert len(meta["splits"]["train"]["shards"]) > 1
+    assert "shard files" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """Parallel, streaming encoding of documents into token shards (the encode pass of ``data prepare``).
 
-- :func:`encode_pieces` cuts a long document into pieces of at most ``max_chars`` characters, each cut just before
-  a space that precedes a non-space character. The byte-level pre-tokenizers (GPT-2's and Qwen3's split regexes)
+- :func:`encode_pieces` cuts a long document into pieces of ``max_chars / 2`` to ``max_chars`` characters, each cut
+  just before a space that precedes a non-space character. The byte-level pre-tokenizers (GPT-2's and Qwen3's split regexes)
   never join such a space to the text before it, so the pieces' tokens are exactly the whole document's tokens; a
   document with no such space in a window is cut at other whitespace, or at last at ``max_chars`` characters
   (where the tokens can differ from one whole-document call).
@@ -43,8 +43,8 @@ def encode_pieces(text: str, max_chars: int = PIECE_CHARS) -> Iterator[str]:
     while n - start > max_chars:
         end = start + max_chars
         cut = _space_before_word(text, start + max_chars // 2, end)
-        if cut is None:
-            m = _LAST_SPACE.match(text, start + 1, end)
+        if cut is None:  # the last whitespace in the window's second half
+            m = _LAST_SPACE.match(text, start + max_chars // 2 + 1, end)
             cut = m.end() - 1 if m else end
         yield text[start:cut]
         start = cut
