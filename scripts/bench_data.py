@@ -5,7 +5,8 @@ corpus) repeated into ``.jsonl`` files of about ``--mb`` MB (each repeat gets ne
 fresh subprocess (``python -c`` calling ``prepare_corpus``) so its peak RSS -- the largest of the main process and
 its encoding workers, ``resource.getrusage(RUSAGE_CHILDREN)`` of the child and its own ``RUSAGE_SELF`` -- is its
 own; the CPU seconds of the main process and of the workers show how much of the machine a run got (CPU / wall
-near the worker count: the cores were free; near 1 with 2 workers: the machine was busy). By default the runs encode with a given tokenizer (trained once on the text, outside the timing), so the table
+near the worker count: the cores were free; near 1 with 2 workers: the machine was busy). By default the runs
+encode with a given tokenizer (an 8192-token BPE trained once on the first 20 MB, outside the timing), so the table
 measures the part that scales with workers; ``--train`` times tokenizer training too.
 
     python scripts/bench_data.py --corpus mix/ --mb 1000 --workers 1 2 --double

@@ -1,10 +1,10 @@
 """Parallel, streaming encoding of documents into token shards (the encode pass of ``data prepare``).
 
-- :func:`encode_pieces` cuts a long document into pieces of ``max_chars / 2`` to ``max_chars`` characters, each cut
-  just before a space that precedes a non-space character. The byte-level pre-tokenizers (GPT-2's and Qwen3's split regexes)
-  never join such a space to the text before it, so the pieces' tokens are exactly the whole document's tokens; a
-  document with no such space in a window is cut at other whitespace, or at last at ``max_chars`` characters
-  (where the tokens can differ from one whole-document call).
+- :func:`encode_pieces` cuts a long document into pieces of ``max_chars / 2`` to ``max_chars`` characters, each
+  cut just before a space that precedes a non-space character. The byte-level pre-tokenizers (GPT-2's and Qwen3's
+  split regexes) never join such a space to the text before it, so the pieces' tokens are exactly the whole
+  document's tokens; a document with no such space in a window is cut at other whitespace, or at last at
+  ``max_chars`` characters (where the tokens can differ from one whole-document call).
 - :func:`parallel_encode` encodes work units (lists of pieces) in ``workers`` processes and yields the results in
   submission order, with at most ``2 * workers`` units in flight: memory is bounded by the workers and the unit
   size, and the output does not depend on the number of workers.
