@@ -481,3 +481,22 @@ def test_cli_prepare_new_options(ref, rows, tmp_path, capsys):
     assert meta["sources"][0]["kind"] == "glob" and meta["sources"][0]["documents"] == len(rows)
     assert len(meta["splits"]["train"]["shards"]) > 1
     assert "shard files" in capsys.readouterr().out
+
+
+def test_cli_full_disk_is_one_line(ref, rows, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from depthattn import cli
+
+    src = tmp_path / "s.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / ".partial" / "meta.json"))
+
+    monkeypatch.setattr(prepare_module, "_write_meta", full)
+    rc = cli.main(["data", "prepare", "--out", str(tmp_path / "out"), "--input", str(src), "--tokenizer",
+                   str(ref / "tokenizer.json"), "--val-fraction", "0.25", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "cannot write (No space left on device" in err
+    assert not (tmp_path / "out").exists()
