@@ -61,7 +61,8 @@ def prepared(tmp_path_factory, slice_jsonl) -> Path:
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    """Every file of a folder (hidden ones too, but not the load-time .verified.json cache)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != ".verified.json"}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -218,7 +219,7 @@ def test_prepare_meta_matches_shards(prepared, docs):
         s = meta["splits"][split]
         arr = data.split(split)
         assert isinstance(arr, np.memmap) and arr.dtype == np.uint16
-        assert len(arr) == s["tokens"] == (prepared / f"{split}.bin").stat().st_size // 2
+        assert len(arr) == s["tokens"] == (prepared / f"{split}-00000.bin").stat().st_size // 2
         assert s["documents"] == len(ids) == int((arr == data.eos_token_id).sum())
         assert s["bytes"] == sum(len(docs[i].encode("utf-8")) for i in ids)
         expected = sum(len(data.tokenizer.encode(docs[i]).ids) + 1 for i in ids)
@@ -240,13 +241,15 @@ def test_tokenizer_round_trips_real_text(prepared, docs):
 
 def test_literal_eos_in_text_is_not_a_document_end(prepared, docs, tmp_path):
     text = docs[SLICE_IDS[0]][:2000]
-    tok = load_prepared(prepared).tokenizer
-    ids = prepare_module._encode_split(tok, [Document("a", f"{text}{EOS_TOKEN}{text}")], 0, "uint16",
-                                       tmp_path / "x.bin", "encode test", False)
-    arr = np.fromfile(tmp_path / "x.bin", dtype=np.uint16)
-    assert ids["tokens"] == len(arr) and int((arr == 0).sum()) == 1 and arr[-1] == 0
-    assert tok.decode(arr[:-1].tolist()) == f"{text}{EOS_TOKEN}{text}"
-    assert tok.encode_special_tokens is False
+    src = tmp_path / "eos.jsonl"
+    src.write_text(json.dumps({"text": f"{text}{EOS_TOKEN}{text}"}) + "\n" + json.dumps({"text": text}) + "\n")
+    prepare_corpus(tmp_path / "out", [str(src)], tokenizer=prepared / "tokenizer.json", val_fraction=0.3,
+                   progress=False)
+    data = load_prepared(tmp_path / "out")
+    both = np.concatenate([data.train, data.val]).tolist()
+    assert both.count(0) == 2 and data.train[-1] == 0 and data.val[-1] == 0  # the appended EOS only
+    decoded = {data.tokenizer.decode(s[:-1].tolist()) for s in (data.train, data.val)}
+    assert decoded == {f"{text}{EOS_TOKEN}{text}", text}
 
 
 def test_train_shard_decodes_to_train_documents(prepared, docs):
@@ -354,15 +357,11 @@ def test_failure_while_writing_keeps_previous_files(prepared, slice_jsonl, tmp_p
     for p in prepared.iterdir():
         (out / p.name).write_bytes(p.read_bytes())
     before = _snapshot(out)
-    real = prepare_module._encode_split
 
-    def encode_then_fail(tok, docs, eos_id, dtype, path, desc, progress):
-        stats = real(tok, docs, eos_id, dtype, path, desc, progress)
-        if desc.endswith("val"):
-            raise OSError("disk full")
-        return stats
+    def fail(*args, **kwargs):  # after every shard was written, before anything is moved into place
+        raise OSError("disk full")
 
-    monkeypatch.setattr(prepare_module, "_encode_split", encode_then_fail)
+    monkeypatch.setattr(prepare_module, "_write_meta", fail)
     with pytest.raises(OSError, match="disk full"):
         prepare_corpus(out, [str(slice_jsonl)], vocab_size=300, val_fraction=0.2, seed=7, progress=False)
     assert _snapshot(out) == before  # no temp files left, nothing replaced
@@ -402,10 +401,12 @@ def test_prepare_refuses_tokenizer_that_breaks_bits_per_byte(kind, docs, slice_j
         prepare_corpus(out, [str(src)], tokenizer=path, val_fraction=0.3, seed=1, progress=False)
     assert str(path) in str(e.value) and "bits per byte needs a byte-level BPE without normalizer" in str(e.value)
     assert not out.exists() or not any(out.iterdir())  # nothing written, no temp files left
-    # the prepared folder's own byte-level tokenizer passes, and meta.json records each .bin's sha256
+    # the prepared folder's own byte-level tokenizer passes, and meta.json records each shard's sha256
     meta = json.loads((prepared / "meta.json").read_text())
     for split in ("train", "val"):
-        assert meta["splits"][split]["sha256"] == hashlib.sha256((prepared / f"{split}.bin").read_bytes()).hexdigest()
+        (shard,) = meta["splits"][split]["shards"]
+        digest = hashlib.sha256((prepared / shard["file"]).read_bytes()).hexdigest()
+        assert meta["splits"][split]["sha256"] == shard["sha256"] == digest
     again = prepare_corpus(tmp_path / "ok", [str(slice_jsonl)], tokenizer=prepared / "tokenizer.json",
                            val_fraction=0.2, seed=1, progress=False)
     assert again["splits"] == meta["splits"]
@@ -416,9 +417,9 @@ def test_load_prepared_validates(prepared, tmp_path, damage):
     for p in prepared.iterdir():
         (tmp_path / p.name).write_bytes(p.read_bytes())
     if damage == "truncate_bin":
-        raw = (tmp_path / "val.bin").read_bytes()
-        (tmp_path / "val.bin").write_bytes(raw[:-2])
-        needle = "val.bin: "
+        raw = (tmp_path / "val-00000.bin").read_bytes()
+        (tmp_path / "val-00000.bin").write_bytes(raw[:-2])
+        needle = "val-00000.bin: "
     elif damage == "tokenizer_changed":
         (tmp_path / "tokenizer.json").write_bytes((tmp_path / "tokenizer.json").read_bytes() + b" ")
         needle = "tokenizer.json: sha256"
@@ -516,7 +517,7 @@ def test_prepare_folder_names_skipped_files_and_small_vocabulary(tmp_path, docs,
     out = capfd.readouterr().out
     lines = out.splitlines()
     assert lines[0].strip()  # no stray blank lines from the tokenizer library
-    assert f"{folder}: skipped 2 files that are not .txt (e.g. notes.md)" in out
+    assert f"{folder}: skipped 1 file that is not .txt, .jsonl[.gz|.zst] or .parquet (e.g. notes.md)" in out
     vocab = json.loads((tmp_path / "out" / "meta.json").read_text())["vocab_size"]
     assert vocab < 100_000
     assert sum(f"note: the trained vocabulary has {vocab:,d} tokens, fewer than --vocab-size 100,000" in line
@@ -525,7 +526,8 @@ def test_prepare_folder_names_skipped_files_and_small_vocabulary(tmp_path, docs,
 
 def test_one_document_error_says_what_to_do(tmp_path, docs):
     (tmp_path / "book.txt").write_text(docs[SLICE_IDS[0]], encoding="utf-8")
-    with pytest.raises(ValueError, match=r"got 1; pass several \.txt files .* or a \.jsonl file") as e:
+    with pytest.raises(ValueError, match=r"got 1; pass several files, a \.jsonl / \.parquet file .* or one long "
+                                         r"\.txt as the only input") as e:
         prepare_corpus(tmp_path / "out", [str(tmp_path / "book.txt")], vocab_size=300, progress=False)
     assert "\n" not in str(e.value)
 

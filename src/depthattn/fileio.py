@@ -135,3 +135,34 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# staged folders (many files, one index written last)
+
+
+def install_staged_files(staging: str | Path, folder: str | Path, names: Sequence[str],
+                         stale: Sequence[str] = ()) -> None:
+    """Move files ``names`` from folder ``staging`` into ``folder`` (both on one file system), ``names[-1]`` (the
+    index that vouches for the others) last.
+
+    The index already in ``folder`` is removed first, so an interruption part-way leaves a folder without an index
+    (never an old index beside new files); then each file is fsync'd and renamed into place, the files in ``stale``
+    (left over from a previous content, not in ``names``) are deleted, and ``folder`` is fsync'd."""
+    staging, folder = Path(staging), Path(folder)
+    with contextlib.suppress(FileNotFoundError):
+        (folder / names[-1]).unlink()
+    for name in names:
+        with open(staging / name, "rb") as f:
+            os.fsync(f.fileno())
+        os.chmod(staging / name, 0o644)
+        os.replace(staging / name, folder / name)
+    for name in stale:
+        if name not in names:
+            with contextlib.suppress(FileNotFoundError):
+                (folder / name).unlink()
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

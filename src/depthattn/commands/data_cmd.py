@@ -10,7 +10,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..data.corpus import write_corpus
-from ..data.prepare import prepare_corpus
+from ..data.inputs import TXT_PIECE_CHARS
+from ..data.prepare import SHARD_TOKENS, TOKENIZER_SAMPLE_BYTES, default_workers, prepare_corpus
 from ..data.sources.catalogue import PUBLIC_DOMAIN_MIX, SOURCES, source_documents
 from ..data.sources.registry import MissingToolError
 from .fetch_eval_cmd import register_data_subcommand
@@ -49,16 +50,27 @@ def fetch(args: argparse.Namespace) -> int:
 
 
 def prepare(args: argparse.Namespace) -> int:
-    """Split documents into train/validation (whole documents, seeded), train a byte-level BPE (or use
-    --tokenizer), and write tokenizer.json, train.bin, val.bin and meta.json to --out, atomically."""
-    meta = prepare_corpus(args.out, args.input, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
-                          val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype,
-                          progress=not args.quiet)
+    """Split documents into train/validation (whole documents, seeded), train a byte-level BPE on a sample of the
+    training documents (or use --tokenizer), encode in --workers processes, and write tokenizer.json,
+    tokenizer_config.json, train-*.bin / val-*.bin shards and meta.json to --out (meta.json last: a failed or killed
+    run leaves no folder that looks valid)."""
+    specials = [t for group in args.special_tokens or [] for t in group.split(",") if t]
+    try:
+        meta = prepare_corpus(args.out, args.input, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                              val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype,
+                              progress=not args.quiet, workers=args.workers, text_column=args.text_column,
+                              tokenizer_sample_bytes=args.tokenizer_sample_bytes, special_tokens=specials,
+                              shard_tokens=args.shard_tokens, txt_piece_chars=args.txt_piece_chars)
+    except OSError as e:  # a full disk, no permission: one line, nothing installed (readers raise ValueError)
+        raise ValueError(f"--out {args.out}: cannot write ({e.strerror or e}"
+                         f"{', ' + str(e.filename) if e.filename else ''}); the folder was left as it was") from e
     for split in ("train", "val"):
         s = meta["splits"][split]
         print(f"{split:5s} {s['documents']:6,d} documents {s['tokens']:>12,d} tokens {s['bytes']:>12,d} bytes "
               f"({s['bytes'] / max(s['tokens'], 1):.2f} bytes/token)")
-    print(f"wrote {args.out}: vocab {meta['vocab_size']}, dtype {meta['dtype']}, eos id {meta['eos_token_id']}")
+    shards = sum(len(meta["splits"][s]["shards"]) for s in ("train", "val"))
+    print(f"wrote {args.out}: vocab {meta['vocab_size']}, dtype {meta['dtype']}, eos id {meta['eos_token_id']}, "
+          f"{shards} shard files")
     return 0
 
 
@@ -76,14 +88,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--workdir", default=None, help="where to download and unpack (default: system temp folder)")
     f.set_defaults(func=fetch)
 
-    q = sub.add_parser("prepare", help="tokenise documents into train.bin / val.bin", description=prepare.__doc__)
+    q = sub.add_parser("prepare", help="tokenise documents into train / val token shards",
+                       description=prepare.__doc__)
     q.add_argument("--out", required=True, help="output folder")
     q.add_argument("--input", action="extend", nargs="+", default=None, metavar="PATH",
-                   help="`embedded` (default), a .txt file or folder, .jsonl[.gz] with a `text` field, a `data fetch` "
-                        "folder, or a datasets save_to_disk folder; takes several paths and may repeat")
+                   help="`embedded` (default), .txt, .jsonl[.gz|.zst] or .parquet files, folders or glob patterns "
+                        "of them ('data/*.parquet'), a `data fetch` folder, or a datasets save_to_disk folder; "
+                        "takes several paths and may repeat")
+    q.add_argument("--text-column", default="text",
+                   help="the text field of .jsonl rows, parquet files and datasets folders (default text)")
+    q.add_argument("--workers", type=int, default=None,
+                   help=f"encoding processes (default: all cores, here {default_workers()}); the output is the "
+                        f"same for any number")
+    q.add_argument("--tokenizer-sample-bytes", type=int, default=TOKENIZER_SAMPLE_BYTES,
+                   help=f"train the BPE on at most this many bytes of the training documents, in input order "
+                        f"(default {TOKENIZER_SAMPLE_BYTES:,d})")
+    q.add_argument("--special-tokens", action="append", default=None, metavar="TOK[,TOK...]",
+                   help="extra special tokens (after <|endoftext|>): one id each, never learned as merges; with "
+                        "--tokenizer, added to it; literal occurrences in documents are encoded as text")
+    q.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS,
+                   help=f"tokens per shard file (default {SHARD_TOKENS:,d})")
+    q.add_argument("--txt-piece-chars", type=int, default=TXT_PIECE_CHARS,
+                   help=f"a lone .txt input is cut into documents of about this many characters at blank-line "
+                        f"runs (default {TXT_PIECE_CHARS:,d})")
     q.add_argument("--vocab-size", type=int, default=8192,
                    help="BPE vocabulary size incl. <|endoftext|> (default 8192)")
-    q.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
+    q.add_argument("--tokenizer", default=None,
+                   help="use this tokenizer.json or Hugging Face tokenizer folder as is instead of training one")
     q.add_argument("--val-fraction", type=float, default=0.05,
                    help="target fraction of characters held out, as whole documents (default 0.05)")
     q.add_argument("--seed", type=int, default=0, help="seed of the document split (default 0)")

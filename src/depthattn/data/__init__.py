@@ -1,9 +1,11 @@
 """Data: real public-domain text from package registries, tokenisation, memory-mapped shards, batch sampling.
 
 - :func:`embedded_corpus_documents` -- the corpus shipped in the package, as ``(doc_id, text)`` pairs.
-- :func:`prepare_corpus` -- split documents, train a byte-level BPE, write ``train.bin`` / ``val.bin`` / ``meta.json``.
-- :func:`load_prepared` -- read a prepared folder back (validated) as :class:`PreparedData`.
+- :func:`prepare_corpus` -- stream documents (txt, jsonl[.gz|.zst], parquet, datasets folders), split them, train a
+  byte-level BPE on a sample, encode in parallel into token shards + ``meta.json``.
+- :func:`load_prepared` -- read a prepared folder back (validated, shard sha256 verified) as :class:`PreparedData`.
 - :class:`TokenBatches` -- training windows as a pure function of ``(seed, step)``; :func:`sequential_batches` for eval.
+- :class:`ShardedTokens` -- several shards as one 1-D token array.
 
 See docs/data.md.
 """
@@ -12,12 +14,14 @@ from depthattn.data.corpus import embedded_corpus_documents, embedded_manifest, 
 from depthattn.data.document import Document
 from depthattn.data.prepare import prepare_corpus, split_documents
 from depthattn.data.shards import PreparedData, TokenBatches, load_prepared, sequential_batches
+from depthattn.data.tokenstream import ShardedTokens
 from depthattn.data.tokenizer import EOS_TOKEN, load_tokenizer, train_bpe
 
 __all__ = [
     "EOS_TOKEN",
     "Document",
     "PreparedData",
+    "ShardedTokens",
     "TokenBatches",
     "embedded_corpus_documents",
     "embedded_manifest",

@@ -14,6 +14,7 @@ byte-identical files (and sha256).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -95,31 +96,80 @@ def verify_corpus(corpus_dir: str | Path) -> dict:
     return manifest
 
 
-def read_jsonl_documents(path: str | Path, source: str = "") -> Iterator[Document]:
-    """Documents from a ``.jsonl`` / ``.jsonl.gz`` file: one JSON object with a ``text`` field per line."""
-    path = Path(path)
-    opener = gzip.open if path.name.endswith(".gz") else open
+def _zst_lines(path: Path) -> Iterator[bytes]:
+    """Lines of a zstandard file (one or more frames), decompressed in 1 MiB reads; ValueError for a truncated
+    last frame or a corrupt one (a checksum or format error)."""
+    import zstandard  # imported only for this input type
+
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    pending, fed = b"", False
     try:
-        with opener(path, "rb") as f:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                data, fed = dobj.decompress(chunk), True
+                while dobj.eof and dobj.unused_data:  # the next frame starts inside this chunk
+                    rest, dobj = dobj.unused_data, zstandard.ZstdDecompressor().decompressobj()
+                    data += dobj.decompress(rest)
+                if dobj.eof:
+                    dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
+                lines = (pending + data).split(b"\n")
+                pending = lines.pop()
+                yield from (line + b"\n" for line in lines)
+    except zstandard.ZstdError as e:
+        raise ValueError(f"{path}: cannot read: corrupt zstandard stream ({e})") from e
+    if fed:
+        raise ValueError(f"{path}: cannot read: corrupt zstandard stream (truncated: the last frame is incomplete)")
+    if pending:
+        yield pending
+
+
+def _open_lines(path: Path):
+    """A context manager over the lines (bytes) of a plain, gzip or zstandard file."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.name.endswith(".zst"):
+        return contextlib.nullcontext(_zst_lines(path))
+    return open(path, "rb")
+
+
+def read_jsonl(path: str | Path, text_column: str = "text", source: str = "") -> Iterator[Document]:
+    """Documents from a ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` file: one JSON object per line, the text in its
+    ``text_column`` field (blank texts skipped); ``id``, ``source``, ``title`` fields are kept when present (id
+    default ``<file name>:<line>``). ValueError naming the file and line on bad JSON, non-UTF-8 bytes (with the
+    byte offset in the decompressed stream), a missing field, or a corrupt / truncated compressed stream."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: file not found")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: input file is empty")
+    offset = 0
+    try:
+        with _open_lines(path) as f:
             for lineno, raw in enumerate(f, 1):
+                start, offset = offset, offset + len(raw)
                 if not raw.strip():
                     continue
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+                    raise ValueError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {start + e.start})") from e
                 try:
                     row = json.loads(line)
                 except ValueError as e:
                     raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
-                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    raise ValueError(f"{path}:{lineno}: expected a JSON object with a string `text` field")
-                yield Document(id=str(row.get("id", f"{path.name}:{lineno}")), text=row["text"],
-                               source=str(row.get("source", source)), title=str(row.get("title", "")))
+                if not isinstance(row, dict) or not isinstance(row.get(text_column), str):
+                    raise ValueError(f"{path}:{lineno}: expected a JSON object with a string `{text_column}` field"
+                                     f"{'' if text_column != 'text' else ' (choose another with --text-column)'}")
+                if row[text_column].strip():
+                    yield Document(id=str(row.get("id", f"{path.name}:{lineno}")), text=row[text_column],
+                                   source=str(row.get("source", source)), title=str(row.get("title", "")))
     except (OSError, EOFError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise ValueError(f"{path}: file not found") from e
         raise ValueError(f"{path}: cannot read ({e})") from e
+
+
+def read_jsonl_documents(path: str | Path, source: str = "") -> Iterator[Document]:
+    """Documents from a ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` file with a ``text`` field (:func:`read_jsonl`)."""
+    return read_jsonl(path, "text", source)
 
 
 def read_corpus_dir(corpus_dir: str | Path, verify: bool = True) -> list[Document]:

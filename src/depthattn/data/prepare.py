@@ -1,21 +1,30 @@
-"""Prepare a data folder: split documents into train/validation, train (or load) a byte-level BPE, encode each
-split into a token file, and write ``tokenizer.json``, ``train.bin``, ``val.bin`` and ``meta.json``
-(:func:`prepare_corpus`; the folder's format is described in :mod:`depthattn.data.shards`, which reads it back).
+"""Prepare a data folder from a stream of documents (:func:`prepare_corpus`), in three passes over the inputs:
 
-Bits per byte counts each token's bytes with ``tokenizer.token_byte_lengths`` (the byte-level alphabet), so prepare
-checks, document by document, that the tokens' byte lengths add up to the text's UTF-8 bytes, and refuses a tokenizer
-for which they do not (a normalizer, a Metaspace pre-tokenizer, unknown tokens).
+1. **scan**: count each document's characters (and check its id is unique); memory: a few bytes per document;
+2. **split** whole documents into train / validation from those lengths (:func:`split_by_lengths`), then train a
+   byte-level BPE on at most ``tokenizer_sample_bytes`` of the training documents (or load ``--tokenizer``);
+3. **encode** every document in ``workers`` processes (:mod:`depthattn.data.encode`), each followed by EOS, into
+   shard files of ``shard_tokens`` tokens, in input order: the bytes do not depend on the number of workers.
 
-Every file is first written under a temporary name in the folder and renamed only when all of them are complete,
-with meta.json last, so a failed run leaves the previous contents of the folder as they were.
+Bits per byte counts each token's bytes with ``tokenizer.token_byte_lengths`` (the byte-level alphabet), so the
+encode pass checks, piece by piece, that the tokens' byte lengths add up to the text's UTF-8 bytes, and refuses a
+tokenizer for which they do not (a normalizer, a Metaspace pre-tokenizer, unknown tokens).
+
+Everything is written into ``<out>/.partial/`` first (with the writer's pid); only when all is complete are the files
+moved into ``<out>``, ``meta.json`` last and the old ``meta.json`` removed first, so a failed or killed run never
+leaves a folder that looks valid, a failure before that step leaves the previous contents as they were, and a re-run
+removes a stale ``.partial`` and starts cleanly. The folder's format is described in :mod:`depthattn.data.shards`.
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
+import os
 import random
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +32,22 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from depthattn.data.document import Document
-from depthattn.data.inputs import read_inputs
-from depthattn.data.shards import DTYPES, META_FORMAT
-from depthattn.data.tokenizer import (EOS_TOKEN, MIN_VOCAB_SIZE, load_tokenizer, token_byte_lengths, tokenizer_bytes,
-                                      train_bpe)
-from depthattn.fileio import atomic_paths, sha256_bytes
+from depthattn.data.encode import PIECE_CHARS, ShardWriter, encode_pieces, parallel_encode
+from depthattn.data.inputs import TXT_PIECE_CHARS, InputSource, resolve_inputs
+from depthattn.data.integrity import VERIFY_CACHE
+from depthattn.data.shards import DTYPES, META_FORMAT, SPLITS
+from depthattn.data.tokenizer import (EOS_TOKEN, MIN_VOCAB_SIZE, add_special_tokens, check_special_tokens,
+                                      load_tokenizer, special_tokens_of, tokenizer_bytes, tokenizer_config, train_bpe)
+from depthattn.fileio import install_staged_files, sha256_bytes
 
 UINT16_MAX_VOCAB = 1 << 16
-#: The files of a prepared folder, in the order they are renamed into place (meta.json last: it vouches for the others).
-FILES = ("tokenizer.json", "train.bin", "val.bin", "meta.json")
+STAGING = ".partial"
+#: Default tokenizer training sample (UTF-8 bytes of training documents).
+TOKENIZER_SAMPLE_BYTES = 300_000_000
+#: Default tokens per shard file (200 MB of uint16).
+SHARD_TOKENS = 100_000_000
+#: Characters of text per work unit sent to a worker.
+UNIT_CHARS = 1 << 20
 
 
 def _package_version() -> str:
@@ -42,46 +58,98 @@ def _package_version() -> str:
         return "unknown"
 
 
+def default_workers() -> int:
+    """All cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # splitting
 
 
 #: Why a single document cannot be prepared, and what to do instead.
 SPLIT_HINT = ("need at least 2 documents to split into train and validation (whole documents are held out), got {n}; "
-              "pass several .txt files (one file = one document, e.g. a folder of them) or a .jsonl file (one line = "
-              "one document), e.g. split one long text into chapters saved as separate files")
+              "pass several files, a .jsonl / .parquet file (one line / row = one document), or one long .txt as the "
+              "only input (cut into pieces of about --txt-piece-chars characters)")
 
 
-def split_documents(docs: list[Document], val_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:
-    """Hold out whole documents for validation, about ``val_fraction`` of the characters; deterministic in ``seed``.
+def split_by_lengths(lengths: np.ndarray, val_fraction: float, seed: int) -> np.ndarray:
+    """``[n]`` bool, True for the documents held out for validation, from their character ``lengths``.
 
-    Documents are visited in a seeded shuffle; one joins validation while validation is below its character target
-    and adding it stays within 1.5x of the target (so one long novel cannot swallow the split). If none fits, the
-    shortest document is held out. Both splits always get at least one document; input order is kept within each.
-    """
+    Documents are visited in a seeded shuffle (``random.Random(seed)``); one joins validation while validation is
+    below ``val_fraction`` of the characters and adding it stays within 1.5x of the target (so one long novel
+    cannot swallow the split). If none fits, the shortest document is held out. Both splits always get at least one
+    document. Memory: 8 bytes per document for the order."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    if len(docs) < 2:
-        raise ValueError(SPLIT_HINT.format(n=len(docs)))
-    total = sum(len(d.text) for d in docs)
-    target = val_fraction * total
-    order = list(range(len(docs)))
+    n = len(lengths)
+    if n < 2:
+        raise ValueError(SPLIT_HINT.format(n=n))
+    target = val_fraction * int(lengths.sum())
+    order = array.array("q", range(n))
     random.Random(seed).shuffle(order)
-    val: set[int] = set()
-    val_chars = 0
+    is_val = np.zeros(n, dtype=bool)
+    val_chars = n_val = 0
     for i in order:
         if val_chars >= target:
             break
-        if val_chars + len(docs[i].text) <= 1.5 * target and len(val) < len(docs) - 1:
-            val.add(i)
-            val_chars += len(docs[i].text)
-    if not val:
-        val.add(min(order, key=lambda i: len(docs[i].text)))  # min() keeps the first (shuffled) among ties
-    return [d for i, d in enumerate(docs) if i not in val], [d for i, d in enumerate(docs) if i in val]
+        if val_chars + int(lengths[i]) <= 1.5 * target and n_val < n - 1:
+            is_val[i] = True
+            val_chars += int(lengths[i])
+            n_val += 1
+    if not n_val:
+        is_val[min(order, key=lambda i: int(lengths[i]))] = True  # min() keeps the first (shuffled) among ties
+    return is_val
+
+
+def split_documents(docs: list[Document], val_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:
+    """:func:`split_by_lengths` on documents in memory: ``(train, val)``, input order kept within each."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    is_val = split_by_lengths(np.array([len(d.text) for d in docs], dtype=np.int64), val_fraction, seed)
+    return [d for d, v in zip(docs, is_val) if not v], [d for d, v in zip(docs, is_val) if v]
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# encoding
+# pass 1: scan
+
+
+def _id_hash(doc_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def _all_documents(sources: list[InputSource]) -> Iterator[Document]:
+    for src in sources:
+        yield from src.documents()
+
+
+def _scan(sources: list[InputSource]) -> tuple[np.ndarray, list[dict]]:
+    """Characters of every document, and one ``{"input", "kind", "documents", "characters"}`` record per input;
+    ValueError for an input without documents or a document id that appears twice."""
+    lengths = array.array("q")
+    hashes = array.array("Q")
+    records = []
+    for src in sources:
+        n = chars = 0
+        for d in src.documents():
+            lengths.append(len(d.text))
+            hashes.append(_id_hash(d.id))
+            n += 1
+            chars += len(d.text)
+        if n == 0:
+            raise ValueError(f"{src.name}: input has no non-empty documents")
+        records.append({"input": src.name, "kind": src.kind, "documents": n, "characters": chars})
+    h = np.sort(np.frombuffer(hashes, dtype=np.uint64))
+    dup = h[1:][h[1:] == h[:-1]]
+    if dup.size:
+        twice = next(d.id for d in _all_documents(sources) if _id_hash(d.id) == int(dup[0]))
+        raise ValueError(f"document id {twice!r} appears twice in the inputs "
+                         f"({', '.join(s.name for s in sources)})")
+    return np.frombuffer(lengths, dtype=np.int64), records
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# pass 2: tokenizer
 
 
 def _resolve_dtype(dtype: str, vocab_size: int) -> str:
@@ -95,72 +163,47 @@ def _resolve_dtype(dtype: str, vocab_size: int) -> str:
     return dtype
 
 
-def _encode_split(tok: Tokenizer, docs: list[Document], eos_id: int, dtype: str, path: Path, desc: str,
-                  progress: bool) -> dict:
-    """Encode ``docs`` (each followed by EOS) into ``path``; returns the split's counts.
-
-    A literal ``<|endoftext|>`` inside a document is encoded as plain text, so only the appended EOS ids mark
-    document ends.
-    """
-    tok.encode_special_tokens = True
-    try:
-        return _encode_split_inner(tok, docs, eos_id, dtype, path, desc, progress)
-    finally:
-        tok.encode_special_tokens = False
-
-
-def _encode_split_inner(tok: Tokenizer, docs: list[Document], eos_id: int, dtype: str, path: Path, desc: str,
-                        progress: bool) -> dict:
-    """The counts of ``_encode_split``, the sha256 of the written file, and under ``"byte_mismatch"`` (popped by
-    ``prepare_corpus``) the first document whose tokens' byte lengths do not add up to its UTF-8 bytes, or None."""
-    n_tokens = n_bytes = n_chars = 0
-    batch: list[str] = []
-    batch_docs: list[Document] = []
-    byte_len = token_byte_lengths(tok)
-    digest = hashlib.sha256()
-    mismatch: dict | None = None
-    with open(path, "wb") as f, tqdm(total=sum(len(d.text) for d in docs), unit="char", unit_scale=True, desc=desc,
-                                     disable=not progress) as bar:
-        def flush() -> None:
-            nonlocal n_tokens, mismatch
-            for doc, enc in zip(batch_docs, tok.encode_batch(batch, add_special_tokens=False)):
-                ids = np.asarray(enc.ids + [eos_id], dtype=DTYPES[dtype])
-                raw = ids.tobytes()
-                f.write(raw)
-                digest.update(raw)
-                n_tokens += ids.size
-                if mismatch is None:
-                    counted, actual = int(byte_len[ids[:-1].astype(np.int64)].sum()), len(doc.text.encode("utf-8"))
-                    if counted != actual:
-                        mismatch = {"document": doc.id, "token_bytes": counted, "utf8_bytes": actual}
-            bar.update(sum(len(t) for t in batch))
-            batch.clear()
-            batch_docs.clear()
-
-        for d in docs:
-            batch.append(d.text)
-            batch_docs.append(d)
-            n_bytes += len(d.text.encode("utf-8"))
-            n_chars += len(d.text)
-            if sum(len(t) for t in batch) >= 1 << 22:
-                flush()
-        if batch:
-            flush()
-    return {"file": path.name, "tokens": n_tokens, "bytes": n_bytes, "characters": n_chars, "documents": len(docs),
-            "sha256": digest.hexdigest(), "byte_mismatch": mismatch}
+def _training_sample(sources: list[InputSource], is_val: np.ndarray, sample_bytes: int) -> Iterator[str]:
+    """The training documents in input order up to ``sample_bytes`` UTF-8 bytes (the last one truncated)."""
+    left = sample_bytes
+    for i, d in enumerate(_all_documents(sources)):
+        if is_val[i]:
+            continue
+        raw = d.text.encode("utf-8")
+        if len(raw) >= left:
+            yield raw[:left].decode("utf-8", errors="ignore")  # drops a character cut in two
+            return
+        left -= len(raw)
+        yield d.text
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# prepare
+def _train_tokenizer(sources: list[InputSource], is_val: np.ndarray, vocab_size: int, sample_bytes: int,
+                     special_tokens: list[str], progress: bool, log: Callable[[str], None]) -> Tokenizer:
+    """A byte-level BPE trained on (a sample of) the training documents; notes a vocabulary smaller than asked."""
+    if progress:
+        log(f"training a byte-level BPE tokenizer (vocabulary {vocab_size:,d}) on up to {sample_bytes:,d} bytes of "
+            f"the {int((~is_val).sum()):,d} training documents")
+    # the tokenizers library's own progress display prints blank lines to stdout: keep it off
+    tok = train_bpe(_training_sample(sources, is_val, sample_bytes), vocab_size=vocab_size, show_progress=False,
+                    special_tokens=special_tokens)
+    if tok.get_vocab_size(with_added_tokens=True) < vocab_size:
+        log(f"note: the trained vocabulary has {tok.get_vocab_size(with_added_tokens=True):,d} tokens, fewer "
+            f"than --vocab-size {vocab_size:,d}: the training text has no more pairs that occur at least twice")
+    return tok
 
 
-def _check_options(out_dir: Path, vocab_size: int, tokenizer: str | Path | None, val_fraction: float,
-                   dtype: str) -> Tokenizer | None:
+def _check_options(out_dir: Path, vocab_size: int, tokenizer: str | Path | None, val_fraction: float, dtype: str,
+                   special_tokens: list[str], workers: int, sample_bytes: int) -> Tokenizer | None:
     """Fail fast on bad options, before any work; returns the tokenizer loaded from ``tokenizer`` (None: train one)."""
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
+    if sample_bytes < 1:
+        raise ValueError(f"--tokenizer-sample-bytes must be positive, got {sample_bytes}")
     if tokenizer is None:
-        if vocab_size < MIN_VOCAB_SIZE:
-            raise ValueError(f"--vocab-size must be at least {MIN_VOCAB_SIZE} (256 bytes + {EOS_TOKEN}), "
-                             f"got {vocab_size}")
+        extra = len(check_special_tokens(special_tokens))
+        if vocab_size < MIN_VOCAB_SIZE + extra:
+            raise ValueError(f"--vocab-size must be at least {MIN_VOCAB_SIZE + extra} (256 bytes + {EOS_TOKEN}"
+                             f"{f' + {extra} special tokens' if extra else ''}), got {vocab_size}")
         _resolve_dtype(dtype, vocab_size)
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
@@ -168,75 +211,185 @@ def _check_options(out_dir: Path, vocab_size: int, tokenizer: str | Path | None,
         raise ValueError(f"{out_dir}: --out exists and is not a folder")
     if tokenizer is None:
         return None
-    tok = load_tokenizer(tokenizer)
+    tok = add_special_tokens(load_tokenizer(tokenizer), special_tokens, tokenizer)
     _resolve_dtype(dtype, tok.get_vocab_size(with_added_tokens=True))
     return tok
 
 
-def _train_tokenizer(train_docs: list[Document], vocab_size: int, progress: bool,
-                     log: Callable[[str], None]) -> Tokenizer:
-    """A byte-level BPE trained on the training documents only; notes a vocabulary smaller than asked for."""
-    if progress:
-        log(f"training a byte-level BPE tokenizer (vocabulary {vocab_size:,d}) on {len(train_docs):,d} "
-            f"documents, {sum(len(d.text) for d in train_docs):,d} characters")
-    # the tokenizers library's own progress display prints blank lines to stdout: keep it off
-    tok = train_bpe((d.text for d in train_docs), vocab_size=vocab_size, show_progress=False)
-    if tok.get_vocab_size(with_added_tokens=True) < vocab_size:
-        log(f"note: the trained vocabulary has {tok.get_vocab_size(with_added_tokens=True):,d} tokens, fewer "
-            f"than --vocab-size {vocab_size:,d}: the training text has no more pairs that occur at least twice")
-    return tok
+# ------------------------------------------------------------------------------------------------------------------
+# pass 3: encode
 
 
-def _encode_checked(tok: Tokenizer, docs: list[Document], dtype: str, path: Path, split: str,
-                    tokenizer: str | Path | None, progress: bool) -> dict:
-    """``_encode_split`` into ``path`` for the ``split`` of meta.json; ValueError if the tokenizer loses bytes."""
-    stats = _encode_split(tok, docs, tok.token_to_id(EOS_TOKEN), dtype, path, f"encode {split}", progress)
-    stats["file"] = f"{split}.bin"
-    bad = stats.pop("byte_mismatch", None)
-    if bad is not None:
-        source = f"tokenizer {tokenizer}" if tokenizer is not None else "the trained tokenizer"
-        raise ValueError(
-            f"{source} does not preserve bytes: the tokens of {split} document {bad['document']!r} stand for "
-            f"{bad['token_bytes']} bytes by the byte-level alphabet, but its text has {bad['utf8_bytes']} "
-            f"UTF-8 bytes; bits per byte needs a byte-level BPE without normalizer (ByteLevel pre-tokenizer "
-            f"and decoder, no normalizer), e.g. one trained by `depthattn data prepare` without --tokenizer")
-    return stats
+def _with_last(items: Iterator[str]) -> Iterator[tuple[str, bool]]:
+    """``(item, is_last)`` pairs, one item of look-ahead."""
+    prev = next(items)
+    for item in items:
+        yield prev, False
+        prev = item
+    yield prev, True
+
+
+def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids: list[str], bar: tqdm
+           ) -> Iterator[tuple[list[tuple[int, str]], list[tuple[str, bool]]]]:
+    """Work units of about ``UNIT_CHARS`` characters: ``(tags, pieces)`` with one ``(split index, document id)`` tag
+    per ``(text, last)`` piece. Counts documents, bytes and characters per split into ``stats`` on the way."""
+    tags: list[tuple[int, str]] = []
+    pieces: list[tuple[str, bool]] = []
+    size = 0
+    n = 0
+    for i, d in enumerate(_all_documents(sources)):
+        if i >= len(is_val):
+            raise ValueError(_CHANGED.format(names=", ".join(src.name for src in sources)))
+        n = i + 1
+        s = int(is_val[i])
+        st = stats[SPLITS[s]]
+        st["documents"] += 1
+        st["bytes"] += len(d.text.encode("utf-8"))
+        st["characters"] += len(d.text)
+        if s:
+            val_ids.append(d.id)
+        for part, last in _with_last(encode_pieces(d.text, PIECE_CHARS)):
+            tags.append((s, d.id))
+            pieces.append((part, last))
+            size += len(part)
+            if size >= UNIT_CHARS:
+                yield tags, pieces
+                bar.update(size)
+                tags, pieces, size = [], [], 0
+    if n != len(is_val):
+        raise ValueError(_CHANGED.format(names=", ".join(src.name for src in sources)))
+    if pieces:
+        yield tags, pieces
+        bar.update(size)
+
+
+_CHANGED = "{names}: the inputs changed while being prepared (another number of documents than when first read)"
+
+
+def _encode_all(sources: list[InputSource], is_val: np.ndarray, tok: Tokenizer, dtype: str, folder: Path,
+                workers: int, shard_tokens: int, tokenizer: str | Path | None, total_chars: int,
+                progress: bool) -> tuple[dict, list[str]]:
+    """Encode every document into ``folder``'s shards; returns the per-split meta and the validation ids."""
+    stats = {s: {"documents": 0, "bytes": 0, "characters": 0} for s in SPLITS}
+    writers = [ShardWriter(folder, s, dtype, shard_tokens) for s in SPLITS]
+    val_ids: list[str] = []
+    eos_id = tok.token_to_id(EOS_TOKEN)
+    try:
+        with tqdm(total=total_chars, unit="char", unit_scale=True, desc="encode", disable=not progress) as bar:
+            for tags, results in parallel_encode(_units(sources, is_val, stats, val_ids, bar), tok.to_str(),
+                                                 eos_id, dtype, workers):
+                for (s, doc_id), (ids, ok) in zip(tags, results):
+                    if not ok:
+                        raise ValueError(_byte_mismatch(tokenizer, SPLITS[s], doc_id))
+                    writers[s].write(ids)
+        return {s: {**stats[s], **w.close()} for s, w in zip(SPLITS, writers)}, val_ids
+    finally:
+        for w in writers:
+            w.abort()
+
+
+def _byte_mismatch(tokenizer: str | Path | None, split: str, doc_id: str) -> str:
+    source = f"tokenizer {tokenizer}" if tokenizer is not None else "the trained tokenizer"
+    return (f"{source} does not preserve bytes: the tokens of {split} document {doc_id!r} do not stand for its "
+            f"UTF-8 bytes by the byte-level alphabet; bits per byte needs a byte-level BPE without normalizer "
+            f"(ByteLevel pre-tokenizer and decoder, no normalizer), e.g. one trained by `depthattn data prepare` "
+            f"without --tokenizer")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# staging
+
+
+def _open_staging(out_dir: Path) -> Path:
+    """A fresh ``<out>/.partial`` holding this process's pid; a stale one (its writer gone) is removed first."""
+    staging = out_dir / STAGING
+    pid_file = staging / "pid"
+    if staging.exists():
+        try:
+            pid = int(pid_file.read_text())
+            os.kill(pid, 0)
+            alive = pid != os.getpid()
+        except (OSError, ValueError):
+            alive = False
+        if alive:
+            raise ValueError(f"{staging}: another `data prepare` (pid {pid}) is writing this folder; remove "
+                             f"{staging} if that process is not a prepare")
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    pid_file.write_text(str(os.getpid()))
+    return staging
+
+
+def _existing_shards(out_dir: Path) -> list[str]:
+    return [p.name for p in out_dir.glob("*.bin") if p.name.split("-")[0].split(".")[0] in SPLITS]
+
+
+def _write_meta(staging: Path, tok: Tokenizer, tokenizer: str | Path | None, dtype: str, seed: int,
+                val_fraction: float, records: list[dict], splits: dict, val_ids: list[str]) -> dict:
+    tok_bytes = tokenizer_bytes(tok)
+    (staging / "tokenizer.json").write_bytes(tok_bytes)
+    (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok), indent=2) + "\n")
+    meta = {
+        "format": META_FORMAT, "format_version": 2, "package_version": _package_version(),
+        "tokenizer_file": "tokenizer.json", "tokenizer_sha256": sha256_bytes(tok_bytes),
+        "tokenizer_source": str(tokenizer) if tokenizer is not None else "trained",
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True), "eos_token": EOS_TOKEN,
+        "eos_token_id": tok.token_to_id(EOS_TOKEN), "special_tokens": special_tokens_of(tok), "dtype": dtype,
+        "seed": seed, "val_fraction": val_fraction, "sources": records, "splits": splits,
+        "val_document_ids": val_ids,
+    }
+    (staging / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return meta
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# prepare
 
 
 def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, vocab_size: int = 8192,
                    tokenizer: str | Path | None = None, val_fraction: float = 0.05, seed: int = 0,
-                   dtype: str = "auto", progress: bool = True, log: Callable[[str], None] | None = print) -> dict:
-    """Split documents, train (or load) a tokenizer, and write ``tokenizer.json``, ``train.bin``, ``val.bin`` and
-    ``meta.json`` to ``out_dir``; returns the meta dict.
+                   dtype: str = "auto", progress: bool = True, log: Callable[[str], None] | None = print,
+                   workers: int | None = None, text_column: str = "text",
+                   tokenizer_sample_bytes: int = TOKENIZER_SAMPLE_BYTES, special_tokens: list[str] | None = None,
+                   shard_tokens: int = SHARD_TOKENS, txt_piece_chars: int = TXT_PIECE_CHARS) -> dict:
+    """Split documents, train (or load) a tokenizer, and write ``tokenizer.json``, ``tokenizer_config.json``, the
+    ``train-*.bin`` / ``val-*.bin`` shards and ``meta.json`` to ``out_dir``; returns the meta dict.
 
     ``inputs``: see :mod:`depthattn.data.inputs` (default: the embedded corpus). ``tokenizer``: an existing
-    ``tokenizer.json`` with an ``<|endoftext|>`` token; when given, ``vocab_size`` is ignored. ``dtype``:
-    ``auto`` picks uint16 up to 65,536 tokens, else uint32. ``log`` (None: silent): one-line notes (skipped
-    files, a trained vocabulary smaller than ``vocab_size``, and with ``progress`` the tokenizer training).
-    """
+    ``tokenizer.json`` or tokenizer folder with an ``<|endoftext|>`` token, used as is (``vocab_size`` is then
+    ignored). ``special_tokens``: extra special tokens, one id each, never learned as merges (added to a given
+    tokenizer; ValueError if one is an ordinary token of it). ``dtype``: ``auto`` picks uint16 up to 65,536 tokens,
+    else uint32. ``workers``: encoding processes (default: all cores); the output does not depend on it.
+    ``text_column``: the text field of jsonl / parquet / datasets inputs. ``tokenizer_sample_bytes``: UTF-8 bytes
+    of training documents the BPE is trained on. ``shard_tokens``: tokens per shard file. ``txt_piece_chars``: the
+    document size a lone ``.txt`` input is cut into. ``log`` (None: silent): one-line notes. Bad input raises one
+    ValueError naming the file or option."""
     out_dir = Path(out_dir)
-    tok = _check_options(out_dir, vocab_size, tokenizer, val_fraction, dtype)
+    workers = default_workers() if workers is None else workers
+    special_tokens = list(special_tokens or [])
+    tok = _check_options(out_dir, vocab_size, tokenizer, val_fraction, dtype, special_tokens, workers,
+                         tokenizer_sample_bytes)
+    if shard_tokens < 1:
+        raise ValueError(f"--shard-tokens must be positive, got {shard_tokens}")
     log = log or (lambda _msg: None)
-    docs, records = read_inputs(inputs, log)
-    train_docs, val_docs = split_documents(docs, val_fraction, seed)
+    sources = resolve_inputs(inputs, text_column, txt_piece_chars, log)
+    lengths, records = _scan(sources)
+    is_val = split_by_lengths(lengths, val_fraction, seed)
     if tok is None:
-        tok = _train_tokenizer(train_docs, vocab_size, progress, log)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    dtype = _resolve_dtype(dtype, vocab)
-    tok_bytes = tokenizer_bytes(tok)
+        tok = _train_tokenizer(sources, is_val, vocab_size, tokenizer_sample_bytes, special_tokens, progress, log)
+    dtype = _resolve_dtype(dtype, tok.get_vocab_size(with_added_tokens=True))
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_paths([out_dir / name for name in FILES]) as (tok_tmp, train_tmp, val_tmp, meta_tmp):
-        tok_tmp.write_bytes(tok_bytes)
-        splits = {split: _encode_checked(tok, split_docs, dtype, tmp, split, tokenizer, progress)
-                  for split, split_docs, tmp in (("train", train_docs, train_tmp), ("val", val_docs, val_tmp))}
-        meta = {
-            "format": META_FORMAT, "format_version": 1, "package_version": _package_version(),
-            "tokenizer_file": "tokenizer.json", "tokenizer_sha256": sha256_bytes(tok_bytes),
-            "tokenizer_source": str(tokenizer) if tokenizer is not None else "trained",
-            "vocab_size": vocab, "eos_token": EOS_TOKEN, "eos_token_id": tok.token_to_id(EOS_TOKEN), "dtype": dtype,
-            "seed": seed, "val_fraction": val_fraction, "sources": records, "splits": splits,
-            "val_document_ids": [d.id for d in val_docs],
-        }
-        meta_tmp.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    created = not out_dir.exists()
+    staging = _open_staging(out_dir)
+    try:
+        splits, val_ids = _encode_all(sources, is_val, tok, dtype, staging, workers, shard_tokens, tokenizer,
+                                      int(lengths.sum()), progress)
+        meta = _write_meta(staging, tok, tokenizer, dtype, seed, val_fraction, records, splits, val_ids)
+        files = [sh["file"] for s in SPLITS for sh in splits[s]["shards"]]
+        install_staged_files(staging, out_dir, ["tokenizer.json", "tokenizer_config.json", *files, "meta.json"],
+                             stale=[*_existing_shards(out_dir), VERIFY_CACHE])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
     return meta

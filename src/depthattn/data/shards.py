@@ -8,12 +8,18 @@ Legend: ``B`` batch, ``T`` sequence length (a window holds ``T + 1`` tokens: inp
 
 A prepared folder holds::
 
-    tokenizer.json   byte-level BPE (trained on the training documents only, or copied from --tokenizer)
-    train.bin        raw little-endian uint16 (uint32 when the vocabulary exceeds 65,536) token ids; each
-    val.bin          document is followed by <|endoftext|>; read with numpy.memmap
-    meta.json        tokenizer sha256, vocab_size, eos_token_id, dtype, and per split: tokens, bytes (UTF-8 bytes
-                     of the document texts, for bits per byte), characters, documents, sha256 of the .bin file;
-                     sources, seed, val_fraction, val_document_ids, version
+    tokenizer.json         byte-level BPE (trained on a sample of the training documents, or from --tokenizer)
+    tokenizer_config.json  PreTrainedTokenizerFast, eos = pad = <|endoftext|>, extra special tokens
+    train-00000.bin ...    raw little-endian uint16 (uint32 when the vocabulary exceeds 65,536) token ids, split
+    val-00000.bin ...      into shards of shard_tokens tokens; each document is followed by <|endoftext|>
+    meta.json              tokenizer sha256, vocab_size, eos_token_id, special_tokens, dtype, and per split: tokens,
+                           bytes (UTF-8 bytes of the document texts, for bits per byte), characters, documents,
+                           sha256 of all its tokens, and shards: [{file, tokens, sha256}]; sources, seed,
+                           val_fraction, val_document_ids, version
+    .verified.json         (written at load) shards whose sha256 matched, by size and mtime
+
+Folders of format_version 1 (one ``train.bin`` / ``val.bin`` per split, the split's sha256 being the file's) load
+as before. A split's tokens are the concatenation of its shards in order (one global index).
 
 ``data_fingerprint(meta)`` condenses what determines the token streams (tokenizer hash, dtype, seed, val_fraction,
 held-out document ids, per-split counts and .bin hashes) into one hash: runs record it and refuse to resume on
@@ -31,7 +37,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from depthattn.data.integrity import verify_files
 from depthattn.data.tokenizer import load_tokenizer
+from depthattn.data.tokenstream import ShardedTokens
 from depthattn.fileio import sha256_bytes
 
 META_FORMAT = "depthattn-prepared"
@@ -97,8 +105,43 @@ class PreparedData:
         return self.num_bytes(split) / self.num_tokens(split)
 
 
-def load_prepared(path: str | Path) -> PreparedData:
-    """Load and validate a folder written by :func:`prepare_corpus` (ValueError naming the bad file)."""
+def _shard_list(split: str, info: dict) -> list[dict]:
+    """``[{"file", "tokens", "sha256"}]`` of a split: ``shards`` (format 2), or the one ``.bin`` of format 1."""
+    if "shards" in info:
+        return info["shards"]
+    return [{"file": info.get("file", f"{split}.bin"), "tokens": info["tokens"], "sha256": info.get("sha256")}]
+
+
+def _open_split(path: Path, meta: dict, split: str, info: dict, expected: dict[str, str]) -> np.ndarray:
+    """The split's tokens: its one shard as a ``numpy.memmap``, or several as :class:`ShardedTokens`; checks each
+    shard's size and that they add up to ``tokens``, and adds their sha256 to ``expected``."""
+    dtype = DTYPES[meta["dtype"]]
+    itemsize = np.dtype(dtype).itemsize
+    parts = []
+    for shard in _shard_list(split, info):
+        bin_path = path / shard["file"]
+        if not bin_path.is_file():
+            raise ValueError(f"{bin_path}: not found")
+        want = int(shard["tokens"]) * itemsize
+        size = bin_path.stat().st_size
+        if size != want:
+            raise ValueError(f"{bin_path}: {size} bytes, but meta.json says {shard['tokens']} {meta['dtype']} "
+                             f"tokens ({want} bytes); the file is truncated or stale")
+        if shard.get("sha256"):
+            expected[shard["file"]] = shard["sha256"]
+        parts.append(np.memmap(bin_path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype))
+    if sum(len(p) for p in parts) != int(info["tokens"]):
+        raise ValueError(f"{path / 'meta.json'}: the shards of {split} hold {sum(len(p) for p in parts)} tokens, "
+                         f"but splits.{split}.tokens says {info['tokens']}")
+    return parts[0] if len(parts) == 1 else ShardedTokens(parts)
+
+
+def load_prepared(path: str | Path, verify: bool = True) -> PreparedData:
+    """Load and validate a folder written by :func:`prepare_corpus` (ValueError naming the bad file).
+
+    ``verify``: check every shard's sha256 against ``meta.json`` (:mod:`depthattn.data.integrity`; remembered per
+    file size and mtime, so only the first load of a folder hashes it). Sizes and the tokenizer's sha256 are always
+    checked. ``train`` / ``val`` are a ``numpy.memmap`` for a one-shard split, else a :class:`ShardedTokens`."""
     path = Path(path)
     meta_path = path / "meta.json"
     if not meta_path.is_file():
@@ -124,21 +167,14 @@ def load_prepared(path: str | Path) -> PreparedData:
         raise ValueError(f"{tok_path}: sha256 does not match meta.json (the tokenizer was changed or replaced)")
     tok = load_tokenizer(tok_path)
     arrays = {}
-    itemsize = np.dtype(DTYPES[meta["dtype"]]).itemsize
+    expected: dict[str, str] = {}
     for split in SPLITS:
         info = meta["splits"].get(split)
         if not isinstance(info, dict) or "tokens" not in info:
             raise ValueError(f"{meta_path}: missing splits.{split}.tokens")
-        bin_path = path / info.get("file", f"{split}.bin")
-        if not bin_path.is_file():
-            raise ValueError(f"{bin_path}: not found")
-        expected = int(info["tokens"]) * itemsize
-        size = bin_path.stat().st_size
-        if size != expected:
-            raise ValueError(f"{bin_path}: {size} bytes, but meta.json says {info['tokens']} {meta['dtype']} tokens "
-                             f"({expected} bytes); the file is truncated or stale")
-        arrays[split] = (np.memmap(bin_path, dtype=DTYPES[meta["dtype"]], mode="r") if size
-                         else np.zeros(0, dtype=DTYPES[meta["dtype"]]))
+        arrays[split] = _open_split(path, meta, split, info, expected)
+    if verify:
+        verify_files(path, expected)
     return PreparedData(path=path, meta=meta, tokenizer=tok, train=arrays["train"], val=arrays["val"])
 
 
@@ -154,7 +190,13 @@ class TokenBatches:
     ``numpy.random.Generator`` seeded by ``SeedSequence([seed, step, micro_step, rank])`` and returns the windows as
     an int64 tensor ``[B, T + 1]`` (inputs ``w[:, :-1]``, targets ``w[:, 1:]``). No state is carried between calls,
     so resuming at step ``k`` reproduces exactly the batches of an uninterrupted run, and data-parallel ranks draw
-    independent windows. Windows may cross document boundaries (documents are separated by EOS).
+    independent windows. Windows may cross document boundaries (documents are separated by EOS) and shard
+    boundaries (``tokens`` may be a :class:`ShardedTokens`: one global index over every shard).
+
+    With ``world_size`` W given, one global batch of ``W * B`` starts is drawn from ``SeedSequence([seed, step,
+    micro_step, 0])`` and rank ``r`` takes its slice ``[r * B, (r + 1) * B)``: the ranks split one draw between them
+    (disjoint slices), and together see exactly the batch of one process with ``batch_size = W * B`` (for W = 1,
+    exactly the default's batches).
     """
 
     tokens: np.ndarray
@@ -162,16 +204,24 @@ class TokenBatches:
     seq_len: int
     seed: int = 0
     rank: int = 0
+    world_size: int | None = None
 
     def __post_init__(self) -> None:
+        if self.world_size is not None and not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
         if self.batch_size < 1 or self.seq_len < 1:
             raise ValueError(f"batch_size and seq_len must be positive, got {self.batch_size}, {self.seq_len}")
         if len(self.tokens) < self.seq_len + 1:
             raise ValueError(f"split has {len(self.tokens)} tokens, fewer than seq_len + 1 = {self.seq_len + 1}")
 
     def starts(self, step: int, micro_step: int = 0) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, step, micro_step, self.rank])
-        return rng.integers(0, len(self.tokens) - self.seq_len, size=self.batch_size, dtype=np.int64)
+        hi = len(self.tokens) - self.seq_len
+        if self.world_size is None:
+            rng = np.random.default_rng([self.seed, step, micro_step, self.rank])
+            return rng.integers(0, hi, size=self.batch_size, dtype=np.int64)
+        rng = np.random.default_rng([self.seed, step, micro_step, 0])
+        every = rng.integers(0, hi, size=self.batch_size * self.world_size, dtype=np.int64)
+        return every[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
 
     def batch(self, step: int, micro_step: int = 0) -> torch.Tensor:
         T1 = self.seq_len + 1

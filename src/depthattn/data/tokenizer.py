@@ -2,20 +2,26 @@
 
 The tokenizer is GPT-2 style: a ``ByteLevel`` pre-tokenizer (no prefix space, GPT-2 split regex) and decoder, so
 every UTF-8 string encodes and decodes back to itself; ``<|endoftext|>`` is the only special token and separates
-documents (it is appended after each document as EOS). No normaliser runs, so byte counts of the text are exact.
+documents (it is appended after each document as EOS); further special tokens can be declared (``special_tokens``):
+each encodes as one id and none is ever learned as (part of) a merge, because training text is cut at every literal
+special token. No normaliser runs, so byte counts of the text are exact.
+
+:func:`load_tokenizer` reads an existing ``tokenizer.json`` or Hugging Face tokenizer folder (offline) as is;
+:func:`tokenizer_config` is the ``tokenizer_config.json`` written beside it so ``AutoTokenizer`` loads the folder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 #: The end-of-document token, the only special token (defined here only; hf/, eval/ and generate import it).
 EOS_TOKEN = "<|endoftext|>"
-MIN_VOCAB_SIZE = 257  # 256 byte symbols + EOS
+MIN_VOCAB_SIZE = 257  # 256 byte symbols + EOS (+1 per extra special token)
 
 
 def _chunks(texts: Iterable[str], max_chars: int = 1 << 16) -> Iterator[str]:
@@ -32,21 +38,55 @@ def _chunks(texts: Iterable[str], max_chars: int = 1 << 16) -> Iterator[str]:
             start = end
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int = 8192, show_progress: bool = False) -> Tokenizer:
-    """Train a byte-level BPE with ``vocab_size`` entries (bytes + merges + ``<|endoftext|>``) on ``texts``."""
-    if vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"--vocab-size must be at least {MIN_VOCAB_SIZE} (256 bytes + {EOS_TOKEN}), got {vocab_size}")
+def check_special_tokens(special_tokens: Sequence[str]) -> list[str]:
+    """``special_tokens`` without duplicates and without ``<|endoftext|>`` (always the first special token);
+    ValueError for an empty one or a single character (already a byte symbol of the byte-level vocabulary)."""
+    out: list[str] = []
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    for t in special_tokens:
+        if not t or t.isspace():
+            raise ValueError(f"--special-tokens: empty or whitespace-only token {t!r}")
+        if t in alphabet or len(t) == 1:
+            raise ValueError(f"--special-tokens: {t!r} is already in the vocabulary (a byte symbol of the "
+                             f"byte-level alphabet); choose a multi-character token such as <|{t}|>")
+        if t != EOS_TOKEN and t not in out:
+            out.append(t)
+    return out
+
+
+def without_special_tokens(texts: Iterable[str], special_tokens: Sequence[str]) -> Iterator[str]:
+    """``texts`` cut at every literal occurrence of a special token, which is dropped: what BPE training sees, so no
+    merge is ever learned from (a part of) a special token. Texts without one pass unchanged."""
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True)))
+    for text in texts:
+        if any(t in text for t in special_tokens):
+            yield from (part for part in pattern.split(text) if part)
+        else:
+            yield text
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 8192, show_progress: bool = False,
+              special_tokens: Sequence[str] = ()) -> Tokenizer:
+    """Train a byte-level BPE with ``vocab_size`` entries (special tokens + bytes + merges) on ``texts``.
+
+    The special tokens are ``<|endoftext|>`` (id 0) then ``special_tokens`` (ids 1, 2, ...; see
+    :func:`check_special_tokens`); literal occurrences in ``texts`` are cut out before counting pairs."""
+    extra = check_special_tokens(special_tokens)
+    specials = [EOS_TOKEN, *extra]
+    if vocab_size < MIN_VOCAB_SIZE + len(extra):
+        raise ValueError(f"--vocab-size must be at least {MIN_VOCAB_SIZE + len(extra)} (256 bytes + "
+                         f"{len(specials)} special tokens), got {vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=[EOS_TOKEN],
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in specials],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
-    tok.train_from_iterator(_chunks(texts), trainer=trainer)
+    tok.train_from_iterator(_chunks(without_special_tokens(texts, specials)), trainer=trainer)
     return tok
 
 
@@ -56,8 +96,15 @@ def tokenizer_bytes(tok: Tokenizer) -> bytes:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a ``tokenizer.json``; raises ValueError naming the file if it is missing, unreadable or has no EOS."""
+    """Load a ``tokenizer.json``, or the ``tokenizer.json`` of a Hugging Face tokenizer folder (e.g. Qwen3's or
+    GPT-NeoX's), as is; raises ValueError naming the file if it is missing, unreadable or has no EOS."""
     path = Path(path)
+    if path.is_dir():
+        if not (path / "tokenizer.json").is_file():
+            found = ", ".join(sorted(p.name for p in path.iterdir())[:6]) or "nothing"
+            raise ValueError(f"{path}: tokenizer folder has no tokenizer.json (found: {found}); only fast "
+                             f"tokenizers saved as tokenizer.json can be used")
+        path = path / "tokenizer.json"
     if not path.is_file():
         raise ValueError(f"{path}: tokenizer file not found")
     try:
@@ -67,6 +114,37 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if tok.token_to_id(EOS_TOKEN) is None:
         raise ValueError(f"{path}: tokenizer has no {EOS_TOKEN} token (needed as the end-of-document token)")
     return tok
+
+
+def add_special_tokens(tok: Tokenizer, special_tokens: Sequence[str], source: str | Path) -> Tokenizer:
+    """Declare ``special_tokens`` on a loaded tokenizer (new ids at the end; those already special are kept).
+    ValueError naming ``source`` if one is an ordinary token of its vocabulary (its merges already use it)."""
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    new = []
+    for t in special_tokens:
+        if t in special or t in new:
+            continue
+        if tok.token_to_id(t) is not None:
+            raise ValueError(f"--special-tokens: {t!r} is already in the vocabulary of {source} as an ordinary "
+                             f"token (id {tok.token_to_id(t)}); it cannot become a special token")
+        new.append(t)
+    if new:
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in new])
+    return tok
+
+
+def special_tokens_of(tok: Tokenizer) -> list[str]:
+    """The special tokens of ``tok`` in id order (``<|endoftext|>`` among them)."""
+    return [t.content for _, t in sorted(tok.get_added_tokens_decoder().items()) if t.special]
+
+
+def tokenizer_config(tok: Tokenizer) -> dict:
+    """``tokenizer_config.json`` for a prepared folder: ``PreTrainedTokenizerFast`` over ``tokenizer.json``, EOS and
+    pad ``<|endoftext|>`` (no BOS, no UNK), the other special tokens as ``extra_special_tokens``."""
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN,
+            "bos_token": None, "unk_token": None, "clean_up_tokenization_spaces": False,
+            "extra_special_tokens": [t for t in special_tokens_of(tok) if t != EOS_TOKEN],
+            "model_max_length": 1 << 30}
 
 
 def _byte_decoder() -> dict[str, int]:
