@@ -98,15 +98,19 @@ class CompileUnavailable(RuntimeError):
     """``torch.compile``'s backend failed on this machine (e.g. no working C/C++ compiler for inductor on CPU)."""
 
 
-def _backend_error(backend: str, e: Exception) -> CompileUnavailable:
-    lines = [line for line in str(e).strip().splitlines() if line.strip()]
-    return CompileUnavailable(f"torch.compile (backend {backend!r}) does not work here: "
-                              f"{lines[0] if lines else type(e).__name__}")
+def _backend_error(backend, e: Exception) -> CompileUnavailable:
+    cause = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps the backend's own error
+    lines = [line for line in str(cause).strip().splitlines() if line.strip()]
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+    return CompileUnavailable(f"torch.compile (backend {name!r}) does not work here: "
+                              f"{type(cause).__name__}: {lines[0] if lines else ''}")
 
 
-def check_compile_works(device: torch.device | str, backend: str = DEFAULT_BACKEND) -> None:
-    """Compile and run a one-line function on ``device``; raise ``CompileUnavailable`` (one line naming the
-    cause) if the backend cannot, e.g. without a working C++ compiler for inductor on CPU."""
+def check_compile_works(device: torch.device | str, backend=None) -> None:
+    """Compile and run a one-line function on ``device`` with ``backend`` (default ``DEFAULT_BACKEND``); raise
+    ``CompileUnavailable`` (one line naming the cause) if it cannot, e.g. without a working C++ compiler for
+    inductor on CPU."""
+    backend = backend or DEFAULT_BACKEND
     try:
         torch.compile(lambda x: x * 2 + 1, fullgraph=True, backend=backend)(torch.ones(4, device=device))
     except torch._dynamo.exc.BackendCompilerFailed as e:
@@ -133,13 +137,14 @@ class CompiledDecoder:
     outside the graph. The prefill is compiled with ``dynamic=True`` (one graph for any prompt length).
 
     Args:
-        backend: a ``torch.compile`` backend (default inductor; e.g. ``"aot_eager"`` to check capture only), or
+        backend: a ``torch.compile`` backend, by name or callable (default inductor; e.g. ``"eager"`` or
+            ``"aot_eager"`` to check capture only), or
             None to run the static path uncompiled (the twin that separates the static math from compilation).
     Raises:
         CompileUnavailable: on the first call, if the backend fails to compile (one line naming the cause).
     """
 
-    def __init__(self, backend: str | None = DEFAULT_BACKEND):
+    def __init__(self, backend=DEFAULT_BACKEND):
         self.backend = backend
         self._decode = self._prefill = None
 
@@ -192,11 +197,11 @@ class CompiledDecoder:
 def generate_stream(model: DecoderLM, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None,
                     seed: int | None = None, attention_mask: Tensor | None = None,
-                    compile: bool | str = False) -> Iterator[Tensor]:
+                    compile=False) -> Iterator[Tensor]:
     """Yield the next token of every row (``[B]`` int64) one step at a time, using the KV cache.
 
     Rows that produced ``eos_token_id`` keep yielding it; the stream ends when every row has, or after
-    ``max_new_tokens`` steps. ``compile``: True (inductor) or a ``torch.compile`` backend name runs the compiled
+    ``max_new_tokens`` steps. ``compile``: True (inductor) or a ``torch.compile`` backend (name or callable) runs the compiled
     ``CompiledDecoder`` (same tokens as eager under greedy decoding). Arguments are checked on the call, before the
     first token: ``ValueError`` for bad sampling options, an ``eos_token_id`` outside the vocabulary, ``input_ids``
     that are not ``[B, T]``, a prompt plus budget longer than ``max_position_embeddings``, and every value check of
@@ -254,7 +259,7 @@ def _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_tok
 def generate(model: DecoderLM, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None,
              seed: int | None = None, attention_mask: Tensor | None = None,
-             compile: bool | str = False) -> Tensor:
+             compile=False) -> Tensor:
     """Prompt plus generated tokens, ``[B, T + n]`` int64 (n ≤ max_new_tokens; finished rows padded with EOS).
     Arguments and errors: ``generate_stream``."""
     new = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed,
@@ -281,7 +286,7 @@ def naive_generate(model: DecoderLM, input_ids: Tensor, max_new_tokens: int,
 # ---------------------------------------------------------------------------------------------------- text
 def stream_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 100, temperature: float = 0.8,
                 top_k: int | None = 50, top_p: float | None = None, seed: int | None = 0,
-                device: torch.device | str = "cpu", compile: bool | str = False) -> Iterator[str]:
+                device: torch.device | str = "cpu", compile=False) -> Iterator[str]:
     """Yield decoded text pieces of the continuation of ``prompt`` (``generate_stream``, KV cache; ``compile`` as
     there), stopping at ``<|endoftext|>``. A piece is emitted once its bytes form complete UTF-8 characters."""
     from .data import EOS_TOKEN
