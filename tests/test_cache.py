@@ -259,3 +259,22 @@ def test_hot_path_reads_no_tensor_value_on_the_host(method, monkeypatch):
     assert cache.length == static.length == 10
     torch.testing.assert_close(logits_s, logits, atol=1e-5, rtol=0)
     assert torch.equal(static.slot, torch.tensor(10)) and torch.equal(static.key_mask, cache.key_mask)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_static_cache_path_equals_dynamic_path_through_the_plain_forward(method):
+    """A static cache (fixed shapes, device slot) used through ``DecoderLM.forward`` in chunks equals the full
+    forward, and keeps host and device fill levels equal."""
+    model = make_model(cross_layer=method)
+    ids, mask = left_padded_batch(512, [9, 5], seed=4)
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+    cache = model.new_cache(2, 12)
+    cache.static = True
+    outs, start = [], 0
+    for n in [4, 1, 3, 1]:
+        with torch.no_grad():
+            outs.append(model(ids[:, start:start + n], attention_mask=mask[:, :start + n], cache=cache).logits)
+        start += n
+        assert cache.length == start and int(cache.slot) == start
+    torch.testing.assert_close(torch.cat(outs, 1)[mask], full[mask], atol=1e-5, rtol=0)

@@ -134,7 +134,7 @@ class CompiledDecoder:
     The decode step is ``torch.compile(fullgraph=True, dynamic=False)``: one graph per (batch size, cache capacity,
     dtype, device) reused for every token, since the step reads only device state (``cache.slot``, ``key_mask``)
     and its shapes never change. The host half of the bookkeeping (capacity check, ``cache.length``) happens here,
-    outside the graph. The prefill is compiled with ``dynamic=True`` (one graph for any prompt length).
+    outside the graph. A static cache also works with the eager functions and ``DecoderLM.forward``. The prefill is compiled with ``dynamic=True`` (one graph for any prompt length).
 
     Args:
         backend: a ``torch.compile`` backend, by name or callable (default inductor; e.g. ``"eager"`` or
@@ -162,6 +162,11 @@ class CompiledDecoder:
         except torch._dynamo.exc.BackendCompilerFailed as e:
             raise _backend_error(self.backend, e) from None
 
+    def _advance_host(self, cache: KVCache, T: int) -> None:
+        """The host half of ``cache.advance``, which a compiled graph leaves out (``Backbone.forward``)."""
+        if self.backend is not None:
+            cache.advance_host(T)
+
     @staticmethod
     def prepare(cache: KVCache) -> None:
         """Switch ``cache`` to its static path (and, on CUDA, give its tensors static addresses for CUDA graphs)."""
@@ -179,7 +184,7 @@ class CompiledDecoder:
         if self._prefill is None:
             self._prefill = self._compiled(_static_prefill, True, input_ids_BT.device)
         logits = self._run(self._prefill, model, input_ids_BT, attention_mask_BT, cache)
-        cache.advance_host(input_ids_BT.shape[1])
+        self._advance_host(cache, input_ids_BT.shape[1])
         return logits
 
     @torch.inference_mode()
@@ -190,7 +195,7 @@ class CompiledDecoder:
         if self._decode is None:
             self._decode = self._compiled(_static_decode, False, token_B.device)
         logits = self._run(self._decode, model, token_B, cache)
-        cache.advance_host(1)
+        self._advance_host(cache, 1)
         return logits.clone() if logits.device.type == "cuda" else logits  # CUDA graphs reuse the output buffer
 
 

@@ -101,10 +101,10 @@ class Backbone(nn.Module):
             ctx, position_ids = self._dynamic_context(new_mask, position_ids, cache, B, T, h.dtype, h.device)
         cos, sin = self.rotary_emb(position_ids, h.dtype)
         h = self._layers(h, LayerContext(cos=cos, sin=sin, **ctx))
-        if cache is not None and cache.static:
-            cache.advance_device(T)  # the host half is the compiled step's caller's (generate.StaticDecoder)
-        elif cache is not None:
-            cache.advance(T)
+        if cache is not None:
+            cache.advance_device(T)
+            if not torch.compiler.is_compiling():  # traced: the compiled step's caller (CompiledDecoder) does it,
+                cache.advance_host(T)              # so the graph never reads the per-token Python length
         return self.norm(h)
 
     def _dynamic_context(self, new_mask, position_ids, cache, B: int, T: int, dtype, device):
