@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
 
 import torch
@@ -203,6 +204,7 @@ def main() -> None:
             kind = "peer" if r[1] == "peer" else r[1]
             decoders[(r, b)] = Decoder(dec_model, kind, b, args.context, args.decode_steps, device)
     setup_s = time.perf_counter() - t_setup
+    print(f"warm-up and compilation took {setup_s:.0f} s; timing {args.rounds} rounds", file=sys.stderr, flush=True)
     for k in range(args.rounds):
         order = rows if k % 2 == 0 else rows[::-1]
         for r in order:
@@ -211,6 +213,7 @@ def main() -> None:
         for b in decode_batches:
             for r in order:
                 decode_s[(r, b)].append(time_decode(decoders[(r, b)], args.decode_steps, device))
+        print(f"round {k + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     mem = {m: saved_activation_bytes(models[(m, "eager")].train(), ids) for m in methods}
     ntok = args.batch_size * args.seq_len
     print(f"preset={args.preset} device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} "

@@ -134,12 +134,13 @@ class CompiledDecoder:
     The decode step is ``torch.compile(fullgraph=True, dynamic=False)``: one graph per (batch size, cache capacity,
     dtype, device) reused for every token, since the step reads only device state (``cache.slot``, ``key_mask``)
     and its shapes never change. The host half of the bookkeeping (capacity check, ``cache.length``) happens here,
-    outside the graph. A static cache also works with the eager functions and ``DecoderLM.forward``. The prefill is compiled with ``dynamic=True`` (one graph for any prompt length).
+    outside the graph. The prefill is compiled with ``dynamic=True`` (one graph for any prompt length). A static
+    cache also works with the eager functions and ``DecoderLM.forward``.
 
     Args:
-        backend: a ``torch.compile`` backend, by name or callable (default inductor; e.g. ``"eager"`` or
-            ``"aot_eager"`` to check capture only), or
-            None to run the static path uncompiled (the twin that separates the static math from compilation).
+        backend: a ``torch.compile`` backend, by name or callable (default inductor; ``"eager"`` or
+            ``"aot_eager"`` check capture only), or None to run the static path uncompiled (the twin that
+            separates the static math from compilation).
     Raises:
         CompileUnavailable: on the first call, if the backend fails to compile (one line naming the cause).
     """
