@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from depthattn import KVCache, ModelConfig, generate, generate_stream, naive_generate
+from depthattn.checks import check_forward_inputs
 from depthattn.generate import sample
 
 from conftest import left_padded_batch, make_model
@@ -147,36 +148,58 @@ def test_unknown_preset_and_key():
 
 
 def test_bad_forward_inputs_raise_value_error_naming_the_argument():
+    """Shapes are refused by every forward; values by the boundary check (``check_forward_inputs``: generate,
+    evaluation, the HF forward), which must refuse everything the old per-forward checks refused."""
     model = make_model()
     ids = torch.randint(0, 512, (2, 5))
+
+    def boundary(input_ids, attention_mask=None, position_ids=None, labels=None, cache=None):
+        check_forward_inputs(model.config, input_ids, attention_mask, position_ids, labels, cache)
+
+    for check in (model, boundary):  # shape errors: the forward and the boundary both refuse them
+        with pytest.raises(ValueError, match="max_position_embeddings"):
+            check(torch.zeros(1, 257, dtype=torch.long))
+        with pytest.raises(ValueError, match="attention_mask shape"):
+            check(ids, attention_mask=torch.ones(2, 4, dtype=torch.bool))
+        with pytest.raises(ValueError, match="attention_mask must be a bool or integer"):
+            check(ids, attention_mask=torch.ones(2, 5))
+        with pytest.raises(ValueError, match="input_ids must be an integer tensor"):
+            check(ids.float())
+        with pytest.raises(ValueError, match="at least one row"):
+            check(ids[:0])
+        with pytest.raises(ValueError, match="labels must be an integer tensor"):
+            check(ids, labels=ids.float())
+        with pytest.raises(ValueError, match="position_ids must be an integer tensor"):
+            check(ids, position_ids=[[0, 1, 2, 3, 4]] * 2)
+    # value errors: the boundary refuses them (the forward no longer reads values)
     with pytest.raises(ValueError, match="token id 512"):
-        model(torch.full((1, 3), 512))
+        boundary(torch.full((1, 3), 512))
     with pytest.raises(ValueError, match="token id -1"):
-        model(torch.full((1, 3), -1))
-    with pytest.raises(ValueError, match="max_position_embeddings"):
-        model(torch.zeros(1, 257, dtype=torch.long))
-    with pytest.raises(ValueError, match="attention_mask shape"):
-        model(ids, attention_mask=torch.ones(2, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="attention_mask must be a bool or integer"):
-        model(ids, attention_mask=torch.ones(2, 5))
-    with pytest.raises(ValueError, match="input_ids must be an integer tensor"):
-        model(ids.float())
-    with pytest.raises(ValueError, match="at least one row"):
-        model(ids[:0])
+        boundary(torch.full((1, 3), -1))
     with pytest.raises(ValueError, match="labels contains 600"):
-        model(ids, labels=torch.full((2, 5), 600))
+        boundary(ids, labels=torch.full((2, 5), 600))
     with pytest.raises(ValueError, match="labels contains -5"):
-        model(ids, labels=torch.full((2, 5), -5))
-    with pytest.raises(ValueError, match="labels must be an integer tensor"):
-        model(ids, labels=ids.float())
+        boundary(ids, labels=torch.full((2, 5), -5))
     with pytest.raises(ValueError, match="no target"):
-        model(ids, labels=torch.full((2, 5), -100))
+        boundary(ids, labels=torch.full((2, 5), -100))
     with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
-        model(ids, attention_mask=torch.full((2, 5), 2))
+        boundary(ids, attention_mask=torch.full((2, 5), 2))
     with pytest.raises(ValueError, match="position_ids contains -1"):
-        model(ids, position_ids=torch.full((2, 5), -1))
-    with pytest.raises(ValueError, match="position_ids must be an integer tensor"):
-        model(ids, position_ids=[[0, 1, 2, 3, 4]] * 2)
+        boundary(ids, position_ids=torch.full((2, 5), -1))
+    with pytest.raises(ValueError, match="position_ids contains 256"):
+        boundary(ids, position_ids=torch.full((2, 5), 256))
+    cache = model.new_cache(2, 8)
+    with torch.no_grad():
+        model(ids[:, :3], attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]), cache=cache)
+    with pytest.raises(ValueError, match="disagree with the cached padding mask"):
+        boundary(ids[:, 3:4], attention_mask=torch.ones(2, 4, dtype=torch.bool), cache=cache)
+    # generate checks the prompt's values before any work
+    with pytest.raises(ValueError, match="token id 512"):
+        generate(model, torch.full((1, 3), 512), 2)
+    with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
+        generate(model, ids, 2, attention_mask=torch.full((2, 5), 2))
+    with pytest.raises(ValueError, match="attention_mask shape"):
+        generate(model, ids, 2, attention_mask=torch.ones(2, 4, dtype=torch.bool))
     small = make_model(num_hidden_layers=4)
     with pytest.raises(ValueError, match="cache has"):
         model(ids, cache=small.new_cache(2, 8))
@@ -203,3 +226,55 @@ def test_bad_forward_inputs_raise_value_error_naming_the_argument():
         generate(model, ids, 2, eos_token_id=9999)
     with pytest.raises(ValueError, match="input_ids must be a"):
         generate(model, ids[0], 2)
+
+
+def _no_host_sync(monkeypatch):
+    """Make every way of reading a tensor's value on the host raise (what a device synchronisation needs)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("host read of a tensor value (a device synchronisation) on the hot path")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+
+
+@pytest.mark.parametrize("method", ["depth_attention", "mhc", "attnres", "denseformer"])
+def test_hot_path_reads_no_tensor_value_on_the_host(method, monkeypatch):
+    """Training forward/backward, a padded prefill and decode steps (dynamic and static cache) never read a value."""
+    from depthattn.generate import CompiledDecoder, decode_one_token, prefill
+
+    model = make_model(cross_layer=method)
+    ids, mask = left_padded_batch(512, [7, 4], seed=3)
+    cache, static = model.new_cache(2, 10), model.new_cache(2, 10)
+    steps = CompiledDecoder(backend=None)  # the static path, uncompiled
+    _no_host_sync(monkeypatch)
+    model.train()
+    model(ids, attention_mask=mask, labels=ids).loss.backward()
+    model.eval()
+    token = prefill(model, ids, mask, cache).argmax(-1)
+    token_s = steps.prefill(model, ids, mask, static).argmax(-1)
+    for _ in range(3):
+        logits, logits_s = decode_one_token(model, token, cache), steps.decode_one_token(model, token, static)
+        token, token_s = logits.argmax(-1), logits_s.argmax(-1)
+    monkeypatch.undo()
+    assert cache.length == static.length == 10
+    torch.testing.assert_close(logits_s, logits, atol=1e-5, rtol=0)
+    assert torch.equal(static.slot, torch.tensor(10)) and torch.equal(static.key_mask, cache.key_mask)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_static_cache_path_equals_dynamic_path_through_the_plain_forward(method):
+    """A static cache (fixed shapes, device slot) used through ``DecoderLM.forward`` in chunks equals the full
+    forward, and keeps host and device fill levels equal."""
+    model = make_model(cross_layer=method)
+    ids, mask = left_padded_batch(512, [9, 5], seed=4)
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+    cache = model.new_cache(2, 12)
+    cache.static = True
+    outs, start = [], 0
+    for n in [4, 1, 3, 1]:
+        with torch.no_grad():
+            outs.append(model(ids[:, start:start + n], attention_mask=mask[:, :start + n], cache=cache).logits)
+        start += n
+        assert cache.length == start and int(cache.slot) == start
+    torch.testing.assert_close(torch.cat(outs, 1)[mask], full[mask], atol=1e-5, rtol=0)

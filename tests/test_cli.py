@@ -342,3 +342,19 @@ def test_compare_throughput_is_the_median_after_the_first_step():
     assert _train_tokens_per_s(rows) == 110.0  # the slow warm-up step and the outlier do not move it
     assert _train_tokens_per_s(rows[:1]) == 10.0
     assert math.isnan(_train_tokens_per_s([]))
+
+
+def test_generate_compile_without_a_working_compiler_prints_one_line(run_dir, capsys, monkeypatch):
+    import importlib
+
+    gen = importlib.import_module("depthattn.generate")  # the module (``depthattn.generate`` is also a function)
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found\ndetails")
+
+    monkeypatch.setattr(gen, "DEFAULT_BACKEND", broken)
+    assert main(["generate", str(run_dir), "--prompt", "The whale", "--compile"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing printed before the error
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "--compile" in err[0] and "no working C++ compiler" in err[0]

@@ -33,6 +33,8 @@ class LayerContext:
         cache: when given, each layer writes its K̂ and Ṽ to its own slots from ``cache_start`` and the attention
             reads every filled slot.
         cache_start: the slot of this call's first token (``cache.length`` before the call).
+        cache_slots: int64 ``[T]`` device slot indices of this call's tokens on the static (fixed-shape) path, or
+            None; then K̂ and Ṽ are written with ``index_copy_`` and the attention reads all ``S`` slots.
     """
 
     cos: Tensor
@@ -40,6 +42,7 @@ class LayerContext:
     mask: Tensor | None = None
     cache: KVCache | None = None
     cache_start: int = 0
+    cache_slots: Tensor | None = None
 
 
 class Attention(nn.Module):
@@ -79,7 +82,9 @@ class Attention(nn.Module):
             keys = [k for k, _ in sources] + [k_BKTD]
             values = [v for _, v in sources] + [v_BKTD]
             v_BKTD = depth_mix(q_BHTD, keys, values)
-        if ctx.cache is not None:
+        if ctx.cache is not None and ctx.cache_slots is not None:
+            k_all, v_all = ctx.cache.write_at(layer_idx, ctx.cache_slots, k_BKTD, v_BKTD)
+        elif ctx.cache is not None:
             k_all, v_all = ctx.cache.write(layer_idx, ctx.cache_start, k_BKTD, v_BKTD)
         else:
             k_all, v_all = k_BKTD, v_BKTD

@@ -1,11 +1,22 @@
 """Pre-allocated KV cache: one K and one V tensor per (virtual) layer, vanilla-shaped, plus slot bookkeeping.
 
-Legend: L virtual layers, B batch, K KV heads, S slots (capacity), D head dim.
+Legend: L virtual layers, B batch, K KV heads, S slots (capacity), D head dim, T tokens of one call.
 
 With Depth-Attention the value slot of layer l holds the depth-mixed value Ṽ_l (spec-depth-attention.md §7.1);
 the shapes and bytes are exactly those of a vanilla Qwen3 cache. Besides K/V the cache keeps only which slots hold
 real tokens (``key_mask``, from the attention mask) and how many slots are filled, so decode needs no mask from the
 caller. Nothing else persists across steps, so reordering (beam search) and cropping are generic.
+
+The fill level is kept twice, and the two never disagree: ``length`` (a Python int, host bookkeeping: every call
+adds its known T, so reading it never waits for the device) and ``slot`` (an int64 device scalar, what a
+fixed-shape decode step reads so that one compiled graph serves every token). Two write paths use them:
+
+- dynamic (``write``): slots ``[start, start + T)`` by Python slicing; attention reads the filled slots only;
+- static (``write_at``, used when ``static`` is True, i.e. by ``generate(..., compile=True)``): ``index_copy_`` at
+  device slot indices and attention over all ``S`` slots (unfilled ones are masked out through ``key_mask``), so
+  every decode step has the same shapes and reads no Python number that changes per token. Inside traced code
+  the forward advances only ``slot``; whoever calls the compiled step advances ``length`` (``advance_host``), as
+  ``generate.CompiledDecoder`` does.
 """
 
 from __future__ import annotations
@@ -19,8 +30,16 @@ from .config import ModelConfig
 class KVCache:
     """Keys ``[L, B, K, S, D]`` and values ``[L, B, K, S, D]``; slots ``[0, length)`` are filled.
 
-    A forward call over T tokens writes slots ``[length, length + T)`` of every layer (``write``) and then the model
-    calls ``advance(T)``. Slots are cache positions; RoPE positions are separate (left padding shifts them).
+    A forward call over T tokens writes slots ``[length, length + T)`` of every layer (``write`` / ``write_at``)
+    and then the model calls ``advance(T)``. Slots are cache positions; RoPE positions are separate (left padding
+    shifts them).
+
+    Attributes:
+        key_mask: bool ``[B, S]``, True at filled slots holding real tokens (False at padding and unfilled slots).
+        slot: int64 device scalar, equal to ``length``.
+        has_padding: host flag, True once any call recorded an attention mask (then every later call builds a
+            padding mask; a cache that never saw one needs none, which is decided without reading device data).
+        static: use the fixed-shape path (set by the compiled decode in ``depthattn.generate``).
     """
 
     def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int,
@@ -32,7 +51,10 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.key_mask = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
-        self.length = 0
+        self.slot = torch.zeros((), dtype=torch.long, device=device)
+        self._length = 0
+        self.has_padding = False
+        self.static = False
 
     @classmethod
     def empty(cls, cfg: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype = torch.float32,
@@ -45,6 +67,19 @@ class KVCache:
                    dtype, device)
 
     # ----------------------------------------------------------------- shape facts
+    @property
+    def length(self) -> int:
+        """Filled slots (host bookkeeping; equal to ``slot``)."""
+        return self._length
+
+    @length.setter
+    def length(self, n: int) -> None:
+        """Set the fill level from outside (e.g. after copying slots into a larger cache). The slots' padding is
+        then unknown to the host, so later calls build a padding mask from ``key_mask`` (always correct)."""
+        self._length = n
+        self.slot.fill_(n)
+        self.has_padding = True
+
     @property
     def num_layers(self) -> int:
         return self.k.shape[0]
@@ -62,20 +97,33 @@ class KVCache:
         _, _, K, _, D = self.k.shape
         return 2 * self.num_layers * K * D * self.k.element_size()
 
+    def check_room(self, T: int) -> None:
+        """Raise ``ValueError`` if ``T`` more tokens do not fit (host-side; reads no device data)."""
+        if self._length + T > self.capacity:
+            raise ValueError(f"{T} new tokens after {self._length} cached exceed the cache capacity={self.capacity}")
+
     # ----------------------------------------------------------------- writing
-    def reserve(self, key_mask_BT: Tensor) -> int:
-        """Check room for ``T`` more tokens and record their padding mask; returns the first slot ``p0``.
+    def reserve(self, key_mask_BT: Tensor | None, T: int) -> None:
+        """Record the padding mask of ``T`` new tokens (None: all real) at slots ``[length, length + T)``.
 
         Raises:
             ValueError: if the batch size differs or ``length + T`` exceeds the capacity.
         """
-        B, T = key_mask_BT.shape
-        if B != self.batch_size:
-            raise ValueError(f"input batch size {B} does not match the cache's batch_size={self.batch_size}")
-        if self.length + T > self.capacity:
-            raise ValueError(f"{T} new tokens after {self.length} cached exceed the cache capacity={self.capacity}")
-        self.key_mask[:, self.length:self.length + T] = key_mask_BT.bool()
-        return self.length
+        if key_mask_BT is not None:
+            B = key_mask_BT.shape[0]
+            if B != self.batch_size:
+                raise ValueError(f"input batch size {B} does not match the cache's batch_size={self.batch_size}")
+            self.has_padding = True
+        self.check_room(T)
+        new = True if key_mask_BT is None else key_mask_BT.bool()
+        self.key_mask[:, self._length:self._length + T] = new
+
+    def reserve_at(self, key_mask_BT: Tensor | None, slots_T: Tensor) -> None:
+        """Static twin of ``reserve``: record the new tokens' mask at device slot indices ``slots_T``."""
+        B, T = self.batch_size, slots_T.shape[0]
+        new = (torch.ones(B, T, dtype=torch.bool, device=self.key_mask.device) if key_mask_BT is None
+               else key_mask_BT.bool())
+        self.key_mask.index_copy_(1, slots_T, new)
 
     def write(self, layer: int, start: int, k_BKTD: Tensor, v_BKTD: Tensor) -> tuple[Tensor, Tensor]:
         """Store K̂ and Ṽ at slots ``[start, start + T)`` of ``layer``; return all filled K, V ``[B, K, start+T, D]``."""
@@ -84,9 +132,26 @@ class KVCache:
         self.v[layer, :, :, start:end] = v_BKTD
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+    def write_at(self, layer: int, slots_T: Tensor, k_BKTD: Tensor, v_BKTD: Tensor) -> tuple[Tensor, Tensor]:
+        """Static twin of ``write``: store at device slot indices ``slots_T``; return the whole ``[B, K, S, D]``."""
+        k_l, v_l = self.k[layer], self.v[layer]
+        k_l.index_copy_(2, slots_T, k_BKTD)
+        v_l.index_copy_(2, slots_T, v_BKTD)
+        return k_l, v_l
+
     def advance(self, T: int) -> None:
         """Mark ``T`` more slots as filled (called once per forward, after every layer wrote)."""
-        self.length += T
+        self.advance_host(T)
+        self.advance_device(T)
+
+    def advance_device(self, T: int) -> None:
+        """The device half of ``advance`` (``slot += T``): what a static forward does inside a compiled graph."""
+        self.slot.add_(T)
+
+    def advance_host(self, T: int) -> None:
+        """The host half of ``advance`` (``length += T``): done by the caller of a compiled static step, outside
+        the graph, so the graph never reads a number that changes per token."""
+        self._length += T
 
     # ----------------------------------------------------------------- generic edits
     def reorder(self, index_B: Tensor) -> None:
@@ -97,10 +162,11 @@ class KVCache:
 
     def crop(self, length: int) -> None:
         """Forget every slot from ``length`` on."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"crop length={length} must be within [0, {self.length}]")
+        if not 0 <= length <= self._length:
+            raise ValueError(f"crop length={length} must be within [0, {self._length}]")
         self.key_mask[:, length:] = False
-        self.length = length
+        self._length = length
+        self.slot.fill_(length)
 
     def reset(self) -> None:
         self.crop(0)

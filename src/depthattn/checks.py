@@ -1,12 +1,20 @@
-"""Validation of ``DecoderLM.forward`` inputs at the boundary: one ``ValueError`` naming the argument and value.
+"""Validation of ``DecoderLM.forward`` inputs: one ``ValueError`` naming the argument and value.
 
-Shapes and dtypes are checked without touching the data; all value checks (ids in the vocabulary, 0/1 masks,
-position range, label range, at least one target) are reduced to one small tensor and read with a single device
-synchronisation.
+Two halves, so that the hot path never waits for the device:
+
+- ``check_forward_shapes``: types, shapes, cache fit and room, the derived-position bound. Reads no tensor data
+  (no device synchronisation); ``DecoderLM.forward`` runs it on every call.
+- ``check_forward_values``: ids in the vocabulary, 0/1 masks, position range, label range, at least one target,
+  and agreement of a full-width mask with the cache's padding. All reduced to one small tensor and read with a
+  single synchronisation. Run once at the boundary, before any work: ``generate``, the evaluation entry points,
+  the Hugging Face forward (``check_forward_inputs``), and ``check_token_array`` for the trainer's data.
+
+``check_forward_inputs`` runs both (the boundary check).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,12 +30,20 @@ def _is_int_tensor(x) -> bool:
 
 def check_forward_inputs(cfg: ModelConfig, input_ids, attention_mask, position_ids, labels,
                          cache: KVCache | None) -> None:
-    """Raise ``ValueError`` for any input ``DecoderLM.forward`` cannot use as given.
+    """The boundary check: ``check_forward_shapes`` then ``check_forward_values`` (one device synchronisation)."""
+    check_forward_shapes(cfg, input_ids, attention_mask, position_ids, labels, cache)
+    check_forward_values(cfg, input_ids, attention_mask, position_ids, labels, cache)
 
-    Checked: ``input_ids`` is an integer tensor ``[B, T]`` with B, T >= 1 and ids in ``[0, vocab_size)``;
-    ``attention_mask`` is bool/integer 0/1 of shape ``[B, T]`` or ``[B, past + T]``; ``position_ids`` is an integer
-    ``[B, T]`` tensor in ``[0, max_position_embeddings)``; ``labels`` is an integer ``[B, T]`` tensor of ids or -100
-    with at least one target; ``cache`` matches the model (virtual layers, KV heads, head dim, batch) and has room.
+
+def check_forward_shapes(cfg: ModelConfig, input_ids, attention_mask, position_ids, labels,
+                         cache: KVCache | None) -> None:
+    """Raise ``ValueError`` for inputs whose types or shapes ``DecoderLM.forward`` cannot use; reads no data.
+
+    Checked: ``input_ids`` is an integer tensor ``[B, T]`` with B, T >= 1; ``attention_mask`` is bool/integer of
+    shape ``[B, T]`` or ``[B, past + T]``; ``position_ids`` is an integer ``[B, T]`` tensor; ``labels`` is an integer
+    ``[B, T]`` tensor; ``cache`` matches the model (virtual layers, KV heads, head dim, batch) and has room; without
+    ``position_ids``, ``past + T`` slots fit ``max_position_embeddings`` (derived positions stay below the slot
+    count, so this bounds them without reading the mask).
     """
     if not _is_int_tensor(input_ids) or input_ids.dim() != 2:
         raise ValueError(f"input_ids must be an integer tensor [B, T], got "
@@ -43,8 +59,7 @@ def check_forward_inputs(cfg: ModelConfig, input_ids, attention_mask, position_i
         if got != expect:
             raise ValueError(f"cache has (layers, batch, kv heads, head_dim)={got}, the model and input need {expect}")
         past = cache.length
-        if past + T > cache.capacity:
-            raise ValueError(f"{T} new tokens after {past} cached exceed the cache capacity={cache.capacity}")
+        cache.check_room(T)
     if attention_mask is not None:
         if not isinstance(attention_mask, Tensor) or not (_is_int_tensor(attention_mask)
                                                           or attention_mask.dtype == torch.bool):
@@ -57,14 +72,30 @@ def check_forward_inputs(cfg: ModelConfig, input_ids, attention_mask, position_i
         raise ValueError(f"position_ids must be an integer tensor of shape ({B}, {T}), got "
                          f"{getattr(position_ids, 'dtype', type(position_ids).__name__)} "
                          f"{tuple(getattr(position_ids, 'shape', ()))}")
+    if position_ids is None and past + T > cfg.max_position_embeddings:
+        raise ValueError(f"the sequence reaches position {past + T - 1}, beyond max_position_embeddings="
+                         f"{cfg.max_position_embeddings}")
     if labels is not None and (not _is_int_tensor(labels) or tuple(labels.shape) != (B, T)):
         raise ValueError(f"labels must be an integer tensor of input_ids' shape ({B}, {T}), got "
                          f"{getattr(labels, 'dtype', type(labels).__name__)} {tuple(getattr(labels, 'shape', ()))}")
 
+
+def check_forward_values(cfg: ModelConfig, input_ids: Tensor, attention_mask: Tensor | None,
+                         position_ids: Tensor | None, labels: Tensor | None, cache: KVCache | None) -> None:
+    """Raise ``ValueError`` for values ``DecoderLM.forward`` cannot use (inputs of valid shape; one sync).
+
+    Checked: ids in ``[0, vocab_size)``; an integer mask holds only 0/1; ``position_ids`` in
+    ``[0, max_position_embeddings)``; labels are ids or -100 with at least one target; a ``[B, past + T]`` mask
+    agrees with the padding the cache recorded for its first ``past`` columns.
+    """
     V = cfg.vocab_size
+    T = input_ids.shape[1]
+    past = cache.length if cache is not None else 0
     checks: dict[str, Tensor] = {"ids": ((input_ids < 0) | (input_ids >= V)).any()}
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         checks["mask"] = ((attention_mask != 0) & (attention_mask != 1)).any()
+    if attention_mask is not None and cache is not None and past > 0 and attention_mask.shape[1] == past + T:
+        checks["cache_mask"] = (attention_mask[:, :past].bool() != cache.key_mask[:, :past]).any()
     if position_ids is not None:
         checks["pos"] = ((position_ids < 0) | (position_ids >= cfg.max_position_embeddings)).any()
     if labels is not None:
@@ -80,6 +111,8 @@ def check_forward_inputs(cfg: ModelConfig, input_ids, attention_mask, position_i
         raise ValueError(f"input_ids contains token id {bad} outside the vocabulary [0, {V})")
     if failed.get("mask"):
         raise ValueError("attention_mask must hold only 0 and 1")
+    if failed.get("cache_mask"):
+        raise ValueError("attention_mask's first past columns disagree with the cached padding mask")
     if failed.get("pos"):
         bad = position_ids[(position_ids < 0) | (position_ids >= cfg.max_position_embeddings)][0].item()
         raise ValueError(f"position_ids contains {bad}, outside [0, max_position_embeddings="
@@ -90,3 +123,16 @@ def check_forward_inputs(cfg: ModelConfig, input_ids, attention_mask, position_i
     if failed.get("no_target"):
         raise ValueError(f"labels leave no target token (every shifted label is {IGNORE_INDEX} or padding), "
                          f"so the loss is undefined")
+
+
+def check_token_array(tokens, vocab_size: int, where: str) -> None:
+    """Raise ``ValueError`` naming ``where`` if a 1-D token array (numpy, memmap or tensor) holds an id outside
+    ``[0, vocab_size)``: the one value check of token data that is fed to the model without further checks
+    (training windows, evaluation splits). One pass over the array."""
+    arr = tokens.numpy() if isinstance(tokens, Tensor) else np.asarray(tokens)
+    if arr.size == 0:
+        return
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{where} contains token id {bad} outside the vocabulary [0, {vocab_size})")

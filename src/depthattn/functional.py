@@ -76,6 +76,19 @@ def causal_padding_mask(
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)
 
 
+def static_padding_mask(key_mask_BS: Tensor, slots_T: Tensor, dtype: torch.dtype) -> Tensor:
+    """Additive mask ``[B, 1, T, S]`` over every cache slot for queries at device slot indices ``slots_T``.
+
+    The fixed-shape twin of ``causal_padding_mask(key_mask, q_start, T, S, ...)`` with ``q_start`` a device
+    value: query i may see slots ``<= slots[i]`` whose ``key_mask`` is True (unfilled slots are False there).
+    """
+    S = key_mask_BS.shape[1]
+    k_slot = torch.arange(S, device=key_mask_BS.device)
+    allowed = (k_slot[None, :] <= slots_T[:, None])[None, None] & key_mask_BS[:, None, None, :]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=key_mask_BS.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def attention(q_BHTD: Tensor, k_BKSD: Tensor, v_BKSD: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
     """Scaled dot-product GQA attention with scale ``1/sqrt(D)``; returns ``[B, H, T, D]``.
 

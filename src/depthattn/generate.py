@@ -4,7 +4,17 @@ Legend: B batch, T prompt length, V vocab.
 
 Left-padded batches work: the attention mask marks real tokens, RoPE positions count real tokens only, and the
 cache remembers which slots are padding. ``naive_generate`` (no cache, a full forward per token) is the reference
-twin the tests compare against. ``stream_text`` / ``generate_text`` continue a text prompt with a ``tokenizers``
+twin the tests compare against.
+
+Input values are checked once, here at the boundary (``check_forward_inputs`` on the prompt); the prefill and decode
+steps then run without waiting for the device (shape checks only), and a stream without ``eos_token_id`` never
+synchronises except to hand its tokens to the caller.
+
+``compile=True`` runs the gpt-fast recipe (``CompiledDecoder``): the cache is switched to its static path (fixed
+shapes, slot offsets on the device), ``decode_one_token`` is compiled once per (batch size, cache capacity) with
+``torch.compile(fullgraph=True)`` (``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA) and reused for every
+token, and the prefill is compiled separately with a dynamic prompt length. Eager decode is its twin in the tests.
+``stream_text`` / ``generate_text`` continue a text prompt with a ``tokenizers``
 tokenizer (``generate`` and ``compare`` use them).
 """
 
@@ -17,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .cache import KVCache
+from .checks import check_forward_inputs, check_forward_shapes
 from .model import DecoderLM
 
 
@@ -57,27 +68,150 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
         raise ValueError(f"top_p={top_p!r} must be in (0, 1]")
 
 
+def _last_logits(model: DecoderLM, input_ids_BT: Tensor, attention_mask_BT: Tensor | None,
+                 cache: KVCache) -> Tensor:
+    """Logits ``[B, V]`` of the last position only (the LM head runs on one position per row)."""
+    h = model.model(input_ids_BT, attention_mask_BT, None, cache, validate=False)
+    return model.lm_head(h[:, -1])
+
+
 @torch.inference_mode()
 def prefill(model: DecoderLM, input_ids_BT: Tensor, attention_mask_BT: Tensor | None, cache: KVCache) -> Tensor:
     """Run the prompt through the model into ``cache``; return the last position's logits ``[B, V]``."""
-    return model(input_ids_BT, attention_mask=attention_mask_BT, cache=cache).logits[:, -1]
+    check_forward_shapes(model.config, input_ids_BT, attention_mask_BT, None, None, cache)
+    return _last_logits(model, input_ids_BT, attention_mask_BT, cache)
 
 
 @torch.inference_mode()
 def decode_one_token(model: DecoderLM, token_B: Tensor, cache: KVCache) -> Tensor:
     """Append one token per row to ``cache``; return the next logits ``[B, V]``."""
-    return model(token_B[:, None], cache=cache).logits[:, -1]
+    cache.check_room(1)
+    return _last_logits(model, token_B[:, None], None, cache)
+
+
+# ---------------------------------------------------------------------------------------------------- compiled
+#: The ``torch.compile`` backend ``compile=True`` means.
+DEFAULT_BACKEND = "inductor"
+
+
+class CompileUnavailable(RuntimeError):
+    """``torch.compile``'s backend failed on this machine (e.g. no working C/C++ compiler for inductor on CPU)."""
+
+
+def _backend_error(backend, e: Exception) -> CompileUnavailable:
+    cause = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps the backend's own error
+    lines = [line for line in str(cause).strip().splitlines() if line.strip()]
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+    return CompileUnavailable(f"torch.compile (backend {name!r}) does not work here: "
+                              f"{type(cause).__name__}: {lines[0] if lines else ''}")
+
+
+def check_compile_works(device: torch.device | str, backend=None) -> None:
+    """Compile and run a one-line function on ``device`` with ``backend`` (default ``DEFAULT_BACKEND``); raise
+    ``CompileUnavailable`` (one line naming the cause) if it cannot, e.g. without a working C++ compiler for
+    inductor on CPU."""
+    backend = backend or DEFAULT_BACKEND
+    try:
+        torch.compile(lambda x: x * 2 + 1, fullgraph=True, backend=backend)(torch.ones(4, device=device))
+    except torch._dynamo.exc.BackendCompilerFailed as e:
+        raise _backend_error(backend, e) from None
+
+
+# Two distinct functions (code objects), so that the decode graph (static shapes) and the prefill graph (dynamic
+# prompt length) are cached separately by dynamo.
+def _static_decode(model: DecoderLM, token_B: Tensor, cache: KVCache) -> Tensor:
+    return _last_logits(model, token_B[:, None], None, cache)
+
+
+def _static_prefill(model: DecoderLM, input_ids_BT: Tensor, attention_mask_BT: Tensor | None,
+                    cache: KVCache) -> Tensor:
+    return _last_logits(model, input_ids_BT, attention_mask_BT, cache)
+
+
+class CompiledDecoder:
+    """Compiled ``prefill`` and ``decode_one_token`` on a cache's static path (gpt-fast style).
+
+    The decode step is ``torch.compile(fullgraph=True, dynamic=False)``: one graph per (batch size, cache capacity,
+    dtype, device) reused for every token, since the step reads only device state (``cache.slot``, ``key_mask``)
+    and its shapes never change. The host half of the bookkeeping (capacity check, ``cache.length``) happens here,
+    outside the graph. The prefill is compiled with ``dynamic=True`` (one graph for any prompt length). A static
+    cache also works with the eager functions and ``DecoderLM.forward``.
+
+    Args:
+        backend: a ``torch.compile`` backend, by name or callable (default inductor; ``"eager"`` or
+            ``"aot_eager"`` check capture only), or None to run the static path uncompiled (the twin that
+            separates the static math from compilation).
+    Raises:
+        CompileUnavailable: on the first call, if the backend fails to compile (one line naming the cause).
+    """
+
+    def __init__(self, backend=DEFAULT_BACKEND):
+        self.backend = backend
+        self._decode = self._prefill = None
+
+    def _compiled(self, fn, dynamic: bool, device: torch.device):
+        if self.backend is None:
+            return fn
+        opts = {}
+        if self.backend == "inductor" and device.type == "cuda" and not dynamic:
+            opts["mode"] = "reduce-overhead"  # CUDA graphs for the launch-bound decode step
+        return torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=self.backend, **opts)
+
+    def _run(self, fn, *args):
+        try:
+            return fn(*args)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            raise _backend_error(self.backend, e) from None
+
+    def _advance_host(self, cache: KVCache, T: int) -> None:
+        """The host half of ``cache.advance``, which a compiled graph leaves out (``Backbone.forward``)."""
+        if self.backend is not None:
+            cache.advance_host(T)
+
+    @staticmethod
+    def prepare(cache: KVCache) -> None:
+        """Switch ``cache`` to its static path (and, on CUDA, give its tensors static addresses for CUDA graphs)."""
+        cache.static = True
+        if cache.k.device.type == "cuda":
+            for t in (cache.k, cache.v, cache.key_mask, cache.slot):
+                torch._dynamo.mark_static_address(t)
+
+    @torch.inference_mode()
+    def prefill(self, model: DecoderLM, input_ids_BT: Tensor, attention_mask_BT: Tensor | None,
+                cache: KVCache) -> Tensor:
+        """``prefill`` on the static path, compiled; logits ``[B, V]``."""
+        check_forward_shapes(model.config, input_ids_BT, attention_mask_BT, None, None, cache)
+        self.prepare(cache)
+        if self._prefill is None:
+            self._prefill = self._compiled(_static_prefill, True, input_ids_BT.device)
+        logits = self._run(self._prefill, model, input_ids_BT, attention_mask_BT, cache)
+        self._advance_host(cache, input_ids_BT.shape[1])
+        return logits
+
+    @torch.inference_mode()
+    def decode_one_token(self, model: DecoderLM, token_B: Tensor, cache: KVCache) -> Tensor:
+        """``decode_one_token`` on the static path, compiled once per shape; logits ``[B, V]``."""
+        cache.check_room(1)
+        self.prepare(cache)
+        if self._decode is None:
+            self._decode = self._compiled(_static_decode, False, token_B.device)
+        logits = self._run(self._decode, model, token_B, cache)
+        self._advance_host(cache, 1)
+        return logits.clone() if logits.device.type == "cuda" else logits  # CUDA graphs reuse the output buffer
 
 
 def generate_stream(model: DecoderLM, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None,
-                    seed: int | None = None, attention_mask: Tensor | None = None) -> Iterator[Tensor]:
+                    seed: int | None = None, attention_mask: Tensor | None = None,
+                    compile=False) -> Iterator[Tensor]:
     """Yield the next token of every row (``[B]`` int64) one step at a time, using the KV cache.
 
     Rows that produced ``eos_token_id`` keep yielding it; the stream ends when every row has, or after
-    ``max_new_tokens`` steps. Arguments are checked on the call, before the first token: ``ValueError`` for bad
-    sampling options, an ``eos_token_id`` outside the vocabulary, ``input_ids`` that are not ``[B, T]``, or a prompt
-    plus budget longer than ``max_position_embeddings``.
+    ``max_new_tokens`` steps. ``compile``: True (inductor) or a ``torch.compile`` backend (name or callable) runs the compiled
+    ``CompiledDecoder`` (same tokens as eager under greedy decoding). Arguments are checked on the call, before the
+    first token: ``ValueError`` for bad sampling options, an ``eos_token_id`` outside the vocabulary, ``input_ids``
+    that are not ``[B, T]``, a prompt plus budget longer than ``max_position_embeddings``, and every value check of
+    ``check_forward_inputs`` (ids outside the vocabulary, a mask that is not 0/1 or not ``[B, T]``).
     """
     check_sampling(temperature, top_k, top_p)
     V, max_pos = model.config.vocab_size, model.config.max_position_embeddings
@@ -90,10 +224,17 @@ def generate_stream(model: DecoderLM, input_ids: Tensor, max_new_tokens: int, te
     if input_ids.shape[1] + max_new_tokens > max_pos:
         raise ValueError(f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} exceeds "
                          f"max_position_embeddings={max_pos}")
-    return _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask)
+    if attention_mask is not None and tuple(getattr(attention_mask, "shape", ())) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask shape {tuple(getattr(attention_mask, 'shape', ()))} must be the prompt's "
+                         f"{tuple(input_ids.shape)}")
+    check_forward_inputs(model.config, input_ids, attention_mask, None, None, None)  # the boundary: values once
+    steps = CompiledDecoder(DEFAULT_BACKEND if compile is True else compile) if compile else None
+    return _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask,
+                   steps)
 
 
-def _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask):
+def _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask,
+            steps: "CompiledDecoder | None"):
     if max_new_tokens == 0:
         return
     B, T = input_ids.shape
@@ -104,7 +245,9 @@ def _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_tok
     model.eval()
     try:
         cache = model.new_cache(B, T + max_new_tokens)
-        logits = prefill(model, input_ids, attention_mask, cache)
+        run_prefill, run_decode = (prefill, decode_one_token) if steps is None else (steps.prefill,
+                                                                                       steps.decode_one_token)
+        logits = run_prefill(model, input_ids, attention_mask, cache)
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         for step in range(max_new_tokens):
             token = sample(logits, temperature, top_k, top_p, generator)
@@ -112,19 +255,21 @@ def _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_tok
                 token = token.masked_fill(done, eos_token_id)
                 done |= token == eos_token_id
             yield token
-            if step + 1 == max_new_tokens or bool(done.all()):
+            if step + 1 == max_new_tokens or (eos_token_id is not None and bool(done.all())):
                 return
-            logits = decode_one_token(model, token, cache)
+            logits = run_decode(model, token, cache)
     finally:
         model.train(was_training)
 
 
 def generate(model: DecoderLM, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None,
-             seed: int | None = None, attention_mask: Tensor | None = None) -> Tensor:
-    """Prompt plus generated tokens, ``[B, T + n]`` int64 (n ≤ max_new_tokens; finished rows padded with EOS)."""
+             seed: int | None = None, attention_mask: Tensor | None = None,
+             compile=False) -> Tensor:
+    """Prompt plus generated tokens, ``[B, T + n]`` int64 (n ≤ max_new_tokens; finished rows padded with EOS).
+    Arguments and errors: ``generate_stream``."""
     new = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed,
-                               attention_mask))
+                               attention_mask, compile))
     if not new:
         return input_ids
     return torch.cat([input_ids, torch.stack(new, dim=1)], dim=1)
@@ -134,6 +279,7 @@ def generate(model: DecoderLM, input_ids: Tensor, max_new_tokens: int, temperatu
 def naive_generate(model: DecoderLM, input_ids: Tensor, max_new_tokens: int,
                    attention_mask: Tensor | None = None) -> Tensor:
     """Greedy reference without a cache: one full forward over the whole sequence per new token."""
+    check_forward_inputs(model.config, input_ids, attention_mask, None, None, None)
     ids = input_ids
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     for _ in range(max_new_tokens):
@@ -146,9 +292,9 @@ def naive_generate(model: DecoderLM, input_ids: Tensor, max_new_tokens: int,
 # ---------------------------------------------------------------------------------------------------- text
 def stream_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 100, temperature: float = 0.8,
                 top_k: int | None = 50, top_p: float | None = None, seed: int | None = 0,
-                device: torch.device | str = "cpu") -> Iterator[str]:
-    """Yield decoded text pieces of the continuation of ``prompt`` (``generate_stream``, KV cache), stopping at
-    ``<|endoftext|>``. A piece is emitted once its bytes form complete UTF-8 characters."""
+                device: torch.device | str = "cpu", compile=False) -> Iterator[str]:
+    """Yield decoded text pieces of the continuation of ``prompt`` (``generate_stream``, KV cache; ``compile`` as
+    there), stopping at ``<|endoftext|>``. A piece is emitted once its bytes form complete UTF-8 characters."""
     from .data import EOS_TOKEN
 
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids
@@ -159,7 +305,7 @@ def stream_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 100, tem
     new: list[int] = []
     shown = ""
     for token in generate_stream(model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                                 top_p=top_p, eos_token_id=eos, seed=seed):
+                                 top_p=top_p, eos_token_id=eos, seed=seed, compile=compile):
         t = int(token[0])
         if t == eos:
             break

@@ -20,10 +20,10 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention, LayerContext
 from .cache import KVCache
-from .checks import IGNORE_INDEX, check_forward_inputs
+from .checks import IGNORE_INDEX, check_forward_shapes
 from .config import ModelConfig
 from .cross_layer import get as method_record, source_layers
-from .functional import causal_padding_mask
+from .functional import causal_padding_mask, static_padding_mask
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU
 
 
@@ -93,41 +93,54 @@ class Backbone(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 cache: KVCache | None = None, *, validate: bool = True) -> Tensor:
         """Final hidden states for ``input_ids``; with a ``cache``, the tokens continue the cached ones at slot
-        ``cache.length``. ``validate=False`` skips ``check_forward_inputs`` for a caller that ran it already (with
-        its labels: one device synchronisation for all inputs)."""
-        cfg = self.config
+        ``cache.length``. ``validate=False`` skips ``check_forward_shapes`` for a caller that ran the checks
+        already. Values are not checked here (``check_forward_inputs`` at the boundary): the forward never waits
+        for the device, and makes no Python branch on tensor data."""
         if validate:
-            check_forward_inputs(cfg, input_ids, attention_mask, position_ids, None, cache)
-        past = cache.length if cache is not None else 0
+            check_forward_shapes(self.config, input_ids, attention_mask, position_ids, None, cache)
         B, T = input_ids.shape
-        device = input_ids.device
         new_mask = None if attention_mask is None else attention_mask[:, -T:].bool()
+        h = self.embed_tokens(input_ids)
+        if cache is not None and cache.static:
+            ctx, position_ids = self._static_context(new_mask, position_ids, cache, B, T, h.dtype)
+        else:
+            ctx, position_ids = self._dynamic_context(new_mask, position_ids, cache, B, T, h.dtype, h.device)
+        cos, sin = self.rotary_emb(position_ids, h.dtype)
+        h = self._layers(h, LayerContext(cos=cos, sin=sin, **ctx))
         if cache is not None:
-            if attention_mask is not None and attention_mask.shape[1] == past + T and past > 0 and not torch.equal(
-                    attention_mask[:, :past].bool(), cache.key_mask[:, :past]):
-                raise ValueError("attention_mask's first past columns disagree with the cached padding mask")
-            cache.reserve(new_mask if new_mask is not None else torch.ones(B, T, dtype=torch.bool, device=device))
-            key_mask = cache.key_mask[:, :past + T]
+            cache.advance_device(T)
+            if not torch.compiler.is_compiling():  # traced: the compiled step's caller (CompiledDecoder) does it,
+                cache.advance_host(T)              # so the graph never reads the per-token Python length
+        return self.norm(h)
+
+    def _dynamic_context(self, new_mask, position_ids, cache, B: int, T: int, dtype, device):
+        """Mask and positions when the key slots are exactly the filled ones (Python-int slicing, eager path).
+
+        Whether a padding mask is needed is host knowledge (a mask was given now or earlier), never read from
+        the data: an all-ones mask costs a mask, not a synchronisation."""
+        past = cache.length if cache is not None else 0
+        if cache is not None:
+            cache.reserve(new_mask, T)
+            key_mask = cache.key_mask[:, :past + T] if cache.has_padding else None
         else:
             key_mask = new_mask
         if position_ids is None:
-            # Derived positions never exceed the slot index, so only a long enough history needs a look at values.
             position_ids = self._positions(key_mask, past, B, T, device)
-            if past + T > cfg.max_position_embeddings and int(position_ids.max()) >= cfg.max_position_embeddings:
-                if cache is not None:
-                    cache.crop(past)
-                raise ValueError(f"the sequence reaches position {int(position_ids.max())}, beyond "
-                                 f"max_position_embeddings={cfg.max_position_embeddings}")
-        h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(position_ids, h.dtype)
-        padded = key_mask is not None and not bool(key_mask.all())
         mask = None
-        if padded or (past > 0 and T > 1):
-            mask = causal_padding_mask(key_mask, past, T, past + T, h.dtype, device)
-        h = self._layers(h, LayerContext(cos=cos, sin=sin, mask=mask, cache=cache, cache_start=past))
-        if cache is not None:
-            cache.advance(T)
-        return self.norm(h)
+        if key_mask is not None or (past > 0 and T > 1):
+            mask = causal_padding_mask(key_mask, past, T, past + T, dtype, device)
+        return dict(mask=mask, cache=cache, cache_start=past), position_ids
+
+    def _static_context(self, new_mask, position_ids, cache, B: int, T: int, dtype):
+        """Mask and positions over all ``S`` cache slots at the device slot ``cache.slot`` (fixed shapes; the
+        compiled decode step). Unfilled slots are False in ``key_mask``, so they are masked like padding."""
+        slots = cache.slot + torch.arange(T, device=cache.slot.device)
+        cache.reserve_at(new_mask, slots)
+        if position_ids is None:  # real tokens before each one, from the whole recorded mask
+            counts = cache.key_mask.long().cumsum(1)
+            position_ids = (counts.gather(1, slots.expand(B, T)) - 1).clamp(min=0)
+        mask = static_padding_mask(cache.key_mask, slots, dtype)
+        return dict(mask=mask, cache=cache, cache_slots=slots), position_ids
 
     @staticmethod
     def _positions(key_mask: Tensor | None, past: int, B: int, T: int, device) -> Tensor:
@@ -193,8 +206,9 @@ class DecoderLM(nn.Module):
     """Qwen3-style causal LM with an optional cross-layer method (``cfg.cross_layer``): ``Backbone`` + LM head.
 
     ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,past+T] bool/int, position_ids [B,T], cache,
-    labels [B,T])`` → ``ModelOutput``. Raises ``ValueError`` naming the argument for ids outside the vocabulary,
-    positions beyond ``max_position_embeddings``, too little cache room, or a mask of the wrong shape or dtype.
+    labels [B,T])`` → ``ModelOutput``. Raises ``ValueError`` naming the argument for inputs of the wrong type or
+    shape, too little cache room, or more slots than ``max_position_embeddings``; values (ids in the vocabulary,
+    0/1 masks, position range) are checked at the boundary (``depthattn.checks.check_forward_inputs``).
     """
 
     def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None):
@@ -266,8 +280,11 @@ class DecoderLM(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 cache: KVCache | None = None, labels: Tensor | None = None) -> ModelOutput:
         """Logits for ``input_ids`` (and the loss when ``labels`` are given; labels are shifted inside, -100 and
-        padded positions ignored). With a ``cache``, the tokens continue the cached ones at slot ``cache.length``."""
-        check_forward_inputs(self.config, input_ids, attention_mask, position_ids, labels, cache)
+        padded positions ignored). With a ``cache``, the tokens continue the cached ones at slot ``cache.length``.
+
+        Only shapes are checked here (no device synchronisation); the values of user input are checked once at
+        the boundary (``depthattn.checks.check_forward_inputs``: ``generate``, evaluation, the HF forward)."""
+        check_forward_shapes(self.config, input_ids, attention_mask, position_ids, labels, cache)
         h = self.model(input_ids, attention_mask, position_ids, cache, validate=False)
         logits = self.lm_head(h)
         loss = None if labels is None else next_token_loss(logits, labels, attention_mask)

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..eval.inference import load_for_inference
-from ..generate import check_sampling, stream_text
+from ..generate import CompileUnavailable, check_compile_works, check_sampling, stream_text
 
 
 def check_prompt(model, tokenizer, prompt: str, max_new_tokens: int) -> None:
@@ -32,10 +32,16 @@ def run_generate(args: argparse.Namespace) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p)  # fail before loading or echoing the prompt
     model, tokenizer, _, dev = load_for_inference(args.checkpoint, args.device)
     check_prompt(model, tokenizer, args.prompt, args.max_new_tokens)
+    if args.compile:
+        try:
+            check_compile_works(dev)  # before anything is printed
+        except CompileUnavailable as e:
+            print(f"depthattn generate: error: --compile: {e}", file=sys.stderr)
+            return 2
     sys.stdout.write(args.prompt)
     for piece in stream_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                             device=dev):
+                             device=dev, compile=args.compile):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -53,4 +59,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the prefill and the decode step (compiled once, reused for every token)")
     p.set_defaults(func=run_generate)

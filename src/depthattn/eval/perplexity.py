@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..checks import check_token_array
 from ..data.tokenizer import token_byte_lengths
 
 
@@ -85,6 +86,7 @@ def evaluate_perplexity(model: torch.nn.Module, tokens: np.ndarray, tokenizer, *
         tokens = tokens[:max_tokens + 1]
     if len(tokens) < 2:
         raise ValueError(f"need at least 2 tokens to evaluate, got {len(tokens)}")
+    check_token_array(tokens, model.config.vocab_size, "the evaluation split")  # the boundary value check
     byte_len = torch.from_numpy(token_byte_lengths(tokenizer))
     if expected_bytes is not None and whole:
         counted = int(byte_len[torch.from_numpy(np.asarray(tokens, dtype=np.int64))].sum())

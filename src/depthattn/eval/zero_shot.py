@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from ..checks import check_token_array
 from ..data.tokenizer import EOS_TOKEN
 from ..fileio import atomic_write_text
 from .tasks import TASKS, Item, load_task, parse_tasks
@@ -98,6 +99,7 @@ def score_requests(model, tokenizer, pairs: list[tuple[str, str]], batch_size: i
             for r, i in enumerate(idx):
                 seq = inputs[i][0]
                 ids[r, :len(seq)] = torch.tensor(seq)
+            check_token_array(ids.flatten(), model.config.vocab_size, "the tokenised requests")  # the boundary
             logits_BTV = model(ids.to(device)).logits
             for r, i in enumerate(idx):
                 seq, cont = inputs[i]

@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import data
+from ..checks import check_token_array
 from ..config import ModelConfig
 from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
 from ..model import DecoderLM
@@ -178,6 +179,8 @@ def _load_data(model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path):
                          f"{model_cfg.max_position_embeddings}")
     if len(prepared.train) < train_cfg.seq_len + 1:
         raise ValueError(f"{data_dir}: the train split has {len(prepared.train)} tokens, fewer than seq_len + 1")
+    for split in ("train", "val"):  # the boundary value check of every token the trainer feeds the model
+        check_token_array(getattr(prepared, split), model_cfg.vocab_size, f"{data_dir}: the {split} split")
     val_windows = validation_windows(prepared.val, train_cfg.seq_len, train_cfg.eval_windows)
     return prepared, val_windows, train_cfg.replace(steps=total_steps)
 

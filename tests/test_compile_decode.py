@@ -1,0 +1,154 @@
+"""Compiled decode (gpt-fast style) against its eager twin: same greedy tokens, close logits, one graph per shape.
+
+Most tests use dynamo's ``eager`` backend (capture with ``fullgraph=True`` on the static cache path, no code
+generation) so that CI on 2 cores stays fast; one test runs inductor end to end.
+"""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from depthattn import generate
+from depthattn.generate import CompileUnavailable, CompiledDecoder, check_compile_works, decode_one_token, prefill
+
+from conftest import left_padded_batch, make_model
+
+CONFIGS = {
+    "none": dict(cross_layer="none"),
+    "depth_attention": dict(cross_layer="depth_attention"),
+    "denseformer": dict(cross_layer="denseformer"),
+    "mhc": dict(cross_layer="mhc"),
+    "attnres": dict(cross_layer="attnres"),
+    "looped_depth_attention": dict(cross_layer="depth_attention", num_loops=2),
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _step_logits(model, ids, mask, steps: int, decoder=None):
+    """Greedy logits ``[steps + 1, B, V]`` of a prefill and ``steps`` decode steps (eager, or ``decoder``'s), in a
+    cache of the capacity ``generate(..., steps + 1)`` uses (so a compiled decode graph is shared with it)."""
+    run_prefill, run_decode = (prefill, decode_one_token) if decoder is None else (decoder.prefill,
+                                                                                   decoder.decode_one_token)
+    cache = model.new_cache(ids.shape[0], ids.shape[1] + steps + 1)
+    logits = [run_prefill(model, ids, mask, cache)]
+    for _ in range(steps):
+        logits.append(run_decode(model, logits[-1].argmax(-1), cache))
+    assert cache.length == ids.shape[1] + steps and (decoder is None or cache.static)
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_compiled_generation_equals_eager_for_every_method(name):
+    model = make_model(num_hidden_layers=2, **CONFIGS[name])
+    ids, mask = left_padded_batch(512, [6, 3], seed=7)  # ragged, left-padded
+    eager = generate(model, ids, 5, temperature=0, attention_mask=mask)
+    compiled = generate(model, ids, 5, temperature=0, attention_mask=mask, compile="eager")
+    assert torch.equal(compiled, eager)
+    torch.testing.assert_close(_step_logits(model, ids, mask, 4, CompiledDecoder("eager")),
+                               _step_logits(model, ids, mask, 4), atol=1e-5, rtol=0)
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]  # prefill + decode, full graphs
+
+
+def test_inductor_decode_equals_eager_decode():
+    """The real thing: inductor-generated code for the prefill and the decode step (Depth-Attention)."""
+    try:
+        check_compile_works("cpu")
+    except CompileUnavailable as e:
+        pytest.skip(str(e))
+    counters.clear()  # the probe's graph
+    model = make_model(num_hidden_layers=2, depth_attention_stride=1)
+    ids, mask = left_padded_batch(512, [5, 2], seed=1)
+    eager = _step_logits(model, ids, mask, 4)
+    compiled = _step_logits(model, ids, mask, 4, CompiledDecoder())
+    torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
+    assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
+    assert not counters["graph_break"]
+
+
+def test_64_token_generation_compiles_the_decode_step_once():
+    model = make_model(num_hidden_layers=2, cross_layer="depth_attention", depth_attention_stride=1)
+    ids = torch.randint(1, 512, (1, 4), generator=torch.Generator().manual_seed(0))
+    out = generate(model, ids, 64, temperature=0, compile="eager")
+    assert out.shape == (1, 68)
+    assert counters["stats"]["unique_graphs"] == 2  # one prefill graph, one decode graph for all 63 decode steps
+    assert not counters["graph_break"]
+    again = generate(model, ids, 64, temperature=0, compile="eager")  # same (batch, capacity): no new graph
+    assert torch.equal(again, out) and counters["stats"]["unique_graphs"] == 2
+    assert torch.equal(out, generate(model, ids, 64, temperature=0))
+
+
+def test_a_backend_that_does_not_work_gives_one_line():
+    def broken(gm, example_inputs):
+        raise RuntimeError("no C++ compiler found\nsecond line of detail")
+
+    with pytest.raises(CompileUnavailable, match=r"\(backend 'broken'\) does not work here: RuntimeError: no C") as e:
+        check_compile_works("cpu", broken)
+    assert "\n" not in str(e.value)
+    model = make_model(num_hidden_layers=2)
+    with pytest.raises(CompileUnavailable, match="does not work here"):
+        generate(model, torch.ones(1, 3, dtype=torch.long), 2, compile=broken)
+
+
+def _mix_twin64(q, keys, values):
+    """Float64 twin with plain autograd: softmax over depth of the group-mean scores, weighted sum of values."""
+    from depthattn.cross_layer.depth_attention import depth_weights
+
+    w = depth_weights(q, keys)
+    return sum(w[..., i, None] * v for i, v in enumerate(values))
+
+
+def test_compiled_depth_mix_is_one_graph_and_matches_the_float64_twin():
+    """The mix (group-mean query, scores, fp32 softmax, weighted sum, cast) compiles into one graph, forward and
+    the hand-written backward (training) and the inference path (decode), and matches the float64 twin."""
+    from depthattn.cross_layer.depth_attention import depth_mix, depth_mix_ref
+
+    try:
+        check_compile_works("cpu")
+    except CompileUnavailable as e:
+        pytest.skip(str(e))
+    counters.clear()  # the probe's graph
+    g = torch.Generator().manual_seed(0)
+    B, H, K, T, D, n = 2, 4, 2, 3, 16, 3
+    q = torch.randn(B, H, T, D, generator=g)
+    kv = [torch.randn(B, K, T, D, generator=g) for _ in range(2 * n)]
+
+    def mix(q, *kv):
+        return depth_mix(q, kv[:n], kv[n:])
+
+    fused = torch.compile(mix, fullgraph=True)
+    leaves = [t.clone().requires_grad_() for t in (q, *kv)]
+    out = fused(*leaves)
+    grad_out = torch.randn(out.shape, generator=g)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    leaves64 = [t.double().requires_grad_() for t in (q, *kv)]
+    out64 = _mix_twin64(leaves64[0], leaves64[1:1 + n], leaves64[1 + n:])
+    grads64 = torch.autograd.grad(out64, leaves64, grad_out.double())
+    torch.testing.assert_close(out.double(), depth_mix_ref(q, kv[:n], kv[n:]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.double(), out64.detach(), atol=1e-5, rtol=0)
+    for got, want in zip(grads, grads64):
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+    with torch.no_grad():  # the decode path (no autograd): a second graph of the same function
+        torch.testing.assert_close(fused(q, *kv).double(), out64.detach(), atol=1e-5, rtol=0)
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]
+
+
+def test_mhc_sinkhorn_maps_compile_without_graph_breaks_for_training():
+    from depthattn.cross_layer.mhc import Connector
+
+    model = make_model(num_hidden_layers=2, cross_layer="mhc")
+    conn: Connector = model.model.layers[0].cross_layer.connectors[0]
+    X = torch.randn(2, 3, model.config.mhc_num_streams, model.config.hidden_size, requires_grad=True)
+    eager = conn.maps(X)
+    grads_eager = torch.autograd.grad(sum(m.sum() for m in eager), [X, conn.phi.weight, conn.alpha])
+    compiled = torch.compile(conn.maps, fullgraph=True, backend="aot_eager")(X)
+    grads = torch.autograd.grad(sum(m.sum() for m in compiled), [X, conn.phi.weight, conn.alpha])
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
+    for got, want in zip((*compiled, *grads), (*eager, *grads_eager)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
