@@ -302,3 +302,31 @@ def test_lm_eval_hf_model_on_a_checkpoint_path_equals_native(tmp_path):
     assert set(lls) == set(nat)
     for doc, values in lls.items():
         assert values == pytest.approx(nat[doc], abs=1e-4)
+
+
+def test_convert_writes_hugging_face_folders_both_ways(tmp_path, run_dir):
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from depthattn.cli import main
+
+    torch.manual_seed(0)
+    q = Qwen3ForCausalLM(Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     max_position_embeddings=128, eos_token_id=7, pad_token_id=7)).eval()
+    q.save_pretrained(tmp_path / "q3")
+    assert main(["convert", "--from-qwen3", str(tmp_path / "q3"), "--out", str(tmp_path / "ck"),
+                 "--cross-layer", "depth_attention"]) == 0
+    cfg = json.loads((tmp_path / "ck" / "config.json").read_text())
+    assert cfg["model_type"] == "depthattn" and cfg["eos_token_id"] == cfg["pad_token_id"] == 7
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ck").eval()
+    ids, mask = ids_batch(128)
+    assert torch.equal(hf(ids, attention_mask=mask).logits, load_model(tmp_path / "ck")(ids, attention_mask=mask).logits)
+    # a training checkpoint of cross_layer="none" exports to Qwen3 with its EOS
+    ck = checkpoint_dirs(run_dir)[-1]
+    plain = tmp_path / "plain"
+    save_model(DecoderLM(load_model(ck).config.replace(cross_layer="none")), plain,
+               tokenizer_file=ck / "tokenizer.json")
+    assert main(["convert", "--to-qwen3", str(plain), "--out", str(tmp_path / "q3b")]) == 0
+    eos = json.loads((plain / "config.json").read_text())["eos_token_id"]
+    assert json.loads((tmp_path / "q3b" / "config.json").read_text())["eos_token_id"] == eos
+    assert Qwen3ForCausalLM.from_pretrained(tmp_path / "q3b").generation_config.eos_token_id == eos

@@ -104,3 +104,26 @@ def test_what_is_not_served_is_refused_at_load(tmp_path, tokenizer_file, method,
     checkpoint(tmp_path / "ck", tokenizer_file, method, **overrides)
     with pytest.raises(Exception, match=match):
         engine(tmp_path / "ck")
+
+
+def test_default_multiprocess_engine_finds_the_model_through_the_entry_point(tmp_path, tokenizer_file):
+    """vLLM's default engine runs the model in another process; only the entry point registers it there."""
+    import json
+    import subprocess
+    import sys
+
+    core = checkpoint(tmp_path / "ck", tokenizer_file)
+    _, prompts = ragged_prompts()
+    code = ("import json, sys; from vllm import LLM, SamplingParams; from vllm.inputs import TokensPrompt; "
+            f"llm = LLM(model={str(tmp_path / 'ck')!r}, dtype='float32', enforce_eager=True, max_model_len=256, "
+            "max_num_seqs=8, seed=0); "
+            f"outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in {prompts[:2]!r}], "
+            f"SamplingParams(temperature=0, max_tokens={NEW_TOKENS}, ignore_eos=True), use_tqdm=False); "
+            "print('TOKENS ' + json.dumps([list(o.outputs[0].token_ids) for o in outs]))")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    lines = [s for s in res.stdout.splitlines() if s.startswith("TOKENS ")]
+    assert res.returncode == 0 and lines, res.stderr[-3000:]
+    got = json.loads(lines[0][7:])
+    for p, tokens in zip(prompts[:2], got):
+        assert tokens == generate(core, torch.tensor([p]), NEW_TOKENS, temperature=0)[0, len(p):].tolist()

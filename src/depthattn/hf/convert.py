@@ -195,8 +195,9 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
                tokenizer_dir: str | os.PathLike | None = None) -> list[str]:
     """Write ``model`` (``cross_layer="none"``) as a Hugging Face Qwen3 folder, atomically.
 
-    Writes ``config.json`` (``model_type="qwen3"``, v5 ``rope_parameters``) and ``model.safetensors`` (tied
-    ``lm_head`` stored once, as transformers does). With ``tokenizer_dir``, its ``TOKENIZER_FILES`` are copied too
+    Writes ``config.json`` (``model_type="qwen3"``, v5 ``rope_parameters``, and the ``eos_token_id`` /
+    ``pad_token_id`` of ``tokenizer_dir``'s ``config.json`` / ``generation_config.json`` when it has them) and
+    ``model.safetensors`` (tied ``lm_head`` stored once, as transformers does). With ``tokenizer_dir``, its ``TOKENIZER_FILES`` are copied too
     (plus a minimal ``tokenizer_config.json`` when it has ``tokenizer.json`` only). Returns the tokenizer files
     written. Raises ``ValueError`` for models Qwen3 cannot express.
     """
@@ -206,6 +207,8 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
         state.pop("lm_head.weight", None)
     dtype = next(iter(state.values())).dtype
     values["dtype"] = str(dtype).removeprefix("torch.")
+    token_ids = qwen3_token_ids(tokenizer_dir) if tokenizer_dir is not None else None
+    values.update(token_ids or {})  # the checkpoint's EOS / padding ids, so generate() stops there too
 
     written: list[str] = []
 

@@ -15,7 +15,8 @@ mix reads only the same token's (K̂_j, Ṽ_j) of earlier layers, which this for
 the candidate layers' (K̂, Ṽ) of this step's tokens in a local dict for the duration of one forward (no state
 between steps). That is why prefix caching, chunked prefill and continuous batching stay exact (docs/serving.md):
 a cached prefix contributes only its cached K̂ and Ṽ, which are what the core caches too, and tokens of different
-requests never mix along depth. The mix is the core's own ``depth_mix`` (float32 softmax over depth).
+requests never mix along depth. The mix is ``serving.mix.token_depth_mix``: the core's ``depth_mix`` math (float32
+softmax over depth) in vLLM's flat ``[T, heads·D]`` layout, tested against the core's float64 reference.
 
 Served: ``cross_layer`` ``none`` and ``depth_attention`` (any stride and window), ``num_loops=1``. Refused at load
 with one ``ValueError``: the residual-seam methods (DenseFormer, mHC, AttnRes change the residual stream, which
@@ -38,7 +39,8 @@ from vllm.model_executor.models.qwen2 import Qwen2Model
 from vllm.model_executor.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
 from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 
-from ..cross_layer.depth_attention import depth_mix, model_plan
+from ..cross_layer.depth_attention import model_plan
+from .mix import token_depth_mix
 
 SERVED_METHODS = ("none", "depth_attention")
 
@@ -56,20 +58,6 @@ def served_plan(hf_config) -> tuple[tuple[int, ...], ...]:
     if cfg.cross_layer == "none":
         return tuple(() for _ in range(cfg.num_hidden_layers))
     return model_plan(cfg)
-
-
-def _heads(x: torch.Tensor, n: int, d: int) -> torch.Tensor:
-    """``[T, n·D]`` → ``[1, n, T, D]`` (the core's ``[B, heads, T, D]`` layout, B = 1: tokens never interact)."""
-    return x.reshape(x.shape[0], n, d).transpose(0, 1).unsqueeze(0)
-
-
-def mix_value(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sources, num_heads: int, num_kv_heads: int,
-              head_dim: int) -> torch.Tensor:
-    """Ṽ ``[T, K·D]`` from q ``[T, H·D]``, K̂ and raw v ``[T, K·D]`` and the candidates' (K̂_j, Ṽ_j), self last."""
-    keys = [_heads(kj, num_kv_heads, head_dim) for kj, _ in sources] + [_heads(k, num_kv_heads, head_dim)]
-    values = [_heads(vj, num_kv_heads, head_dim) for _, vj in sources] + [_heads(v, num_kv_heads, head_dim)]
-    out = depth_mix(_heads(q, num_heads, head_dim), keys, values)  # [1, K, T, D]
-    return out[0].transpose(0, 1).reshape(q.shape[0], num_kv_heads * head_dim)
 
 
 class DepthAttnDecoderLayer(Qwen3DecoderLayer):
@@ -95,7 +83,8 @@ class DepthAttnDecoderLayer(Qwen3DecoderLayer):
         k = a.k_norm(k.reshape(*k.shape[:-1], -1, a.head_dim)).reshape(k.shape)
         q, k = a.rotary_emb(positions, q, k)  # in place on CPU/GPU custom ops
         if sources:
-            v = mix_value(q, k, v, sources, a.num_heads, a.num_kv_heads, a.head_dim)
+            v = token_depth_mix(q, [kj for kj, _ in sources] + [k], [vj for _, vj in sources] + [v], a.num_heads,
+                                a.num_kv_heads, a.head_dim)
         # our own copies: later layers read them, and nothing vLLM does to q/k/v in place may change them
         kv = (k.clone(), v.clone()) if keep else None
         out, _ = a.o_proj(a.attn(q, k, v))
