@@ -1,5 +1,6 @@
-"""The Hugging Face side of a checkpoint folder: ``config.json`` (``model_type="depthattn"``), ``generation_config.json``,
-``tokenizer_config.json``, the ``trust_remote_code`` modules, and the safetensors-header shape check.
+"""The Hugging Face side of a checkpoint folder: ``config.json`` (``model_type="depthattn"``),
+``generation_config.json``, ``tokenizer_config.json``, the ``trust_remote_code`` modules, and the safetensors-header
+shape check.
 
 Every checkpoint folder depthattn writes is a Hugging Face model folder (docs/hf.md): ``config.json`` is exactly
 what ``DepthAttnConfig.save_pretrained`` writes (the ``ModelConfig`` fields with RoPE in the transformers-v5 form

@@ -197,8 +197,8 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
 
     Writes ``config.json`` (``model_type="qwen3"``, v5 ``rope_parameters``, and the ``eos_token_id`` /
     ``pad_token_id`` of ``tokenizer_dir``'s ``config.json`` / ``generation_config.json`` when it has them) and
-    ``model.safetensors`` (tied ``lm_head`` stored once, as transformers does). With ``tokenizer_dir``, its ``TOKENIZER_FILES`` are copied too
-    (plus a minimal ``tokenizer_config.json`` when it has ``tokenizer.json`` only). Returns the tokenizer files
+    ``model.safetensors`` (tied ``lm_head`` stored once, as transformers does). With ``tokenizer_dir``, its
+    ``TOKENIZER_FILES`` are copied too (plus a minimal ``tokenizer_config.json`` when it has ``tokenizer.json`` only). Returns the tokenizer files
     written. Raises ``ValueError`` for models Qwen3 cannot express.
     """
     values = model_config_to_qwen3(model.config)

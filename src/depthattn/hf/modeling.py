@@ -192,9 +192,9 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
     ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,S+T] 0/1, position_ids [B,T], cache, labels [B,T],
     use_cache, logits_to_keep)`` → ``CausalLMOutputWithPast(loss, logits [B,T',V], cache)``. ``past_key_values`` is
     accepted as the pre-5.24 name of ``cache``. ``num_items_in_batch`` (passed by the HF ``Trainer``) turns the loss
-    into the summed next-token loss over that count (``summed_over``). Errors are the core's ``ValueError``s (ids outside the vocabulary,
-    positions beyond ``max_position_embeddings``, bad masks), plus ``ValueError`` for a cache that is not a
-    ``DepthAttnCache`` holding tokens (a ``DynamicCache`` cannot hold our depth sources' layout).
+    into the summed next-token loss over that count (``summed_over``). Errors are the core's ``ValueError``s (ids
+    outside the vocabulary, positions beyond ``max_position_embeddings``, bad masks), plus ``ValueError`` for a cache
+    that is not a ``DepthAttnCache`` holding tokens (a ``DynamicCache`` cannot hold our depth sources' layout).
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
