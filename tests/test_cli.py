@@ -51,8 +51,9 @@ def test_train_cli_writes_run_folder(run_dir):
     assert run["model"]["vocab_size"] == 512  # from the data's tokenizer
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
     ck = run_dir / "checkpoints/step_00000006"
-    assert {p.name for p in ck.iterdir()} == {"model.safetensors", "config.json", "tokenizer.json",
-                                              "train_config.json", "trainer_state.pt"}
+    assert {p.name for p in ck.iterdir()} == {"model.safetensors", "config.json", "generation_config.json",
+                                              "tokenizer.json", "tokenizer_config.json", "configuration.py",
+                                              "modeling.py", "train_config.json", "trainer_state.pt"}
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 7)) and all(r["tokens_per_s"] > 0 for r in rows)
 

@@ -339,7 +339,7 @@ def test_convert_from_qwen3_refuses_a_depthattn_checkpoint(tmp_path, capsys):
     from depthattn.cli import main
 
     save_model(tiny("none"), tmp_path / "ck")
-    with pytest.raises(ValueError, match=r"ck is not a Hugging Face Qwen3 folder.*model_type=None"):
+    with pytest.raises(ValueError, match=r"ck is not a Hugging Face Qwen3 folder.*model_type=.depthattn."):
         load_qwen3(tmp_path / "ck")
     assert main(["convert", "--from-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "out")]) == 2
     assert "depthattn checkpoint" in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -162,3 +162,18 @@ def test_import_depthattn_leaves_transformers_out():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
+
+
+def test_import_depthattn_leaves_the_vllm_plugin_out():
+    """The vLLM model module (depthattn.serving) is loaded by vLLM's entry point only, never by the package."""
+    import subprocess
+    import sys
+
+    code = ("import sys, depthattn, depthattn.hf, depthattn.checkpoint; "
+            "print(sorted(m for m in sys.modules if m.startswith(('depthattn.serving', 'vllm'))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+    graph = import_graph()
+    importers = {m for m, deps in graph.items() if any(d.startswith("depthattn.serving") for d in deps)}
+    assert all(m == "depthattn.serving" or m.startswith("depthattn.serving.") for m in importers), importers

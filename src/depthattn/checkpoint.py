@@ -1,26 +1,35 @@
-"""Model checkpoints: a folder with ``model.safetensors`` and ``config.json`` (``ModelConfig``), written atomically.
+"""Model checkpoints: Hugging Face model folders (``model_type="depthattn"``), written atomically.
+
+A checkpoint folder holds ``model.safetensors`` (the Hugging Face Qwen3 key names), ``config.json`` (``model_type``
+``"depthattn"``, ``architectures``, ``auto_map``), ``generation_config.json`` (EOS and padding ids),
+``configuration.py`` / ``modeling.py`` (for ``trust_remote_code``) and, when a tokenizer is given, ``tokenizer.json``
+and ``tokenizer_config.json`` (``depthattn.checkpoint_files``; docs/hf.md). Training adds its state beside them.
 
 A checkpoint folder is first assembled under a temporary name beside the target and then renamed into place, so a
-crash never leaves a half-written checkpoint under the real name. Loading checks the config, the file, every key
-and every shape, and raises ``ValueError`` naming the file on any mismatch.
+crash never leaves a half-written checkpoint under the real name. Loading checks the config, the safetensors header
+against the config's shapes (before the model is built), every key and every shape, and raises ``ValueError``
+naming the file on any mismatch. Folders of the previous format (flat ``config.json``) still load.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from . import checkpoint_files as files
 from .config import ModelConfig, read_json_object
 from .fileio import write_folder_atomically
 from .model import DecoderLM
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+TOKENIZER_NAME = files.TOKENIZER_NAME
 
 
 def model_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
@@ -40,29 +49,68 @@ def model_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_model_files(model: DecoderLM, folder: str) -> None:
-    """Write ``model.safetensors`` and ``config.json`` into an existing folder (no atomicity of its own)."""
-    save_file(model_state_dict(model), os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
-    model.config.save_json(os.path.join(folder, CONFIG_NAME))
+def save_model_files(model: DecoderLM, folder: str, tokenizer_file: str | os.PathLike | None = None,
+                     token_ids: dict[str, int | None] | None = None) -> None:
+    """Write the Hugging Face model files into an existing folder (no atomicity of its own).
+
+    ``model.safetensors``, ``config.json``, ``generation_config.json`` and the ``trust_remote_code`` modules;
+    with ``tokenizer_file`` (a ``tokenizer.json``) also a copy of it. A ``tokenizer.json`` in the folder without a
+    ``tokenizer_config.json`` gets one (``checkpoint_files.write_tokenizer_config``). ``token_ids`` (``eos_token_id``,
+    ``pad_token_id``, ``bos_token_id``) default to the tokenizer's ``<|endoftext|>`` for EOS and padding.
+    """
+    state = model_state_dict(model)
+    save_file(state, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    tok = os.path.join(folder, TOKENIZER_NAME)
+    if tokenizer_file is not None:
+        shutil.copyfile(tokenizer_file, tok)
+    if os.path.isfile(tok):
+        if not os.path.isfile(os.path.join(folder, files.TOKENIZER_CONFIG_NAME)):
+            files.write_tokenizer_config(folder, model.config.max_position_embeddings)
+        if token_ids is None:
+            token_ids = files.tokenizer_token_ids(tok)
+    dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    files.write_hf_files(folder, model.config, dtype, token_ids)
 
 
-def save_model(model: DecoderLM, path: str | os.PathLike) -> None:
-    """Write a model checkpoint folder atomically."""
-    write_folder_atomically(path, lambda tmp: save_model_files(model, tmp))
+def save_model(model: DecoderLM, path: str | os.PathLike, tokenizer_file: str | os.PathLike | None = None,
+               token_ids: dict[str, int | None] | None = None) -> None:
+    """Write a model checkpoint folder atomically (``save_model_files`` into a temporary sibling, then renamed)."""
+    write_folder_atomically(path, lambda tmp: save_model_files(model, tmp, tokenizer_file, token_ids))
 
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
-    """Read ``config.json`` of a depthattn checkpoint folder. Raises ``ValueError`` / ``FileNotFoundError`` naming
-    it (a Hugging Face Qwen3 folder is a ``ValueError`` saying so)."""
+    """Read ``config.json`` of a depthattn checkpoint folder (Hugging Face or previous flat format). Raises
+    ``ValueError`` / ``FileNotFoundError`` naming it (a Hugging Face Qwen3 folder, or another ``model_type``, is a
+    ``ValueError`` saying so)."""
     file = os.path.join(os.fspath(path), CONFIG_NAME)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: {os.fspath(path)!r} is not a depthattn checkpoint folder")
-    values = read_json_object(file, "model config")
-    if values.get("model_type") == "qwen3":
-        raise ValueError(f"{os.fspath(path)} is a Hugging Face Qwen3 folder, not a depthattn checkpoint: open it "
-                         f"with depthattn.hf.convert.load_any_model, or convert it with depthattn convert "
-                         f"--from-qwen3")
-    return ModelConfig.from_dict(values)
+    return files.model_config_from_json(read_json_object(file, "model config"), file)
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of the ``DecoderLM`` that ``cfg`` builds, from a meta-device model (nothing allocated)."""
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None) -> ModelConfig:
+    """Refuse a folder whose ``config.json`` shapes disagree with its ``model.safetensors`` header, or whose config
+    says ``tie_word_embeddings`` while the file holds a different ``lm_head.weight`` (one ``ValueError`` naming the
+    files), before any model is built; returns the config checked (``cfg``, or the folder's)."""
+    cfg = load_config(path) if cfg is None else cfg
+    file = os.path.join(os.fspath(path), WEIGHTS_NAME)
+    if os.path.isfile(file):
+        shapes = files.check_shapes(cfg, expected_shapes(cfg), file, os.path.join(os.fspath(path), CONFIG_NAME))
+        if cfg.tie_word_embeddings and {"lm_head.weight", "model.embed_tokens.weight"} <= set(shapes):
+            from safetensors import safe_open
+
+            with safe_open(file, framework="pt") as f:
+                if not torch.equal(f.get_tensor("lm_head.weight"), f.get_tensor("model.embed_tokens.weight")):
+                    raise ValueError(f"{file} holds an untied lm_head.weight, but the config says "
+                                     f"tie_word_embeddings=true; fix the config or the weights")
+    return cfg
 
 
 def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -149,7 +197,7 @@ def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None) -> DecoderLM:
     """Build the model of a depthattn checkpoint folder and load its weights (strict). A Hugging Face Qwen3 folder
     raises ``ValueError``: ``depthattn.hf.convert.load_any_model`` opens any folder, native or Qwen3."""
-    model = DecoderLM(load_config(path))
+    model = DecoderLM(check_folder_shapes(path))
     load_weights_into(model, load_state(path), os.path.join(os.fspath(path), WEIGHTS_NAME))
     model.to(device=device)
     if dtype is not None:

@@ -71,8 +71,23 @@ class DepthAttnConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
 
     @property
+    def hidden_act(self) -> str:
+        """Fixed in the core (SwiGLU with SiLU); read by Qwen3 code such as vLLM's Qwen3 layers."""
+        return "silu"
+
+    @property
+    def attention_bias(self) -> bool:
+        """Fixed in the core (no projection bias); read by Qwen3 code such as vLLM's Qwen3 layers."""
+        return False
+
+    @property
     def rope_theta(self) -> float:
         return float(self.rope_parameters["rope_theta"])
+
+    @rope_theta.setter
+    def rope_theta(self, value: float) -> None:
+        """Writes ``rope_parameters["rope_theta"]`` (tools such as vLLM set the flat v4 name)."""
+        self.rope_parameters = {**(self.rope_parameters or {"rope_type": "default"}), "rope_theta": float(value)}
 
     def to_model_config(self) -> ModelConfig:
         """The core ``ModelConfig`` (raises ``ValueError`` naming any invalid field)."""

@@ -10,7 +10,8 @@ Our parameter names are Hugging Face Qwen3's (``model.embed_tokens``, ``model.la
 
 The tokenizer travels with the weights: ``convert_from_qwen3`` copies the source's ``TOKENIZER_FILES`` that exist
 (``tokenizer.json`` is what depthattn itself loads), ``convert_to_qwen3`` copies the checkpoint's, and writes a
-minimal ``tokenizer_config.json`` (``PreTrainedTokenizerFast``) when the checkpoint has none, so that
+minimal ``tokenizer_config.json`` (``PreTrainedTokenizerFast``) when the checkpoint has none (one of the previous
+format), so that
 ``AutoTokenizer.from_pretrained(OUT)`` loads ``tokenizer.json`` (without it, transformers would pick the Qwen2
 tokenizer class from ``model_type`` and misread a depthattn tokenizer). Both refuse an existing ``out`` unless
 ``overwrite=True``; the output folder is always written atomically.
@@ -33,8 +34,8 @@ import torch
 from safetensors.torch import save_file
 
 from depthattn.checkpoint import load_model, load_weights_into, read_safetensors, save_model_files
+from depthattn.checkpoint_files import write_tokenizer_config
 from depthattn.config import ModelConfig, read_json_object
-from depthattn.data.tokenizer import EOS_TOKEN
 from depthattn.fileio import write_folder_atomically
 from depthattn.model import DecoderLM
 
@@ -194,9 +195,10 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
                tokenizer_dir: str | os.PathLike | None = None) -> list[str]:
     """Write ``model`` (``cross_layer="none"``) as a Hugging Face Qwen3 folder, atomically.
 
-    Writes ``config.json`` (``model_type="qwen3"``, v5 ``rope_parameters``) and ``model.safetensors`` (tied
-    ``lm_head`` stored once, as transformers does). With ``tokenizer_dir``, its ``TOKENIZER_FILES`` are copied too
-    (plus a minimal ``tokenizer_config.json`` when it has ``tokenizer.json`` only). Returns the tokenizer files
+    Writes ``config.json`` (``model_type="qwen3"``, v5 ``rope_parameters``, and the ``eos_token_id`` /
+    ``pad_token_id`` of ``tokenizer_dir``'s ``config.json`` / ``generation_config.json`` when it has them) and
+    ``model.safetensors`` (tied ``lm_head`` stored once, as transformers does). With ``tokenizer_dir``, its
+    ``TOKENIZER_FILES`` are copied too (plus a minimal ``tokenizer_config.json`` when it has ``tokenizer.json`` only). Returns the tokenizer files
     written. Raises ``ValueError`` for models Qwen3 cannot express.
     """
     values = model_config_to_qwen3(model.config)
@@ -205,6 +207,8 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
         state.pop("lm_head.weight", None)
     dtype = next(iter(state.values())).dtype
     values["dtype"] = str(dtype).removeprefix("torch.")
+    token_ids = qwen3_token_ids(tokenizer_dir) if tokenizer_dir is not None else None
+    values.update(token_ids or {})  # the checkpoint's EOS / padding ids, so generate() stops there too
 
     written: list[str] = []
 
@@ -216,7 +220,7 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
         if tokenizer_dir is not None:
             written[:] = copy_tokenizer_files(tokenizer_dir, tmp)
             if "tokenizer.json" in written and "tokenizer_config.json" not in written:
-                _write_tokenizer_config(tmp)
+                write_tokenizer_config(tmp)
                 written.append("tokenizer_config.json")
 
     write_folder_atomically(path, fill)
@@ -234,16 +238,20 @@ def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list
     return copied
 
 
-def _write_tokenizer_config(folder: str) -> None:
-    """A minimal ``tokenizer_config.json`` so that ``AutoTokenizer`` loads ``tokenizer.json`` as it is."""
-    from tokenizers import Tokenizer
-
-    values: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
-    if Tokenizer.from_file(os.path.join(folder, "tokenizer.json")).token_to_id(EOS_TOKEN) is not None:
-        values.update(eos_token=EOS_TOKEN)
-    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(values, f, indent=2)
-        f.write("\n")
+def qwen3_token_ids(path: str | os.PathLike) -> dict[str, int | None] | None:
+    """``bos``/``eos``/``pad_token_id`` of a Hugging Face folder: ``generation_config.json`` over ``config.json``
+    (``generate`` stops at the former's); None when neither names any (the tokenizer's EOS is used then). A missing
+    ``pad_token_id`` is the EOS id."""
+    ids: dict[str, int | None] = {}
+    for name in ("config.json", "generation_config.json"):
+        file = os.path.join(os.fspath(path), name)
+        if os.path.isfile(file):
+            values = read_json_object(file, "Hugging Face config")
+            ids.update({k: values[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                        if values.get(k) is not None})
+    if ids and "pad_token_id" not in ids and isinstance(ids.get("eos_token_id"), int):
+        ids["pad_token_id"] = ids["eos_token_id"]
+    return ids or None
 
 
 def _check_out(out: str | os.PathLike, overwrite: bool) -> None:
@@ -261,8 +269,8 @@ def convert_from_qwen3(src: str | os.PathLike, out: str | os.PathLike, overwrite
     model = load_qwen3(src, **overrides)
 
     def fill(tmp: str) -> None:
-        save_model_files(model, tmp)
-        copied[:] = copy_tokenizer_files(src, tmp)
+        copied[:] = copy_tokenizer_files(src, tmp)  # verbatim, before save_model_files completes the tokenizer
+        save_model_files(model, tmp, token_ids=qwen3_token_ids(src))
 
     copied: list[str] = []
     write_folder_atomically(out, fill)
@@ -280,3 +288,18 @@ def convert_to_qwen3(ckpt: str | os.PathLike, out: str | os.PathLike,
     folder = latest_checkpoint(ckpt)
     model = load_any_model(folder)
     return model, folder, save_qwen3(model, out, tokenizer_dir=folder)
+
+
+def upgrade_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> tuple[DecoderLM, Path]:
+    """Re-write a depthattn checkpoint (or a run folder's newest; any format this version reads, e.g. the flat
+    ``config.json`` written before checkpoints were Hugging Face folders) as a Hugging Face model folder with its
+    ``tokenizer.json``; returns (model, checkpoint folder used). Raises ``ValueError`` if ``out`` exists and not
+    ``overwrite``."""
+    from depthattn.checkpoint import TOKENIZER_NAME, latest_checkpoint, save_model
+
+    _check_out(out, overwrite)
+    folder = latest_checkpoint(ckpt)
+    model = load_model(folder)
+    tok = folder / TOKENIZER_NAME
+    save_model(model, out, tokenizer_file=tok if tok.is_file() else None)
+    return model, folder

@@ -15,14 +15,18 @@ vanilla-sized. Beam search reorders it generically (``reorder_cache``), and it c
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from depthattn import checkpoint as core_checkpoint
 from depthattn.cache import KVCache
-from depthattn.checks import check_forward_inputs
+from depthattn.checks import IGNORE_INDEX, check_forward_inputs
+from depthattn.config import ModelConfig
 from depthattn.model import Backbone, DecoderLM, init_module_weights, next_token_loss
 
 from .configuration import DepthAttnConfig
@@ -140,6 +144,28 @@ class DepthAttnPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["DecoderLayer"]
     _supports_sdpa = True
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained`` after two checks on a local folder, before anything is built:
+        its ``config.json`` must say ``model_type="depthattn"`` (or be the previous flat depthattn format), and the
+        shapes that config (with the ``config=`` or field overrides given) needs must match the safetensors
+        header; a tied config with a different stored ``lm_head.weight`` is refused as the core refuses it. Each
+        failure is one ``ValueError`` naming the file."""
+        path = pretrained_model_name_or_path
+        if isinstance(path, (str, os.PathLike)) and os.path.isfile(os.path.join(os.fspath(path), "config.json")):
+            folder = os.fspath(path)
+            config = kwargs.get("config")
+            if isinstance(config, DepthAttnConfig):
+                cfg = config.to_model_config()
+            else:
+                cfg = core_checkpoint.load_config(folder)  # refuses another model_type in one line
+                names = {f for f in ModelConfig.__dataclass_fields__}
+                overrides = {k: v for k, v in kwargs.items() if k in names}
+                if overrides:
+                    cfg = cfg.replace(**overrides)
+            core_checkpoint.check_folder_shapes(folder, cfg)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module):
         """One module of the core's ``DecoderLM.init_weights`` table (``depthattn.model.init_module_weights``).
@@ -165,12 +191,15 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
 
     ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,S+T] 0/1, position_ids [B,T], cache, labels [B,T],
     use_cache, logits_to_keep)`` → ``CausalLMOutputWithPast(loss, logits [B,T',V], cache)``. ``past_key_values`` is
-    accepted as the pre-5.24 name of ``cache``. Errors are the core's ``ValueError``s (ids outside the vocabulary,
-    positions beyond ``max_position_embeddings``, bad masks), plus ``ValueError`` for a cache that is not a
-    ``DepthAttnCache`` holding tokens (a ``DynamicCache`` cannot hold our depth sources' layout).
+    accepted as the pre-5.24 name of ``cache``. ``num_items_in_batch`` (passed by the HF ``Trainer``) turns the loss
+    into the summed next-token loss over that count (``summed_over``). Errors are the core's ``ValueError``s (ids
+    outside the vocabulary, positions beyond ``max_position_embeddings``, bad masks), plus ``ValueError`` for a cache
+    that is not a ``DepthAttnCache`` holding tokens (a ``DynamicCache`` cannot hold our depth sources' layout).
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    #: ``forward`` honours ``num_items_in_batch`` (the HF ``Trainer``'s gradient-accumulation normaliser).
+    accepts_loss_kwargs = True
 
     def __init__(self, config: DepthAttnConfig):
         super().__init__(config)
@@ -236,11 +265,35 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
         hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False)
         logits = self.lm_head(hidden)
         loss = None if labels is None else next_token_loss(logits, labels, attention_mask)
+        num_items = kwargs.get("num_items_in_batch")
+        if loss is not None and num_items is not None:
+            loss = summed_over(loss, target_count(labels, attention_mask), num_items, logits)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
             logits = logits[:, logits_to_keep]
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+
+
+def target_count(labels: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """How many targets ``depthattn.model.next_token_loss`` averages over (int64 scalar): ``labels[:, 1:]`` not
+    -100 whose position and predecessor are real tokens (the same rule, counted instead of averaged)."""
+    T = labels.shape[1]
+    valid = labels[:, 1:] != IGNORE_INDEX
+    if attention_mask is not None:
+        real = attention_mask[:, -T:].bool()
+        valid = valid & real[:, 1:] & real[:, :-1]
+    return valid.sum()
+
+
+def summed_over(mean_loss: Tensor, count: Tensor, num_items, logits: Tensor) -> Tensor:
+    """The summed next-token loss divided by the Trainer's ``num_items_in_batch`` (the targets of all micro-batches
+    of one optimizer step), so that gradient accumulation k×b makes the update and logs the loss of one k·b batch
+    (transformers ``ForCausalLMLoss`` semantics). A micro-batch without targets contributes an exact zero."""
+    if int(count) == 0:
+        return logits.sum() * 0.0
+    num_items = num_items.to(mean_loss.device) if isinstance(num_items, Tensor) else num_items
+    return mean_loss * count.to(mean_loss.dtype) / num_items
 
 
 def register() -> None:

@@ -9,8 +9,10 @@ A *run folder* holds::
     metrics.jsonl       one JSON object per logged step: step, tokens, loss, lr, grad_norm, tokens_per_s,
                         and val_loss when measured
     summary.json        written when the run reaches its last step (strict JSON: an unknown number is null)
-    checkpoints/step_XXXXXXXX/   model.safetensors, config.json, tokenizer.json, train_config.json,
-                                 trainer_state.pt (optimizer, scheduler, RNG states, step, tokens seen, data position)
+    checkpoints/step_XXXXXXXX/   a Hugging Face model folder (checkpoint.save_model_files: model.safetensors,
+                                 config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
+                                 configuration.py, modeling.py), plus train_config.json and trainer_state.pt
+                                 (optimizer, scheduler, RNG states, step, tokens seen, data position)
                                  (an FSDP run's: dcp/ shards of model and optimizer instead, see ``training.dcp``)
 
 Every file is written atomically and every checkpoint folder is assembled under a temporary name
@@ -259,8 +261,7 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, dat
     target = run_dir / CHECKPOINT_DIR / f"step_{step:08d}"
 
     def fill(tmp: str) -> None:
-        ckpt.save_model_files(model, tmp)
-        shutil.copyfile(data_dir / TOKENIZER_FILE, os.path.join(tmp, TOKENIZER_FILE))
+        ckpt.save_model_files(model, tmp, tokenizer_file=data_dir / TOKENIZER_FILE)  # the Hugging Face files
         atomic_write_text(os.path.join(tmp, TRAIN_CONFIG_FILE), json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         torch.save(state, os.path.join(tmp, STATE_FILE))
 
