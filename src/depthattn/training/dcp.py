@@ -119,7 +119,8 @@ def load_sharded(checkpoint_dir: Path, model: DecoderLM, optimizer: torch.optim.
 
 def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Gather a checkpoint (a run folder: its newest) into an ordinary checkpoint folder at ``out``
-    (``model.safetensors``, ``config.json``, ``tokenizer.json``), read by ``eval``, ``generate``, ``convert`` and
+    (a Hugging Face model folder: ``model.safetensors``, ``config.json``, ``generation_config.json``,
+    ``tokenizer.json``, ``tokenizer_config.json``), read by ``eval``, ``generate``, ``convert`` and
     ``from_pretrained``. One process, no process group. Returns the folder it read. Raises ``ValueError`` /
     ``FileNotFoundError`` naming the folder (nothing is written under ``out`` then)."""
     src = ckpt.latest_checkpoint(source)
@@ -129,10 +130,10 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike) -> Path
     else:
         ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
 
-    def fill(tmp: str) -> None:
-        ckpt.save_model_files(model, tmp)
-        if (src / TOKENIZER_FILE).is_file():
-            shutil.copyfile(src / TOKENIZER_FILE, os.path.join(tmp, TOKENIZER_FILE))
+    tokenizer = src / TOKENIZER_FILE
+
+    def fill(tmp: str) -> None:  # the Hugging Face files (config, generation and tokenizer configs) with the weights
+        ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.is_file() else None)
 
     write_folder_atomically(out, fill)
     return src
