@@ -412,6 +412,6 @@ def test_inspect_tables_in_docs_are_current(capsys):
     for preset in ("360m", "1.5b", "3b"):
         assert main(["inspect", "--preset", preset, "--cross-layer", "all", "--prompt-len", "2048"]) == 0
         table = capsys.readouterr().out.splitlines()[1:]
-        assert len(table) == 2 + 5 and "\n".join(table) in doc, preset
+        assert len(table) == 2 + 7 and "\n".join(table) in doc, preset
     assert main(["inspect", "--preset", "tiny", "--cross-layer", "mhc", "--loops", "2"]) == 2
     assert "num_loops=2" in capsys.readouterr().err
