@@ -111,7 +111,7 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
             log(f"reusing finished run {run_dir}")
             return "reused"
         res = train(run_dir, model_cfg, train_cfg, data_dir, resume=True, progress=progress, log=log)
-        return f"resumed at step {res.step - res.steps_this_session}"
+        return f"resumed at step {res.steps - res.steps_this_session}"
     train(run_dir, model_cfg, train_cfg, data_dir, progress=progress, log=log)
     return "trained"
 
