@@ -439,7 +439,8 @@ def render_paired(results: dict) -> str:
         if len(reached) == len(p["tokens_to_target"]):
             ttt = f"{statistics.fmean(reached):,.0f} of {statistics.fmean(p['base_tokens']):,.0f}"
         elif reached:
-            ttt = f"{statistics.fmean(reached):,.0f} ({len(reached)} of {len(p['tokens_to_target'])} seeds; else not reached)"
+            ttt = (f"{statistics.fmean(reached):,.0f} ({len(reached)} of {len(p['tokens_to_target'])} seeds; "
+                   "else not reached)")
         else:
             ttt = "not reached"
         ratio = "n/a" if p["train_time_ratio"] is None else f"{p['train_time_ratio']:.2f}"
