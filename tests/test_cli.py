@@ -139,7 +139,7 @@ def test_compare_cli_report_matches_printed_table(data_dir, tmp_path, capsys):
         [r["train_seconds"] for r in results["methods"]["none"]["runs"]]
     assert f"1. {results['history'][0]['started_utc']}: " in (out / "report.md").read_text()
     # the console says the result first: the conclusion lines come before the table
-    assert "one seed, no interval" in printed and printed.index("`depth_attention` is ") < printed.index("| method |")
+    assert "on one seed: inconclusive" in printed and printed.index("`depth_attention` is ") < printed.index("| method |")
 
 
 def test_compare_keys_runs_and_eval_cache_by_data_fingerprint(data_dir, tmp_path):

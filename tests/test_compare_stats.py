@@ -113,7 +113,7 @@ def test_paired_stats_of_a_hand_made_results_json(tmp_path):
     first = res["conclusion"][0]
     assert first.startswith("`depth_attention` is 0.018 nats lower than `none` in validation loss (± 0.027 std "
                             "over 3 seeds; 95 % interval -0.085 to +0.049; 2 of 3 seeds lower): inconclusive")
-    assert "cannot show" in res["conclusion"][-1] and "1.0 M parameters" in res["conclusion"][-1]
+    assert "cannot show" in res["conclusion"][-1] and "1,000,000 parameters and saw 400 tokens" in res["conclusion"][-1]
 
 
 def test_report_opens_with_its_conclusion_and_keeps_the_history():
@@ -140,7 +140,9 @@ def test_one_seed_report_says_not_available():
     res = results(seeds=(0,))
     p = res["paired"]["depth_attention"]["val_loss"]
     assert p["ci95"] is None and p["std"] is None
-    assert "one seed, no interval" in res["conclusion"][0] and "inconclusive (one seed" in res["conclusion"][0]
+    assert res["conclusion"][0] == ("`depth_attention` is 0.026 nats lower than `none` in validation loss on one "
+                                    "seed: inconclusive (one seed gives no interval; run several, e.g. "
+                                    "--seeds 0,1,2).")
     assert "n/a (one seed)" in render_paired(res) and "± 0" not in render_report(res)
 
 

@@ -358,22 +358,23 @@ def conclusions(results: dict) -> list[str]:
     for name, p in paired.items():
         d = p["val_loss"]
         n = d["n"]
-        word = "lower" if d["mean"] < 0 else "higher"
+        size = (f"within 0.001 nats of `none`" if abs(d["mean"]) < 0.0005 else
+                f"{abs(d['mean']):.3f} nats {'lower' if d['mean'] < 0 else 'higher'} than `none`")
         if d["std"] is None:
-            spread = "one seed, no interval"
-        else:
-            lo, hi = d["ci95"]
-            spread = f"± {d['std']:.3f} std over {n} seeds; 95 % interval {lo:+.3f} to {hi:+.3f}"
-        lines.append(f"`{name}` is {abs(d['mean']):.3f} nats {word} than `none` in validation loss ({spread}; "
-                     f"{d['favouring']} of {n} seeds lower): {_verdict(d)}.")
+            lines.append(f"`{name}` is {size} in validation loss on one seed: inconclusive (one seed gives no "
+                         f"interval; run several, e.g. --seeds 0,1,2).")
+            continue
+        lo, hi = d["ci95"]
+        lines.append(f"`{name}` is {size} in validation loss (± {d['std']:.3f} std over {n} seeds; 95 % interval "
+                     f"{lo:+.3f} to {hi:+.3f}; {d['favouring']} of {n} seeds lower): {_verdict(d)}.")
     if not paired:
         lines.append("No paired comparison: the run has no `none` (vanilla) method to compare against.")
     runs = [r for m in results["methods"].values() for r in m["runs"]]
     params = max(int(r["params"]) for r in runs)
     tokens = max(int(r["tokens"]) for r in runs)
     lines.append(f"What this cannot show: behaviour at scale or after long training — these models have at most "
-                 f"{params / 1e6:.1f} M parameters and saw {tokens / 1e6:.2f} M tokens each (the paper trains "
-                 f"1.5B–3B-parameter models on billions of tokens).")
+                 f"{params:,d} parameters and saw {tokens:,d} tokens each (the paper trains 1.5B–3B-parameter "
+                 f"models on billions of tokens).")
     return lines
 
 
