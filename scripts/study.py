@@ -210,9 +210,12 @@ def aggregate(publish: Path, out: Path) -> str:
                   "seed (same data order); the 95 % interval is the t-interval over seeds. Train time ratio: "
                   "optimizer-step seconds over the paired seeds, method / none, measured sequentially on a shared "
                   "machine (a rough guide; `scripts/bench.py` measures speed interleaved).", "",
-                  "What these numbers cannot show: behaviour at the paper's scale (1.5B–3B parameters, billions of "
-                  "tokens). These are ~10 M-parameter models early in training on one small corpus.", ""]
+                  ]
         runs = collect(published)
+        every = [r for g in runs.values() for by_seed in g.values() for r in by_seed.values()]
+        lines += [f"What these numbers cannot show: behaviour at the paper's scale (1.5B–3B parameters, billions of "
+                  f"tokens). These models have at most {max(r['params'] for r in every):,d} parameters and saw at "
+                  f"most {max(r['tokens'] for r in every):,d} tokens each: early training on one small corpus.", ""]
         if "ablation" in runs and "depth_attention" in runs.get("main", {}):
             runs["ablation"] = {"depth_attention (stride=L/2, window=0; from main)": runs["main"]["depth_attention"],
                                 **runs["ablation"]}
@@ -224,6 +227,24 @@ def aggregate(publish: Path, out: Path) -> str:
                 continue
             base = runs.get(BASE_GROUP[group], {}).get(BASELINE)
             lines += [f"## {titles[group]}", ""] + group_table(runs[group], base) + [""]
+        if "long" in runs and "main" in runs:
+            lines += ["## Does the gap move with training length?", "",
+                      "| method | Δ vs none, default budget | Δ vs none, 4 × budget |", "|---|---:|---:|"]
+            for label in runs["long"]:
+                if label == BASELINE or label not in runs["main"]:
+                    continue
+                cells = []
+                for group in ("main", "long"):
+                    base, mine = runs[group].get(BASELINE, {}), runs[group][label]
+                    seeds = [x for x in mine if x in base]
+                    if seeds:
+                        d = paired_difference([mine[x]["val_loss"] for x in seeds],
+                                              [base[x]["val_loss"] for x in seeds])
+                        cells.append(f"{_fmt_pm(d['mean'], d['std'])} ({d['n']} seeds)")
+                    else:
+                        cells.append("—")
+                lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+            lines.append("")
         lines += ["## Parts", "", "| part | wall time (s, all invocations) | command |", "|---|---:|---|"]
         for res in published:
             wall = sum(h.get("wall_seconds", 0.0) for h in res.get("history", [])) or res.get("wall_seconds", 0.0)
