@@ -94,3 +94,21 @@ def test_unknown_part_is_one_line(study, capsys):
     assert study.main(["run", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown part(s) ['nope']" in err[0]
+
+
+def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch):
+    """End to end on a few steps: one part through ``depthattn compare`` (a subprocess), published, aggregated."""
+    from test_train import make_data
+
+    monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path / "cache"))
+    data = make_data(tmp_path)
+    common = ["--tiny", "--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub"), "--data", str(data)]
+    assert study.main(common + ["run", "ablation-1w0-s0"]) == 0
+    res = json.loads((tmp_path / "pub/ablation-1w0-s0/results.json").read_text())
+    assert res["study"]["group"] == "ablation" and "--set depth_attention_stride=1" in res["study"]["command"]
+    assert res["methods"]["depth_attention"]["runs"][0]["steps"] == study.TINY_STEPS
+    assert (tmp_path / "pub/ablation-1w0-s0/loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert study.status(study.parts()[5], type("A", (), {"publish": str(tmp_path / "pub"),
+                                                       "root": str(tmp_path / "root")})) == "done"
+    text = study.aggregate(tmp_path / "pub", tmp_path / "results.md")
+    assert "| depth_attention (stride=1, window=0) | 1 |" in text and "**Incomplete:** 18 of 19" in text
