@@ -44,7 +44,9 @@ class LayerContext:
 
 
 class Attention(nn.Module):
-    """Causal GQA self-attention with q/k RMSNorm before RoPE (HF ``Qwen3Attention`` names and math)."""
+    """Causal GQA self-attention with q/k RMSNorm before RoPE (HF ``Qwen3Attention`` names and math).
+
+    ``layer_idx`` (the physical layer) goes to the method record's ``value_mix`` factory (``MethodRecord``)."""
 
     def __init__(self, cfg: ModelConfig, device=None, layer_idx: int = 0):
         super().__init__()
