@@ -135,6 +135,14 @@ def test_compare_cli_report_matches_printed_table(data_dir, tmp_path, capsys):
         again["methods"]["none"]["mean"]["val_loss"] == results["methods"]["none"]["mean"]["val_loss"]
     assert {k: v for k, v in hashes(out / "runs").items() if "checkpoints" in k} == \
         {k: v for k, v in before.items() if "checkpoints" in k}
+    # the report keeps the history: the first invocation's wall time and the runs' training time survive the rerun
+    assert len(again["history"]) == 2 and again["history"][0] == results["history"][0]
+    assert {r["action"] for r in again["history"][1]["runs"].values()} == {"reused"}
+    assert [r["train_seconds"] for r in again["methods"]["none"]["runs"]] == \
+        [r["train_seconds"] for r in results["methods"]["none"]["runs"]]
+    assert f"1. {results['history'][0]['started_utc']}: " in (out / "report.md").read_text()
+    # the console says the result first: the conclusion lines come before the table
+    assert "on one seed: inconclusive" in printed and printed.index("`depth_attention` is ") < printed.index("| method |")
 
 
 def test_compare_keys_runs_and_eval_cache_by_data_fingerprint(data_dir, tmp_path):
@@ -359,3 +367,42 @@ def test_generate_compile_without_a_working_compiler_prints_one_line(run_dir, ca
     assert captured.out == ""  # nothing printed before the error
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and "--compile" in err[0] and "no working C++ compiler" in err[0]
+
+
+def test_interrupted_compare_resumes_the_partial_run_bit_identical(data_dir, tmp_path, monkeypatch):
+    """A compare stopped inside its second run (after step 4; last checkpoint at step 3) continues that run from
+    step 3, not from 0, reuses the finished one, and ends with the same weights and numbers as an uninterrupted one."""
+    import depthattn.compare as compare
+    from depthattn.compare import CompareSettings, run_compare
+    from depthattn.training import TrainConfig
+
+    settings = CompareSettings(methods=["none", "depth_attention"], seeds=[0], loops=1, preset="tiny",
+                               model_overrides={},
+                               train=TrainConfig(steps=6, batch_size=2, seq_len=32, eval_every=3, eval_windows=2,
+                                                 save_every=3, keep_last=1),
+                               eval_tokens=300)
+    whole = run_compare(tmp_path / "whole", settings, data_dir, progress=False, log=lambda *a: None)
+
+    real_train = compare.train
+
+    def interrupted(run_dir, *args, **kw):
+        if Path(run_dir).name.startswith("depth_attention"):
+            real_train(run_dir, *args, stop_after=4, **kw)
+            raise KeyboardInterrupt
+        return real_train(run_dir, *args, **kw)
+
+    monkeypatch.setattr(compare, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(tmp_path / "cut", settings, data_dir, progress=False, log=lambda *a: None)
+    monkeypatch.setattr(compare, "train", real_train)
+    logs: list[str] = []
+    again = run_compare(tmp_path / "cut", settings, data_dir, progress=False, log=logs.append)
+    actions = {k: v["action"] for k, v in again["history"][-1]["runs"].items()}
+    assert actions == {"none-seed0": "reused", "depth_attention-seed0": "resumed at step 3"}
+    assert any("from step 3 of 6" in line for line in logs), logs
+    for method in settings.methods:
+        a, b = whole["methods"][method]["runs"][0], again["methods"][method]["runs"][0]
+        assert a["val_loss"] == b["val_loss"] and a["curve"] == b["curve"]
+        assert [r["loss"] for r in a["train_curve"]] == [r["loss"] for r in b["train_curve"]]
+        name = f"{method}-seed0/checkpoints/step_00000006/model.safetensors"
+        assert (tmp_path / "whole/runs" / name).read_bytes() == (tmp_path / "cut/runs" / name).read_bytes()

@@ -81,13 +81,15 @@ def set_gates(model: DecoderLM, seed: int = 1) -> DecoderLM:
 def test_registering_one_record_makes_the_method_a_config_value():
     assert "toy" not in cross_layer.names()
     with pytest.raises(ValueError, match=r"cross_layer='toy' is invalid: must be one of \('none', 'depth_attention', "
-                                         r"'denseformer', 'mhc', 'attnres'\)"):
+                                         r"'denseformer', 'mhc', 'attnres', 'value_residual', "
+                                         r"'depth_attention_uniform'\)"):
         tiny_toy()
     with registered(TOY):
-        assert cross_layer.names() == ("none", "depth_attention", "denseformer", "mhc", "attnres", "toy")
+        assert cross_layer.names() == ("none", "depth_attention", "denseformer", "mhc", "attnres", "value_residual",
+                                       "depth_attention_uniform", "toy")
         assert cross_layer.get("toy") is TOY and tiny_toy().cross_layer == "toy"
         with pytest.raises(ValueError, match="num_loops=2 is invalid: looped models are defined only for cross_layer "
-                                             r"in \('none', 'depth_attention'\), not 'toy'"):
+                                             r"in \('none', 'depth_attention', 'depth_attention_uniform'\), not 'toy'"):
             tiny_toy(num_loops=2)
         with pytest.raises(ValueError, match="'toy' is already registered"):
             cross_layer.register(TOY)
@@ -100,15 +102,17 @@ def test_registering_one_record_makes_the_method_a_config_value():
 
 def test_loopable_record_allows_loops():
     with registered(dataclasses.replace(TOY, loopable=True)):
-        assert cross_layer.loopable() == ("none", "depth_attention", "toy")
+        assert cross_layer.loopable() == ("none", "depth_attention", "depth_attention_uniform", "toy")
         assert tiny_toy(num_loops=2).num_virtual_layers == 8
 
 
 def test_builtin_records():
     """What config, accounting and the model hard-coded before the registry."""
-    assert cross_layer.names() == ("none", "depth_attention", "denseformer", "mhc", "attnres")
-    assert cross_layer.loopable() == ("none", "depth_attention")
-    assert [r.name for r in cross_layer.records() if r.has_value_seam] == ["depth_attention"]
+    assert cross_layer.names() == ("none", "depth_attention", "denseformer", "mhc", "attnres", "value_residual",
+                                   "depth_attention_uniform")
+    assert cross_layer.loopable() == ("none", "depth_attention", "depth_attention_uniform")
+    assert [r.name for r in cross_layer.records() if r.has_value_seam] == ["depth_attention", "value_residual",
+                                                                           "depth_attention_uniform"]
     cfg = ModelConfig.from_preset("tiny", cross_layer="depth_attention", num_hidden_layers=5, depth_attention_stride=2)
     assert DecoderLM(cfg, device="meta").plan == cross_layer.get("depth_attention").plan(cfg) == \
         ((), (0,), (0,), (0, 2), (0, 2))

@@ -163,16 +163,18 @@ def test_gradients_reach_layer0_through_the_depth_path_and_match_with_checkpoint
     ids = torch.randint(0, 512, (2, 8))
     g = _grads(model, ids)
     # Same forward values with the depth sources detached: the gradient difference is exactly the depth path's share.
-    import depthattn.attention as attention_module
-    real_mix = attention_module.depth_mix
+    # The mix is the record's, bound per layer at construction (``Attention.value_mix``).
+    real_mix = model.model.layers[0].self_attn.value_mix
 
     def detached_sources(q, keys, values):
         return real_mix(q, [k.detach() for k in keys[:-1]] + [keys[-1]],
                         [v.detach() for v in values[:-1]] + [values[-1]])
 
-    monkeypatch.setattr(attention_module, "depth_mix", detached_sources)
+    for layer in model.model.layers:
+        monkeypatch.setattr(layer.self_attn, "value_mix", detached_sources)
     g_residual_only = _grads(model, ids)
-    monkeypatch.setattr(attention_module, "depth_mix", real_mix)
+    for layer in model.model.layers:
+        monkeypatch.setattr(layer.self_attn, "value_mix", real_mix)
     for name in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
         key = f"model.layers.0.self_attn.{name}"
         depth_part = (g[key] - g_residual_only[key]).abs().max()

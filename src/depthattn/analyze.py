@@ -27,9 +27,11 @@ def depth_weight_means(model, input_ids_BT: torch.Tensor, attention_mask_BT: tor
     Returns ``{"layers": [{"layer": u, "candidates": [j..., u], "weights": [...]}, ...], "num_tokens": n}``;
     the weights of a layer sum to 1 (self last). Layers without sources (layer 0, or any method other than
     depth_attention) have the single candidate self with weight 1.
-    Raises ``ValueError`` if ``model.config.cross_layer`` has no value seam (is not "depth_attention").
+    Raises ``ValueError`` if ``model.config.cross_layer`` does not mix by Depth-Attention's softmax (the value-seam
+    controls ``value_residual`` and ``depth_attention_uniform`` have fixed weights: nothing to measure).
     """
-    if not method_record(model.config.cross_layer).has_value_seam:
+    record = method_record(model.config.cross_layer)
+    if not record.has_value_seam or record.value_mix is not None:
         raise ValueError(f"depth-attention weights need cross_layer='depth_attention', the checkpoint has "
                          f"{model.config.cross_layer!r}")
     sums: dict[int, torch.Tensor] = {}

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from .cache import KVCache
 from .config import ModelConfig
+from .cross_layer import get as method_record
 from .cross_layer.depth_attention import depth_mix
 from .functional import apply_rope, attention
 from .layers import RMSNorm
@@ -46,9 +47,11 @@ class LayerContext:
 
 
 class Attention(nn.Module):
-    """Causal GQA self-attention with q/k RMSNorm before RoPE (HF ``Qwen3Attention`` names and math)."""
+    """Causal GQA self-attention with q/k RMSNorm before RoPE (HF ``Qwen3Attention`` names and math).
 
-    def __init__(self, cfg: ModelConfig, device=None):
+    ``layer_idx`` (the physical layer) goes to the method record's ``value_mix`` factory (``MethodRecord``)."""
+
+    def __init__(self, cfg: ModelConfig, device=None, layer_idx: int = 0):
         super().__init__()
         C, H, K, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = H, K, D
@@ -58,6 +61,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(H * D, C, bias=False, device=device)
         self.q_norm = RMSNorm(D, cfg.rms_norm_eps, device=device)
         self.k_norm = RMSNorm(D, cfg.rms_norm_eps, device=device)
+        mix = method_record(cfg.cross_layer).value_mix  # the value seam's mix (None: Depth-Attention's depth_mix)
+        self.value_mix = depth_mix if mix is None else mix(cfg, layer_idx, device=device)
 
     def project(self, x_BTC: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Rotated normalised q ``[B,H,T,D]``, rotated normalised K̂ ``[B,K,T,D]`` and raw v ``[B,K,T,D]``."""
@@ -81,7 +86,7 @@ class Attention(nn.Module):
         if sources:  # Depth-Attention value seam (arXiv 2606.05014, spec §3.2–3.4): mix along depth, same position
             keys = [k for k, _ in sources] + [k_BKTD]
             values = [v for _, v in sources] + [v_BKTD]
-            v_BKTD = depth_mix(q_BHTD, keys, values)
+            v_BKTD = self.value_mix(q_BHTD, keys, values)
         if ctx.cache is not None and ctx.cache_slots is not None:
             k_all, v_all = ctx.cache.write_at(layer_idx, ctx.cache_slots, k_BKTD, v_BKTD)
         elif ctx.cache is not None:

@@ -4,10 +4,16 @@ Every (method, seed) pair trains in its own run folder ``OUT/runs/<method>[-loop
 ``TrainConfig`` (same seed, so same data order and, for methods without extra parameters, the same initial
 weights). Finished runs are reused and interrupted ones resumed, so re-running a comparison only does missing work.
 Outputs: ``OUT/report.md``, ``OUT/results.json``, ``OUT/loss_curves.png``.
+
+The report opens with its conclusion: for every method, the paired difference from ``none`` over seeds (mean,
+standard deviation, 95 % t-interval, seeds favouring; ``depthattn.stats``), what the run cannot show (scale, tokens),
+tokens-to-target, zero-shot accuracies with binomial standard errors, and the history of the invocations that built
+it (per-run training time from the runs' own logs, so re-running on finished runs does not rewrite it).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import statistics
@@ -23,6 +29,7 @@ from .checkpoint import checkpoint_dirs
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text
+from .stats import binomial_se, paired_difference, tokens_to_target
 from .training import TrainConfig, read_metrics, read_run, resolve_model_config, train
 from .training.runs import RUN_FILE, SUMMARY_FILE, config_differences
 
@@ -70,9 +77,25 @@ def _train_tokens_per_s(rows: list[dict]) -> float:
     return float(timed[0]["tokens_per_s"]) if timed else float("nan")
 
 
+def _train_seconds(rows: list[dict]) -> float:
+    """Seconds spent in optimizer steps over the whole run (every session), from the per-step log."""
+    prev, seconds = 0, 0.0
+    for r in rows:
+        if r.get("tokens_per_s"):
+            seconds += (r["tokens"] - prev) / r["tokens_per_s"]
+            prev = r["tokens"]
+    return seconds
+
+
+def _step_rates(rows: list[dict]) -> list[float]:
+    """Per-step training throughputs after the first step (tokens/s)."""
+    return [float(r["tokens_per_s"]) for r in rows if r.get("tokens_per_s") and r.get("step", 0) > 1]
+
+
 def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path,
-                    progress: bool, log: Callable[[str], None]) -> None:
-    """Train, resume, or reuse the run in ``run_dir`` (ValueError if it holds a different config)."""
+                    progress: bool, log: Callable[[str], None]) -> str:
+    """Train, resume (from the newest checkpoint), or reuse the run in ``run_dir`` (ValueError if it holds a
+    different config). Returns what it did: "reused", "resumed at step N" or "trained"."""
     if (run_dir / RUN_FILE).is_file():
         from .data import load_prepared
 
@@ -86,10 +109,11 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
                              f"use another --out or delete that folder")
         if (run_dir / SUMMARY_FILE).is_file() and checkpoint_dirs(run_dir):
             log(f"reusing finished run {run_dir}")
-            return
-        train(run_dir, model_cfg, train_cfg, data_dir, resume=True, progress=progress, log=log)
-        return
+            return "reused"
+        res = train(run_dir, model_cfg, train_cfg, data_dir, resume=True, progress=progress, log=log)
+        return f"resumed at step {res.steps - res.steps_this_session}"
     train(run_dir, model_cfg, train_cfg, data_dir, progress=progress, log=log)
+    return "trained"
 
 
 def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, tasks: list[str], limit: int | None,
@@ -130,7 +154,8 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
         "tokens": summary["tokens"], "steps": summary["steps"], "val_loss": ev["loss"],
         "perplexity": ev["perplexity"], "bits_per_byte": ev["bits_per_byte"], "eval_tokens": ev["tokens"],
         "eval_bytes": ev["bytes"], "periodic_val_loss": summary["final_val_loss"],
-        "train_tokens_per_s": _train_tokens_per_s(rows),
+        "train_tokens_per_s": _train_tokens_per_s(rows), "train_seconds": _train_seconds(rows),
+        "step_tokens_per_s": _step_rates(rows),
         "kv_bytes_per_token": kv_cache_bytes_per_token(cfg, torch.bfloat16),
         "flops_per_token": flops.total, "flops_extra_ratio": flops.ratio,
         "curve": [{"step": r["step"], "tokens": r["tokens"], "val_loss": r["val_loss"]} for r in rows
@@ -144,7 +169,16 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
                            out_dir=str(run_dir / "zero_shot"), progress=progress)
         out["zero_shot"] = {k: v for k, v in zs.items() if k != "items"}  # per-item predictions stay in the run
         out["task_accuracy"] = _task_accuracies(zs, tasks)
+        out["task_n"] = {t: int(m["n"]) for t, m in zs.get("tasks", {}).items() if "n" in m}
+        out["task_chance"] = {t: _chance(zs.get("items", {}).get(t, [])) for t in out["task_n"]}
     return out
+
+
+def _chance(items: list[dict]) -> float:
+    """Chance accuracy of a task from its per-item predictions: the mean of 1 / (number of choices); 0 for tasks
+    scored by exact match (LAMBADA: no choices)."""
+    counts = [len(it["loglikelihoods"]) for it in items if it.get("loglikelihoods")]
+    return statistics.fmean(1.0 / c for c in counts) if counts else 0.0
 
 
 def _task_accuracies(zs: dict, tasks: list[str]) -> dict[str, float]:
@@ -195,14 +229,18 @@ def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str
             overrides["num_loops"] = settings.loops
         cfgs[m] = resolve_model_config(settings.preset, overrides, data.vocab_size, str(data_dir / "tokenizer.json"))
     runs: dict[str, list[dict]] = {m: [] for m in settings.methods}
+    invocation: dict[str, Any] = {"started_utc": _utc_now(), "runs": {}}
     for seed in settings.seeds:
         tcfg = settings.train.replace(seed=seed)
         for m in settings.methods:
             run_dir = out / "runs" / run_name(m, settings.loops, seed)
             log(f"== {m} (seed {seed}) -> {run_dir}")
-            _ensure_trained(run_dir, cfgs[m], tcfg, data_dir, progress, log)
+            t_run = time.perf_counter()
+            action = _ensure_trained(run_dir, cfgs[m], tcfg, data_dir, progress, log)
             runs[m].append(evaluate_run(run_dir, settings.eval_tokens, tcfg.eval_batch_size, settings.tasks or [],
                                         settings.limit, settings.harness, progress))
+            invocation["runs"][run_dir.name] = {"action": action, "seconds": time.perf_counter() - t_run}
+    invocation["wall_seconds"] = time.perf_counter() - t_start
     results = {
         "settings": {"methods": settings.methods, "seeds": settings.seeds, "loops": settings.loops,
                      "preset": settings.preset, "model_overrides": settings.model_overrides,
@@ -210,13 +248,34 @@ def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str
                      "data": str(data_dir.resolve()), "eval_tokens": settings.eval_tokens,
                      "tasks": settings.tasks or [], "sample_prompt": SAMPLE_PROMPT},
         "methods": {m: {"runs": runs[m], **aggregate(runs[m])} for m in settings.methods},
-        "wall_seconds": time.perf_counter() - t_start,
+        "wall_seconds": invocation["wall_seconds"],
+        "history": _previous_history(out / "results.json") + [invocation],
     }
+    results["paired"] = paired_stats(results)
+    results["conclusion"] = conclusions(results)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     plot_curves(results, out / "loss_curves.png")
     atomic_write_text(out / "report.md", render_report(results))
     return results
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _previous_history(path: Path) -> list[dict]:
+    """The invocation history of an earlier ``results.json`` in the same folder ([] if none or unreadable)."""
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    history = old.get("history") if isinstance(old, dict) else None
+    if isinstance(history, list):
+        return [h for h in history if isinstance(h, dict)]
+    if isinstance(old, dict) and isinstance(old.get("wall_seconds"), (int, float)):  # a report from before histories
+        return [{"started_utc": None, "wall_seconds": float(old["wall_seconds"]), "runs": {}}]
+    return []
 
 
 def aggregate(runs: list[dict]) -> dict[str, dict[str, float]]:
@@ -235,8 +294,107 @@ def aggregate(runs: list[dict]) -> dict[str, dict[str, float]]:
     return {"mean": mean, "std": std}
 
 
+# ----------------------------------------------------------------------------- paired statistics vs none
+BASELINE = "none"
+
+
+def _by_seed(m: dict) -> dict[int, dict]:
+    return {int(r["seed"]): r for r in m["runs"]}
+
+
+def _curve(run: dict) -> list[tuple[float, float]]:
+    return [(float(c["tokens"]), float(c["val_loss"])) for c in run["curve"]]
+
+
+def paired_stats(results: dict) -> dict[str, dict]:
+    """For every method other than ``none``, paired over the seeds both ran: the differences in final validation
+    loss and bits per byte (``stats.paired_difference``), tokens-to-target per seed (the tokens at which the
+    method's periodic validation curve first reaches ``none``'s last periodic validation loss of the same seed,
+    interpolated; None = not reached) and the training-time ratio (Σ optimizer-step seconds over seeds, method /
+    none). ``{}`` without a ``none`` run."""
+    methods = results["methods"]
+    if BASELINE not in methods:
+        return {}
+    base = _by_seed(methods[BASELINE])
+    out = {}
+    for name, m in methods.items():
+        if name == BASELINE:
+            continue
+        mine = _by_seed(m)
+        seeds = [s for s in mine if s in base]
+        if not seeds:
+            continue
+        a, b = [mine[s] for s in seeds], [base[s] for s in seeds]
+        ttt = []
+        for r, v in zip(a, b):
+            target = _curve(v)[-1][1] if v["curve"] else float(v["val_loss"])
+            ttt.append(tokens_to_target(_curve(r), target))
+        base_time = sum(float(r.get("train_seconds", 0.0)) for r in b)
+        out[name] = {
+            "seeds": seeds,
+            "val_loss": paired_difference([r["val_loss"] for r in a], [r["val_loss"] for r in b]),
+            "bits_per_byte": paired_difference([r["bits_per_byte"] for r in a], [r["bits_per_byte"] for r in b]),
+            "tokens_to_target": ttt,
+            "base_tokens": [float(r["tokens"]) for r in b],
+            "train_time_ratio": (sum(float(r.get("train_seconds", 0.0)) for r in a) / base_time
+                                 if base_time > 0 else None),
+        }
+    return out
+
+
+def _verdict(d: dict) -> str:
+    if d["ci95"] is None:
+        return "inconclusive (one seed: no interval)"
+    lo, hi = d["ci95"]
+    if lo <= 0 <= hi:
+        return "inconclusive at this budget (the 95 % interval includes 0)"
+    return ("lower" if hi < 0 else "higher") + " at this budget (the 95 % interval excludes 0)"
+
+
+def conclusions(results: dict) -> list[str]:
+    """The report's opening sentences: one per method vs ``none`` and one on what the run cannot show."""
+    paired = results.get("paired") or {}
+    lines = []
+    for name, p in paired.items():
+        d = p["val_loss"]
+        n = d["n"]
+        size = (f"within 0.001 nats of `none`" if abs(d["mean"]) < 0.0005 else
+                f"{abs(d['mean']):.3f} nats {'lower' if d['mean'] < 0 else 'higher'} than `none`")
+        if d["std"] is None:
+            lines.append(f"`{name}` is {size} in validation loss on one seed: inconclusive (one seed gives no "
+                         f"interval; run several, e.g. --seeds 0,1,2).")
+            continue
+        lo, hi = d["ci95"]
+        lines.append(f"`{name}` is {size} in validation loss (± {d['std']:.3f} std over {n} seeds; 95 % interval "
+                     f"{lo:+.3f} to {hi:+.3f}; {d['favouring']} of {n} seeds lower): {_verdict(d)}.")
+    if not paired:
+        lines.append("No paired comparison: the run has no `none` (vanilla) method to compare against.")
+    runs = [r for m in results["methods"].values() for r in m["runs"]]
+    params = max(int(r["params"]) for r in runs)
+    tokens = max(int(r["tokens"]) for r in runs)
+    lines.append(f"What this cannot show: behaviour at scale or after long training — these models have at most "
+                 f"{params:,d} parameters and saw {tokens:,d} tokens each (the paper trains 1.5B–3B-parameter "
+                 f"models on billions of tokens).")
+    return lines
+
+
+def _throughput_spread(m: dict) -> float | None:
+    """(p90 − p10) / median of the per-step throughputs over all seeds of a method (None without steps)."""
+    rates = sorted(x for r in m["runs"] for x in r.get("step_tokens_per_s", []))
+    if len(rates) < 2:
+        return None
+    q = statistics.quantiles(rates, n=10)
+    return (q[-1] - q[0]) / statistics.median(rates)
+
+
+#: Relative p10–p90 spread of the per-step throughput above which the tok/s column is flagged unreliable.
+UNRELIABLE_SPREAD = 0.2
+
+
+# ----------------------------------------------------------------------------- the report
 def _cell(mean: float, std: float, fmt: str, n: int) -> str:
-    if n > 1:
+    """``mean ± std`` over seeds; the mean alone for one seed or a constant (std 0)."""
+    if n > 1 and std > 0:
         return f"{fmt.format(mean)} ± {fmt.format(std)}"
     return fmt.format(mean)
 
@@ -252,35 +410,130 @@ def render_table(results: dict) -> str:
     for name, m in methods.items():
         n = len(m["runs"])
         cells = [name] + [_cell(m["mean"][k], m["std"][k], fmt, n) for k, _, fmt in COLUMNS]
+        spread = _throughput_spread(m)
+        if spread is not None and spread > UNRELIABLE_SPREAD:
+            i = 1 + [k for k, _, _ in COLUMNS].index("train_tokens_per_s")
+            cells[i] += " †"
         cells += [_cell(m["mean"][k], m["std"][k], "{:.4f}", n) if k in m["mean"] else "" for k in tasks]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
+def _pm(d: dict, key: str = "mean", fmt: str = "{:+.4f}") -> str:
+    return fmt.format(d["mean"]) + ("" if d["std"] is None else " ± " + fmt.format(d["std"]).lstrip("+"))
+
+
+def _interval(d: dict) -> str:
+    return "n/a (one seed)" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
+
+
+def render_paired(results: dict) -> str:
+    """The paired table: each method minus ``none``, per seed pair."""
+    paired = results.get("paired") or {}
+    if not paired:
+        return ""
+    lines = ["| method | Δ val loss (nats) | 95 % interval | seeds lower | Δ bits/byte | 95 % interval | "
+             "tokens to none's final val loss | train time ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, p in paired.items():
+        v, b = p["val_loss"], p["bits_per_byte"]
+        reached = [t for t in p["tokens_to_target"] if t is not None]
+        if len(reached) == len(p["tokens_to_target"]):
+            ttt = f"{statistics.fmean(reached):,.0f} of {statistics.fmean(p['base_tokens']):,.0f}"
+        elif reached:
+            ttt = (f"{statistics.fmean(reached):,.0f} ({len(reached)} of {len(p['tokens_to_target'])} seeds; "
+                   "else not reached)")
+        else:
+            ttt = "not reached"
+        ratio = "n/a" if p["train_time_ratio"] is None else f"{p['train_time_ratio']:.2f}"
+        lines.append(f"| {name} | {_pm(v)} | {_interval(v)} | {v['favouring']} of {v['n']} | {_pm(b)} | "
+                     f"{_interval(b)} | {ttt} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_zero_shot(results: dict) -> str:
+    """Zero-shot accuracies: mean over seeds with the binomial standard error of one run, n and chance level."""
+    rows = []
+    for name, m in results["methods"].items():
+        run0 = m["runs"][0]
+        for task, n in run0.get("task_n", {}).items():
+            accs = [r["task_accuracy"][task] for r in m["runs"] if task in r.get("task_accuracy", {})]
+            acc = statistics.fmean(accs)
+            se = binomial_se(acc, n * len(accs))
+            rows.append(f"| {name} | {task} | {acc:.4f} | {se:.4f} | {n} × {len(accs)} | "
+                        f"{run0['task_chance'][task]:.3f} |")
+    if not rows:
+        return ""
+    return "\n".join(["| method | task | accuracy | binomial s.e. | n (items × seeds) | chance |",
+                      "|---|---|---:|---:|---:|---:|"] + rows) + "\n"
+
+
+def render_history(results: dict) -> list[str]:
+    lines = ["## Wall time", "", "Training time per run (optimizer steps over every session, from the run's "
+             "metrics.jsonl):", "", "| run | train s |", "|---|---:|"]
+    total = 0.0
+    for m in results["methods"].values():
+        for r in m["runs"]:
+            total += float(r.get("train_seconds", 0.0))
+            lines.append(f"| {Path(r['run_dir']).name} | {float(r.get('train_seconds', 0.0)):.0f} |")
+    lines += ["", f"Total training time of the runs: {total:.0f} s.", "",
+              "Invocations of `compare` that built this folder (each trains what is missing, evaluates everything):",
+              ""]
+    for i, h in enumerate(results.get("history", []), 1):
+        actions: dict[str, int] = {}
+        for r in h.get("runs", {}).values():
+            key = r["action"].split(" at step")[0]
+            actions[key] = actions.get(key, 0) + 1
+        what = ", ".join(f"{v} {k}" for k, v in actions.items()) or "details not recorded"
+        lines.append(f"{i}. {h.get('started_utc') or 'earlier'}: {h['wall_seconds']:.0f} s ({what})")
+    lines += ["", f"Sum over invocations: {sum(h['wall_seconds'] for h in results.get('history', [])):.0f} s.", ""]
+    return lines
+
+
 def render_report(results: dict) -> str:
     s = results["settings"]
     t = s["train"]
-    lines = [
-        "# depthattn compare", "",
+    spreads = {name: _throughput_spread(m) for name, m in results["methods"].items()}
+    flagged = [n for n, v in spreads.items() if v is not None and v > UNRELIABLE_SPREAD]
+    spread_text = ", ".join(f"{n} {v:.0%}" for n, v in spreads.items() if v is not None)
+    lines = ["# depthattn compare", ""] + results.get("conclusion", conclusions(results)) + ["",
         f"Methods {', '.join(s['methods'])}; preset `{s['preset']}` with overrides `{s['model_overrides']}`; "
         f"loops {s['loops']}; seeds {s['seeds']}; {t['steps']} steps × {t['batch_size'] * t['grad_accum']} × "
         f"{t['seq_len']} tokens; peak lr {t['lr']}, warm-up {t['warmup']:.0%}, cosine to {t['min_lr_ratio']} × peak; "
         f"data `{s['data']}`.", "",
-        "Validation loss, perplexity (= exp(loss)) and bits per byte are measured over the validation split in "
-        "non-overlapping windows of the training length"
+        "**a ± b** is the mean ± the sample standard deviation over seeds (omitted for one seed and for numbers that "
+        "are the same for every seed). Validation loss, perplexity (= exp(loss)) and bits per byte are measured over "
+        "the validation split in non-overlapping windows of the training length"
         + (f" (first {s['eval_tokens']:,d} tokens)" if s["eval_tokens"] else "") + ". Train tok/s is the median of "
         "the per-step training throughput on this machine over the steps after the first (the first step's warm-up "
-        "excluded; from metrics.jsonl). Forward FLOPs/token is the analytical count (depthattn.accounting.num_flops(...).total): "
+        "excluded; from metrics.jsonl). **The runs were timed one after another (sequentially, not interleaved)**, "
+        "so throughput differences include the machine's changing load: p10–p90 spread of the per-step throughput "
+        f"{spread_text or 'n/a'}; † marks a spread above {UNRELIABLE_SPREAD:.0%} (unreliable"
+        + (f": {', '.join(flagged)}" if flagged else "") + "). For a side-by-side speed measurement use "
+        "`scripts/bench.py`. Forward FLOPs/token is the analytical count (depthattn.accounting.num_flops(...).total): "
         f"matmuls, the method's extra FLOPs and sequence attention at the training length T = {t['seq_len']}.", "",
-        render_table(results),
-        "![validation loss](loss_curves.png)", "",
-        f"## Samples (seed 0, temperature 0.8, top-k 50, {SAMPLE_TOKENS} tokens)", "",
-        f"Prompt: `{s['sample_prompt']}`", "",
-    ]
+        render_table(results)]
+    paired = render_paired(results)
+    if paired:
+        lines += ["## Paired differences from `none`", "",
+                  "Per seed, the method's number minus `none`'s with the same seed (same data order); negative = "
+                  "better. Δ is the mean ± sample standard deviation of the per-seed differences; the 95 % interval "
+                  "is mean ± t(0.975, n − 1) · std / √n (not available with one seed). Tokens to none's final val "
+                  "loss: the tokens at which the method's periodic validation curve first reaches `none`'s last "
+                  "periodic validation loss (same seed), linearly interpolated, mean over seeds, of the run's "
+                  "tokens. Train time ratio: Σ optimizer-step seconds over seeds, method / `none` (sequential "
+                  "timing, see above).", "", paired]
+    zs = render_zero_shot(results)
+    if zs:
+        lines += ["## Zero-shot", "", "Accuracy is the mean over seeds; the binomial standard error is "
+                  "√(acc (1 − acc) / N) with N = items × seeds; chance is the mean of 1 / (number of choices).", "",
+                  zs]
+    lines += ["![validation loss](loss_curves.png)", "",
+              f"## Samples (seed 0, temperature 0.8, top-k 50, {SAMPLE_TOKENS} tokens)", "",
+              f"Prompt: `{s['sample_prompt']}`", ""]
     for name, m in results["methods"].items():
         sample = m["runs"][0]["sample"].replace("\n", " ")
         lines += [f"- **{name}**: {s['sample_prompt']}{sample}"]
-    lines += ["", f"Total wall time: {results['wall_seconds']:.0f} s.", ""]
+    lines += [""] + render_history(results)
     return "\n".join(lines)
 
 
@@ -289,37 +542,60 @@ def _tokens_label(x: float, _pos) -> str:
     return f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k" if x >= 1e3 else f"{x:g}"
 
 
+def _seed_curves(m: dict) -> tuple[list[float], list[list[float]]]:
+    """Tokens and the per-seed validation losses at the points every seed logged."""
+    curves = [r["curve"] for r in m["runs"]]
+    n = min(len(c) for c in curves)
+    xs = [curves[0][i]["tokens"] for i in range(n)]
+    return xs, [[c[i]["val_loss"] for c in curves] for i in range(n)]
+
+
 def plot_curves(results: dict, path: Path) -> None:
-    """Validation loss (left) and training loss (right, 20-step moving mean) vs tokens, one line per method
-    (mean over seeds)."""
+    """Three panels vs training tokens: validation loss (mean over seeds, min–max band), each method's difference
+    from ``none`` (per-seed paired, mean and min–max band) and training loss (20-step moving mean, seed 0)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax, axd, ax2) = plt.subplots(1, 3, figsize=(16, 4.2))
+    base = results["methods"].get(BASELINE)
+    base_by_seed = _by_seed(base) if base else {}
     for name, m in results["methods"].items():
-        curves = [r["curve"] for r in m["runs"]]
-        n = min(len(c) for c in curves)
-        if n:
-            xs = [curves[0][i]["tokens"] for i in range(n)]
-            ys = [statistics.fmean(c[i]["val_loss"] for c in curves) for i in range(n)]
-            ax.plot(xs, ys, marker="o", markersize=3, label=name)
+        xs, per_point = _seed_curves(m)
+        if xs:
+            line, = ax.plot(xs, [statistics.fmean(v) for v in per_point], marker="o", markersize=3, label=name)
+            if len(m["runs"]) > 1:
+                ax.fill_between(xs, [min(v) for v in per_point], [max(v) for v in per_point],
+                                color=line.get_color(), alpha=0.2)
+        if base and name != BASELINE:
+            pairs = [(r, base_by_seed[int(r["seed"])]) for r in m["runs"] if int(r["seed"]) in base_by_seed]
+            k = min([min(len(a["curve"]), len(b["curve"])) for a, b in pairs] or [0])
+            if k:
+                dx = [pairs[0][0]["curve"][i]["tokens"] for i in range(k)]
+                d = [[a["curve"][i]["val_loss"] - b["curve"][i]["val_loss"] for a, b in pairs] for i in range(k)]
+                line, = axd.plot(dx, [statistics.fmean(v) for v in d], marker="o", markersize=3, label=name)
+                if len(pairs) > 1:
+                    axd.fill_between(dx, [min(v) for v in d], [max(v) for v in d], color=line.get_color(),
+                                     alpha=0.2)
         tc = m["runs"][0]["train_curve"]
         k = max(1, min(20, len(tc) // 10))
         xs = [r["tokens"] for r in tc][k - 1:]
         ys = [statistics.fmean(r["loss"] for r in tc[i - k + 1:i + 1]) for i in range(k - 1, len(tc))]
         ax2.plot(xs, ys, label=name)
-    for a, title in ((ax, "validation loss"), (ax2, "training loss (moving mean, seed 0)")):
+    axd.axhline(0.0, color="black", linewidth=0.8)
+    for a, title, ylabel in ((ax, "validation loss (mean, min–max over seeds)", "loss (nats/token)"),
+                             (axd, "validation loss − none's (same seed)", "Δ loss (nats/token)"),
+                             (ax2, "training loss (moving mean, seed 0)", "loss (nats/token)")):
         a.set_xlabel("training tokens")
         a.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
-        a.set_ylabel("loss (nats/token)")
+        a.set_ylabel(ylabel)
         a.set_title(title)
         a.grid(alpha=0.3)
-        a.legend()
+        if a.get_legend_handles_labels()[0]:
+            a.legend()
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
-

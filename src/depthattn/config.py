@@ -58,6 +58,9 @@ class ModelConfig:
     # Attention Residuals (arXiv 2603.15031); block size counted in sublayers; recency None = Kimi form.
     attnres_block_size: int = 12
     attnres_recency_bias: float | None = None
+    # Value residual (ResFormer, arXiv 2410.17897): v_l ← λ v_l + (1 − λ) v_0; learnable = one λ per layer l >= 1.
+    value_residual_lambda: float = 0.5
+    value_residual_learnable: bool = False
 
     def __post_init__(self) -> None:
         if self.depth_attention_stride is None and isinstance(self.num_hidden_layers, int) and isinstance(
@@ -123,6 +126,10 @@ class ModelConfig:
         need(self.attnres_recency_bias is None or (isinstance(self.attnres_recency_bias, (int, float))
                                                    and math.isfinite(self.attnres_recency_bias)),
              "attnres_recency_bias", "must be null (Kimi form) or a finite number")
+        need(isinstance(self.value_residual_lambda, (int, float)) and not isinstance(self.value_residual_lambda, bool)
+             and 0.0 <= self.value_residual_lambda <= 1.0, "value_residual_lambda",
+             "must be a number in [0, 1] (λ·v_l + (1 − λ)·v_0; 1 = vanilla)")
+        need(isinstance(self.value_residual_learnable, bool), "value_residual_learnable", "must be true or false")
 
     # ------------------------------------------------------------------ presets and overrides
     @classmethod

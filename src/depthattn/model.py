@@ -40,7 +40,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, device=None):
         super().__init__()
-        self.self_attn = Attention(cfg, device=device)
+        self.self_attn = Attention(cfg, device=device, layer_idx=layer_idx)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, device=device)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)

@@ -81,6 +81,8 @@ def run_compare_cmd(args: argparse.Namespace) -> int:
         harness=args.harness)
     results = run_compare(out, settings, data_dir, progress=not args.no_progress)
     print()
+    print("\n".join(results["conclusion"]))
+    print()
     print(render_table(results))
     print(f"wrote {out / 'report.md'}, {out / 'results.json'}, {out / 'loss_curves.png'} "
           f"({results['wall_seconds']:.0f} s)")
@@ -94,7 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    "the embedded corpus, prepared once into OUT/data")
     p.add_argument("--methods", default="none,depth_attention",
                    help="comma-separated cross_layer values (default none,depth_attention)")
-    p.add_argument("--seeds", default="0", help="comma-separated seeds; several give mean ± std (default 0)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds; several give mean ± std and paired 95 %% "
+                                                "intervals vs none (default 0)")
     p.add_argument("--out", default=os.path.join("runs", "compare"), help="output folder (default runs/compare)")
     p.add_argument("--eval-tokens", type=int, default=DEFAULT_EVAL_TOKENS,
                    help="validation tokens for the final evaluation (default 0 = the whole split)")

@@ -2,7 +2,8 @@
 
 Sources: Kimi Team, "Attention Residuals", arXiv 2603.15031 (Block AttnRes, §6.1 of spec-baselines.md, the
 default); the recency-bias variant of ``hyq718/Depth-Attention`` / ``wdlctc/open-attention-residuals`` (§6.2,
-``attnres_recency_bias`` set to a float).
+``attnres_recency_bias`` set to a float). Variant implemented: Block AttnRes (not Full AttnRes), blocks counted in
+sublayers.
 
 Legend: B batch, T time, C hidden size, K sources of one aggregator, S block size in sublayers.
 

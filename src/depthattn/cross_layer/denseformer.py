@@ -1,7 +1,9 @@
 """DenseFormer: a depth-weighted average (DWA) after blocks (``cross_layer="denseformer"``).
 
 Source: Pagliardini et al., "DenseFormer: Enhancing Information Flow in Transformers via Depth Weighted Averaging",
-NeurIPS 2024, arXiv 2402.02622; our form is spec-baselines.md §3.
+NeurIPS 2024, arXiv 2402.02622; our form is spec-baselines.md §3. Variant implemented: the paper's k×p-DenseFormer
+(dilation k = ``denseformer_dilation``, DWA period p = ``denseformer_period``; the default 1×1 is the full
+DenseFormer), with DWA weights initialised to the identity as in the paper.
 
 Legend: B batch, T time, C hidden size, J sources of one DWA.
 

@@ -70,8 +70,13 @@ class MethodRecord:
             module (per layer or per model), of the method's parameters that never get weight decay even when
             they are the weight of an ``nn.Linear`` / ``nn.Embedding`` (``optim.decays``).
         value_plan: the value seam: ``cfg -> Plan``, the static candidate plan over virtual layers whose values the
-            attention mixes (``cross_layer.depth_attention.depth_mix``); None for a method that does not use the
-            value seam.
+            attention mixes; None for a method that does not use the value seam.
+        value_mix: the value seam's mix, a factory ``(cfg, layer_idx, device=None) -> mix`` called once per
+            physical layer by ``Attention``; ``mix(q_BHTD, keys, values) -> v_BKTD`` takes the layer's queries
+            ``[B, H, T, D]`` and the candidates' keys and values ``[B, K, T, D]`` each (plan order, **self last**)
+            and returns the value the attention reads and the cache stores. A mix with parameters is an
+            ``nn.Module`` (registered under ``self_attn.value_mix``). None (the default) is Depth-Attention's
+            softmax mix over depth (``cross_layer.depth_attention.depth_mix``).
     """
 
     name: str
@@ -84,6 +89,7 @@ class MethodRecord:
     loopable: bool = False
     no_decay: tuple[str, ...] = ()
     value_plan: Callable[[ModelConfig], Plan] | None = None
+    value_mix: Callable[..., Callable] | None = None
 
     @property
     def has_value_seam(self) -> bool:

@@ -52,6 +52,8 @@ class DepthAttnConfig(PreTrainedConfig):
     mhc_sinkhorn_iters: int = 20
     attnres_block_size: int = 12
     attnres_recency_bias: float | None = None
+    value_residual_lambda: float = 0.5
+    value_residual_learnable: bool = False
 
     pad_token_id: int | None = None
     bos_token_id: int | None = None

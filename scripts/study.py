@@ -1,0 +1,297 @@
+"""The issue-14 study, in resumable parts: every part is one ``depthattn compare`` into its own folder.
+
+Groups (all on the embedded corpus, preset ``small``, the default compare budget unless said otherwise):
+
+* ``main``     — none, depth_attention, denseformer, mhc, attnres, value_residual, depth_attention_uniform × seeds
+  0, 1, 2 (one part per seed);
+* ``loops``    — ``--loops 2``: none vs depth_attention × seeds 0, 1, 2;
+* ``ablation`` — depth_attention with stride ∈ {1, 2, L/2} × window ∈ {0, 2} (L/2, 0 is ``main``'s default) × seeds
+  0, 1, paired against ``main``'s none;
+* ``long``     — 4 × the default tokens: none, depth_attention, attnres × seeds 0, 1.
+
+A part of ~30–45 min on an idle 2-core CPU (estimate: ~4.5 min per default-budget run including the evaluation);
+``compare`` reuses finished runs and resumes interrupted ones from their last checkpoint, so a killed part loses at
+most ``save_every`` steps. After each part its report.md, results.json and loss_curves.png are copied to
+``--publish`` (small files, to commit); ``aggregate`` builds docs/results.md from the published parts alone.
+
+    python scripts/study.py list                       # parts, their commands and status
+    python scripts/study.py run main-s0 loops-a        # run parts (or --next for the first missing one)
+    python scripts/study.py aggregate                  # docs/results.md from --publish
+    python scripts/study.py --tiny --root /tmp/s --publish /tmp/s/pub --data DIR run --all   # a few steps each
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from depthattn.compare import BASELINE, _curve
+from depthattn.fileio import atomic_write_text
+from depthattn.stats import paired_difference, tokens_to_target
+
+MAIN_METHODS = "none,depth_attention,denseformer,mhc,attnres,value_residual,depth_attention_uniform"
+DEFAULT_STEPS = 400  # the compare default (commands/compare_cmd.py DEFAULT_TRAIN)
+#: (stride, window) of the ablation; stride None = L/2 (the default), whose window-0 case is main's depth_attention.
+ABLATION = [(1, 0), (2, 0), (1, 2), (2, 2), (None, 2)]
+#: The tiny budget of ``--tiny`` (end-to-end check of the script only; its numbers mean nothing).
+TINY = ["--preset", "tiny", "--set", "batch_size=4", "--set", "seq_len=64", "--set", "eval_windows=4",
+        "--set", "eval_every=2", "--set", "save_every=2", "--eval-tokens", "600"]
+TINY_STEPS = 4
+
+
+@dataclass
+class Part:
+    name: str
+    group: str
+    methods: str
+    seeds: str
+    loops: int = 1
+    sets: list[str] = field(default_factory=list)
+    steps_scale: int = 1
+    label: str = ""  # the ablation config, e.g. "stride=1, window=2"
+    minutes: int = 0  # estimated on an idle 2-core CPU
+
+
+def parts() -> list[Part]:
+    out = [Part(f"main-s{s}", "main", MAIN_METHODS, str(s), minutes=32) for s in (0, 1, 2)]
+    out += [Part("loops-a", "loops", "none,depth_attention", "0,1", loops=2, minutes=36),
+            Part("loops-b", "loops", "none,depth_attention", "2", loops=2, minutes=18)]
+    for seed in (0, 1):
+        for stride, window in ABLATION:
+            sets = [f"depth_attention_window={window}"] + ([f"depth_attention_stride={stride}"] if stride else [])
+            label = f"stride={stride or 'L/2'}, window={window}"
+            tag = f"{stride or 'half'}w{window}"
+            out.append(Part(f"ablation-{tag}-s{seed}", "ablation", "depth_attention", str(seed), sets=sets,
+                            label=label, minutes=5))
+    for seed in (0, 1):
+        out += [Part(f"long-s{seed}-a", "long", "none,depth_attention", str(seed), steps_scale=4, minutes=36),
+                Part(f"long-s{seed}-b", "long", "attnres", str(seed), steps_scale=4, minutes=18)]
+    return out
+
+
+def command(part: Part, args) -> list[str]:
+    steps = (TINY_STEPS if args.tiny else DEFAULT_STEPS) * part.steps_scale
+    argv = ["compare", "--methods", part.methods, "--seeds", part.seeds, "--out", str(Path(args.root) / part.name),
+            "--steps", str(steps), "--no-progress"]
+    if part.loops > 1:
+        argv += ["--loops", str(part.loops)]
+    argv += ["--data", str(data_dir(args))]
+    for s in part.sets:
+        argv += ["--set", s]
+    if args.tiny:
+        argv += TINY
+    return argv
+
+
+def data_dir(args) -> Path:
+    return Path(args.data) if args.data else Path(args.root) / "data"
+
+
+def status(part: Part, args) -> str:
+    pub = Path(args.publish) / part.name / "results.json"
+    if pub.is_file():
+        return "done"
+    return "partial" if (Path(args.root) / part.name / "runs").is_dir() else "missing"
+
+
+def run_part(part: Part, args) -> None:
+    if not args.data and not (data_dir(args) / "meta.json").is_file():
+        from depthattn.data import prepare_corpus
+
+        print(f"preparing the embedded corpus into {data_dir(args)}", flush=True)
+        prepare_corpus(data_dir(args), None, progress=False)
+    argv = command(part, args)
+    print(f"== {part.name}: depthattn {shlex.join(argv)}", flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.call([sys.executable, "-c", "import sys; from depthattn.cli import main; sys.exit(main())",
+                          *argv])
+    if rc != 0:
+        raise SystemExit(f"study: part {part.name} failed (exit {rc}); rerun it to resume")
+    folder, pub = Path(args.root) / part.name, Path(args.publish) / part.name
+    pub.mkdir(parents=True, exist_ok=True)
+    results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    results["study"] = {"part": part.name, "group": part.group, "label": part.label,
+                        "command": "depthattn " + shlex.join(argv)}
+    for name in ("report.md", "loss_curves.png"):
+        shutil.copyfile(folder / name, pub / name)
+    atomic_write_text(pub / "results.json", json.dumps(results, indent=2) + "\n")
+    print(f"== {part.name} done in {time.perf_counter() - t0:.0f} s; published to {pub}", flush=True)
+
+
+# ----------------------------------------------------------------------------- aggregation
+BASE_GROUP = {"main": "main", "ablation": "main", "loops": "loops", "long": "long"}
+
+
+def load_published(publish: Path) -> list[dict]:
+    found = []
+    for part in parts():
+        path = publish / part.name / "results.json"
+        if path.is_file():
+            res = json.loads(path.read_text(encoding="utf-8"))
+            res.setdefault("study", {"part": part.name, "group": part.group, "label": part.label, "command": "?"})
+            found.append(res)
+    return found
+
+
+def collect(published: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
+    """``{group: {label: {seed: run}}}``; a label is the method, or ``depth_attention (stride=…, window=…)``."""
+    out: dict[str, dict[str, dict[int, dict]]] = {}
+    for res in published:
+        st = res["study"]
+        for method, m in res["methods"].items():
+            label = f"{method} ({st['label']})" if st["label"] else method
+            for r in m["runs"]:
+                r = dict(r, train_settings=res["settings"]["train"], data=res["settings"]["data"],
+                         preset=res["settings"]["preset"])
+                out.setdefault(st["group"], {}).setdefault(label, {})[int(r["seed"])] = r
+    return out
+
+
+def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
+    return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
+
+
+def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) -> list[str]:
+    lines = ["| method | seeds | val loss | Δ vs none (nats) | 95 % interval | seeds lower | "
+             "tokens to none's final val loss | train time ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, by_seed in runs.items():
+        seeds = sorted(by_seed)
+        vals = [by_seed[s]["val_loss"] for s in seeds]
+        mean = sum(vals) / len(vals)
+        std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
+        cells = [label, str(len(seeds)), _fmt_pm(mean, std, "{:.4f}")]
+        common = [s for s in seeds if base and s in base]
+        if label == BASELINE or not common:
+            cells += ["—", "—", "—", "—", "—"]
+        else:
+            a, b = [by_seed[s] for s in common], [base[s] for s in common]
+            for x, y in zip(a, b):
+                if x["train_settings"] | {"steps": 0, "seed": 0} != y["train_settings"] | {"steps": 0, "seed": 0} \
+                        or x["data"] != y["data"] or x["tokens"] != y["tokens"]:
+                    raise SystemExit(f"study: {label} and none were trained with other settings; cannot pair")
+            d = paired_difference([x["val_loss"] for x in a], [y["val_loss"] for y in b])
+            ci = "n/a (one seed)" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
+            ttt = [tokens_to_target(_curve(x), _curve(y)[-1][1]) for x, y in zip(a, b)]
+            reached = [t for t in ttt if t is not None]
+            ttt_cell = (f"{sum(reached) / len(reached):,.0f} ({len(reached)}/{len(ttt)} reached)" if reached
+                        else "not reached")
+            bt = sum(y.get("train_seconds", 0.0) for y in b)
+            ratio = f"{sum(x.get('train_seconds', 0.0) for x in a) / bt:.2f}" if bt else "n/a"
+            cells += [_fmt_pm(d["mean"], d["std"]), ci, f"{d['favouring']} of {d['n']}", ttt_cell, ratio]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def aggregate(publish: Path, out: Path) -> str:
+    published = load_published(publish)
+    done = {res["study"]["part"] for res in published}
+    missing = [p.name for p in parts() if p.name not in done]
+    lines = ["# Results: Depth-Attention and its controls at CPU scale", "",
+             "Generated by `python scripts/study.py aggregate` from the published study parts "
+             f"(`{publish}`); do not edit by hand.", ""]
+    if not published:
+        lines += ["**The study has not been run yet.** No numbers are published here until it is. Run it in parts "
+                  "(`python scripts/study.py list`, then `python scripts/study.py run --next` until every part is "
+                  "done; each part resumes where it stopped), then `python scripts/study.py aggregate`.", ""]
+    else:
+        if missing:
+            lines += [f"**Incomplete:** {len(missing)} of {len(parts())} parts are not yet run "
+                      f"({', '.join(missing)}); the tables below cover the finished parts only.", ""]
+        lines += ["**a ± b** is the mean ± sample standard deviation over seeds. Δ is the per-seed paired "
+                  "difference in final validation loss (whole held-out split) from `none` of the same group and "
+                  "seed (same data order); the 95 % interval is the t-interval over seeds. Train time ratio: "
+                  "optimizer-step seconds over the paired seeds, method / none, measured sequentially on a shared "
+                  "machine (a rough guide; `scripts/bench.py` measures speed interleaved).", "",
+                  ]
+        runs = collect(published)
+        every = [r for g in runs.values() for by_seed in g.values() for r in by_seed.values()]
+        lines += [f"What these numbers cannot show: behaviour at the paper's scale (1.5B–3B parameters, billions of "
+                  f"tokens). These models have at most {max(r['params'] for r in every):,d} parameters and saw at "
+                  f"most {max(r['tokens'] for r in every):,d} tokens each: early training on one small corpus.", ""]
+        if "ablation" in runs and "depth_attention" in runs.get("main", {}):
+            runs["ablation"] = {"depth_attention (stride=L/2, window=0; from main)": runs["main"]["depth_attention"],
+                                **runs["ablation"]}
+        titles = {"main": "Default budget", "loops": "Looped models (`--loops 2`)",
+                  "ablation": "Depth-Attention candidate-set ablation (default budget, paired with main's none)",
+                  "long": "Longer budget (4 × the default tokens)"}
+        for group in ("main", "loops", "ablation", "long"):
+            if group not in runs:
+                continue
+            base = runs.get(BASE_GROUP[group], {}).get(BASELINE)
+            lines += [f"## {titles[group]}", ""] + group_table(runs[group], base) + [""]
+        if "long" in runs and "main" in runs:
+            lines += ["## Does the gap move with training length?", "",
+                      "| method | Δ vs none, default budget | Δ vs none, 4 × budget |", "|---|---:|---:|"]
+            for label in runs["long"]:
+                if label == BASELINE or label not in runs["main"]:
+                    continue
+                cells = []
+                for group in ("main", "long"):
+                    base, mine = runs[group].get(BASELINE, {}), runs[group][label]
+                    seeds = [x for x in mine if x in base]
+                    if seeds:
+                        d = paired_difference([mine[x]["val_loss"] for x in seeds],
+                                              [base[x]["val_loss"] for x in seeds])
+                        cells.append(f"{_fmt_pm(d['mean'], d['std'])} ({d['n']} seeds)")
+                    else:
+                        cells.append("—")
+                lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+            lines.append("")
+        lines += ["## Parts", "", "| part | wall time (s, all invocations) | command |", "|---|---:|---|"]
+        for res in published:
+            wall = sum(h.get("wall_seconds", 0.0) for h in res.get("history", [])) or res.get("wall_seconds", 0.0)
+            link = Path(os.path.relpath(publish, out.parent)) / res["study"]["part"] / "report.md"
+            lines.append(f"| [{res['study']['part']}]({link}) | {wall:.0f} | `{res['study']['command']}` |")
+        lines.append("")
+    text = "\n".join(lines)
+    atomic_write_text(out, text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default="runs/study", help="compare folders (large: checkpoints); default runs/study")
+    ap.add_argument("--publish", default="docs/study", help="published per-part reports (small); default docs/study")
+    ap.add_argument("--data", default=None, help="prepared data folder (default: the embedded corpus in ROOT/data)")
+    ap.add_argument("--tiny", action="store_true", help="tiny preset, a few steps: checks the script, not the method")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list")
+    r = sub.add_parser("run")
+    r.add_argument("parts", nargs="*")
+    r.add_argument("--next", action="store_true", help="the first part that is not done")
+    r.add_argument("--all", action="store_true", help="every part that is not done, in order")
+    a = sub.add_parser("aggregate")
+    a.add_argument("--out", default="docs/results.md")
+    args = ap.parse_args(argv)
+    table = {p.name: p for p in parts()}
+    if args.cmd == "list":
+        for p in parts():
+            print(f"{p.name:24s} {status(p, args):8s} ~{p.minutes:3d} min  depthattn {shlex.join(command(p, args))}")
+        return 0
+    if args.cmd == "aggregate":
+        aggregate(Path(args.publish), Path(args.out))
+        print(f"wrote {args.out}")
+        return 0
+    bad = [n for n in args.parts if n not in table]
+    if bad:
+        print(f"study: unknown part(s) {bad}; `python scripts/study.py list` shows them", file=sys.stderr)
+        return 2
+    todo = [table[n] for n in args.parts]
+    if args.next or args.all:
+        pending = [p for p in parts() if status(p, args) != "done"]
+        todo += pending[:1] if args.next else pending
+    for p in todo:
+        run_part(p, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

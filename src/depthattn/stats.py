@@ -1,0 +1,69 @@
+"""Small statistics for comparisons over seeds: paired differences, t-intervals, tokens-to-target, binomial errors.
+
+Pure Python (no SciPy): the two-sided 95 % Student-t quantiles for 1–30 degrees of freedom are tabulated (to 4
+decimals, from any statistics table; e.g. t_{0.975, 2} = 4.3027), and the normal quantile 1.96 is used beyond 30.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Sequence
+
+#: t_{0.975, df} for df = 1 … 30.
+T_975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
+         2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
+         2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
+Z_975 = 1.959964
+
+
+def t_quantile_975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` >= 1 degrees of freedom (the normal one beyond 30).
+    Raises ``ValueError`` for df < 1."""
+    if df < 1:
+        raise ValueError(f"df={df} must be >= 1")
+    return T_975[df - 1] if df <= len(T_975) else Z_975
+
+
+def paired_difference(method: Sequence[float], base: Sequence[float], lower_is_better: bool = True) -> dict[str, Any]:
+    """Per-seed differences ``method[i] − base[i]`` and their summary.
+
+    Returns ``{"n", "diffs", "mean", "std", "ci95": [lo, hi] | None, "favouring"}``: ``std`` is the sample standard
+    deviation (n − 1) and ``ci95`` the 95 % t-interval ``mean ± t_{0.975, n−1} · std / √n``; both are None with one
+    seed (not available, never 0). ``favouring`` counts the seeds where the method is better (lower when
+    ``lower_is_better``). Raises ``ValueError`` for empty or unequal lengths.
+    """
+    if len(method) != len(base) or not method:
+        raise ValueError(f"paired_difference needs two equal non-empty lists, got {len(method)} and {len(base)}")
+    diffs = [float(a) - float(b) for a, b in zip(method, base)]
+    n = len(diffs)
+    mean = statistics.fmean(diffs)
+    std = statistics.stdev(diffs) if n > 1 else None
+    ci = None
+    if std is not None:
+        half = t_quantile_975(n - 1) * std / math.sqrt(n)
+        ci = [mean - half, mean + half]
+    favouring = sum(1 for d in diffs if (d < 0 if lower_is_better else d > 0))
+    return {"n": n, "diffs": diffs, "mean": mean, "std": std, "ci95": ci, "favouring": favouring}
+
+
+def tokens_to_target(curve: Sequence[tuple[float, float]], target: float) -> float | None:
+    """The first token count at which a validation curve ``[(tokens, loss), …]`` (ascending tokens) reaches
+    ``target`` (loss <= target), linearly interpolated between the two logged points around the crossing; the first
+    point's tokens if it is already there; None if the curve never reaches it."""
+    prev = None
+    for tokens, loss in curve:
+        if loss <= target:
+            if prev is None or prev[1] == loss:
+                return float(tokens)
+            t0, l0 = prev
+            return float(t0 + (l0 - target) / (l0 - loss) * (tokens - t0))
+        prev = (tokens, loss)
+    return None
+
+
+def binomial_se(acc: float, n: int) -> float:
+    """Standard error ``sqrt(acc · (1 − acc) / n)`` of an accuracy measured on ``n`` >= 1 items."""
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+    return math.sqrt(max(acc * (1.0 - acc), 0.0) / n)

@@ -1,0 +1,114 @@
+"""scripts/study.py: the parts of the issue-14 study and the aggregator that builds docs/results.md from them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_compare_stats import results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def study():
+    spec = importlib.util.spec_from_file_location("study", ROOT / "scripts" / "study.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["study"] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("study", None)
+
+
+def test_parts_cover_the_study(study):
+    parts = study.parts()
+    assert len({p.name for p in parts}) == len(parts)
+    main = [p for p in parts if p.group == "main"]
+    assert sorted(p.seeds for p in main) == ["0", "1", "2"]
+    assert all(p.methods.split(",") == ["none", "depth_attention", "denseformer", "mhc", "attnres",
+                                        "value_residual", "depth_attention_uniform"] for p in main)
+    loops = [p for p in parts if p.group == "loops"]
+    assert all(p.loops == 2 and p.methods == "none,depth_attention" for p in loops)
+    assert sorted(s for p in loops for s in p.seeds.split(",")) == ["0", "1", "2"]
+    ablation = {(tuple(p.sets), p.seeds) for p in parts if p.group == "ablation"}
+    assert len(ablation) == 10  # 5 candidate sets beyond main's default × 2 seeds
+    long = [p for p in parts if p.group == "long"]
+    assert {m for p in long for m in p.methods.split(",")} == {"none", "depth_attention", "attnres"}
+    assert all(p.steps_scale == 4 for p in long) and {p.seeds for p in long} == {"0", "1"}
+    assert all(p.minutes <= 45 for p in parts)
+
+
+def test_aggregate_without_parts_says_not_run(study, tmp_path):
+    text = study.aggregate(tmp_path / "pub", tmp_path / "results.md")
+    assert "**The study has not been run yet.**" in text and "|" not in text
+    assert (tmp_path / "results.md").read_text() == text
+
+
+def publish(folder: Path, part: str, group: str, res: dict, label: str = "") -> None:
+    res = dict(res, study={"part": part, "group": group, "label": label, "command": f"depthattn compare # {part}"})
+    (folder / part).mkdir(parents=True)
+    (folder / part / "results.json").write_text(json.dumps(res))
+
+
+def test_aggregate_pairs_across_parts(study, tmp_path):
+    pub = tmp_path / "pub"
+    main = results(seeds=(0, 1, 2))
+    publish(pub, "main-s0", "main", main)
+    ablation = results(seeds=(0, 1))
+    del ablation["methods"]["none"]
+    for r, v in zip(ablation["methods"]["depth_attention"]["runs"], (4.9, 5.2)):
+        r["val_loss"] = v
+    publish(pub, "ablation-1w0-s0", "ablation", ablation, label="stride=1, window=0")
+    text = study.aggregate(pub, tmp_path / "results.md")
+    assert "**Incomplete:**" in text and "main-s1" in text
+    lines = text.splitlines()
+    da = next(line for line in lines if line.startswith("| depth_attention | 3 |"))
+    assert "-0.0180 ± 0.0269 | -0.0848 to +0.0488 | 2 of 3 |" in da
+    # the ablation run is paired with main's none of the same seed: Δ = 4.9 − 5.0, 5.2 − 5.1
+    abl = next(line for line in lines if line.startswith("| depth_attention (stride=1, window=0) |"))
+    half = 12.7062 * math.sqrt(0.02) / math.sqrt(2)
+    assert f"| +0.0000 ± {math.sqrt(0.02):.4f} | {-half:+.4f} to {half:+.4f} | 1 of 2 |" in abl
+    assert "depth_attention (stride=L/2, window=0; from main)" in text
+    assert "`depthattn compare # main-s0`" in text and "(pub/main-s0/report.md)" in text
+
+
+def test_aggregate_refuses_to_pair_other_budgets(study, tmp_path):
+    pub = tmp_path / "pub"
+    publish(pub, "main-s0", "main", results(seeds=(0,)))
+    other = results(seeds=(0,))
+    del other["methods"]["none"]
+    other["methods"]["depth_attention"]["runs"][0]["tokens"] = 999
+    publish(pub, "ablation-1w0-s0", "ablation", other, label="stride=1, window=0")
+    with pytest.raises(SystemExit, match="other settings; cannot pair"):
+        study.aggregate(pub, tmp_path / "results.md")
+
+
+def test_unknown_part_is_one_line(study, capsys):
+    assert study.main(["run", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown part(s) ['nope']" in err[0]
+
+
+def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch):
+    """End to end on a few steps: one part through ``depthattn compare`` (a subprocess), published, aggregated."""
+    from test_train import make_data
+
+    monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path / "cache"))
+    data = make_data(tmp_path)
+    common = ["--tiny", "--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub"), "--data", str(data)]
+    assert study.main(common + ["run", "ablation-1w0-s0"]) == 0
+    res = json.loads((tmp_path / "pub/ablation-1w0-s0/results.json").read_text())
+    assert res["study"]["group"] == "ablation" and "--set depth_attention_stride=1" in res["study"]["command"]
+    assert res["methods"]["depth_attention"]["runs"][0]["steps"] == study.TINY_STEPS
+    assert (tmp_path / "pub/ablation-1w0-s0/loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert study.status(study.parts()[5], type("A", (), {"publish": str(tmp_path / "pub"),
+                                                       "root": str(tmp_path / "root")})) == "done"
+    text = study.aggregate(tmp_path / "pub", tmp_path / "results.md")
+    assert "| depth_attention (stride=1, window=0) | 1 |" in text and "**Incomplete:** 18 of 19" in text
