@@ -50,8 +50,9 @@ def served_plan(hf_config) -> tuple[tuple[int, ...], ...]:
     cfg = hf_config.to_model_config()
     if cfg.cross_layer not in SERVED_METHODS:
         raise ValueError(f"vLLM serves depthattn checkpoints with cross_layer in {SERVED_METHODS}, not "
-                         f"{cfg.cross_layer!r}: it changes the residual stream, which vLLM's Qwen3 layers (fused "
-                         f"add + RMSNorm) cannot express; evaluate it with depthattn eval/generate instead")
+                         f"{cfg.cross_layer!r}: the plugin implements only Depth-Attention's value mix, and the residual-"
+                         f"seam methods change the residual stream, which vLLM's Qwen3 layers (fused add + RMSNorm) "
+                         f"cannot express; evaluate it with depthattn eval/generate instead")
     if cfg.num_loops != 1:
         raise ValueError(f"vLLM does not serve looped depthattn models (num_loops={cfg.num_loops}): each vLLM "
                          f"attention layer owns one KV cache, a looped model needs one per virtual layer")
