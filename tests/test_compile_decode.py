@@ -20,7 +20,15 @@ CONFIGS = {
     "mhc": dict(cross_layer="mhc"),
     "attnres": dict(cross_layer="attnres"),
     "looped_depth_attention": dict(cross_layer="depth_attention", num_loops=2),
+    "value_residual_learnable": dict(cross_layer="value_residual", value_residual_learnable=True),
+    "depth_attention_uniform": dict(cross_layer="depth_attention_uniform"),
 }
+
+
+def test_configs_cover_every_registered_method():
+    from depthattn.cross_layer import names
+
+    assert {c["cross_layer"] for c in CONFIGS.values()} == set(names())
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from depthattn.cross_layer import names as method_names
 from depthattn import DecoderLM, ModelConfig
 from depthattn.checkpoint import checkpoint_dirs, load_model
 from depthattn.training import TrainConfig, read_metrics, resolve_model_config, train
@@ -33,7 +34,7 @@ def graphs_for(method: str, layers: int) -> tuple[int, int, int]:
     return counters["stats"]["unique_graphs"], sum(counters["recompiles"].values()), bound
 
 
-@pytest.mark.parametrize("method", ["none", "depth_attention", "denseformer", "attnres", "mhc"])
+@pytest.mark.parametrize("method", method_names())
 def test_graphs_bounded_by_block_signatures_not_depth(method):
     graphs10, recompiles10, bound = graphs_for(method, 10)
     graphs14, recompiles14, _ = graphs_for(method, 14)

@@ -500,3 +500,21 @@ def test_cli_full_disk_is_one_line(ref, rows, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "cannot write (No space left on device" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_boundary_token_check_scans_shards_without_concatenating(monkeypatch):
+    """The trainer's value check of a multi-shard split walks each shard in chunks (never ``np.asarray`` of the whole
+    split, which would load a corpus larger than memory) and still finds a bad id in any shard and chunk."""
+    import depthattn.checks as checks
+    from depthattn.data.tokenstream import ShardedTokens
+
+    def no_concat(self, dtype=None, copy=None):
+        raise AssertionError("the whole split was materialised")
+
+    monkeypatch.setattr(ShardedTokens, "__array__", no_concat)
+    monkeypatch.setattr(checks, "_SCAN_CHUNK", 7)
+    good = ShardedTokens([np.arange(20, dtype=np.uint16) % 10, np.full(15, 9, dtype=np.uint16)])
+    checks.check_token_array(good, 10, "train split")  # every id < 10
+    bad = ShardedTokens([np.zeros(20, dtype=np.uint16), np.array([1] * 10 + [12] + [1] * 4, dtype=np.uint16)])
+    with pytest.raises(ValueError, match=r"^train split contains token id 12 outside the vocabulary \[0, 10\)"):
+        checks.check_token_array(bad, 10, "train split")

@@ -2,8 +2,9 @@
 
 * ``depthattn train --set data_parallel=ddp`` end to end: the run finishes, rank 0 alone writes the run folder and
   its checkpoints, and the weights equal a single-process run whose every micro-batch is rank 0's windows followed by
-  rank 1's (``TokenBatches`` draws per-rank windows, so this is the run DDP's gradient averaging must reproduce) and
-  are far from a run on rank 0's windows alone.
+  rank 1's (``TokenBatches(world_size=2)``: the ranks split one global draw, which is also what one process with the
+  global batch draws; this is the run DDP's gradient averaging must reproduce) and are far from a run on rank 0's
+  windows alone.
 * ``parallelize(data_parallel="ddp")`` with SGD: both ranks end bitwise equal and equal to a single-process reference
   that averages the two ranks' gradients; every parameter (Depth-Attention's included) gets a gradient without
   ``find_unused_parameters``.
@@ -65,12 +66,16 @@ class _BothRanks:
     """Stands in for ``TokenBatches`` in a single process: each micro-batch is rank 0's windows, then rank 1's (half
     of ``batch_size`` each), exactly what the two DDP ranks draw."""
 
-    def __init__(self, tokens, batch_size, seq_len, seed=0, rank=0):
-        assert rank == 0 and batch_size % 2 == 0
-        self.ranks = [TokenBatches(tokens, batch_size // 2, seq_len, seed=seed, rank=r) for r in (0, 1)]
+    def __init__(self, tokens, batch_size, seq_len, seed=0, rank=0, world_size=None):
+        assert rank == 0 and world_size in (None, 1) and batch_size % 2 == 0
+        self.ranks = [TokenBatches(tokens, batch_size // 2, seq_len, seed=seed, rank=r, world_size=2) for r in (0, 1)]
+        self.whole = TokenBatches(tokens, batch_size, seq_len, seed=seed)  # one process drawing the global batch
 
     def batch(self, step, micro_step=0):
-        return torch.cat([b.batch(step, micro_step) for b in self.ranks])
+        both = torch.cat([b.batch(step, micro_step) for b in self.ranks])
+        assert torch.equal(both, self.whole.batch(step, micro_step))  # the ranks split one global draw
+        return both
+
 
 
 def _weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:

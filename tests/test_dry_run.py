@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from depthattn.cross_layer import names as method_names
 from depthattn import DecoderLM, ModelConfig
 from depthattn.accounting import num_params
 from depthattn.cli import main
@@ -15,7 +16,7 @@ from depthattn.training.dry_run import dry_run
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
-@pytest.mark.parametrize("method", ["none", "depth_attention", "denseformer", "attnres", "mhc"])
+@pytest.mark.parametrize("method", method_names())
 def test_dry_run_params_equal_the_real_model(preset, method):
     cfg = ModelConfig.from_preset(preset, cross_layer=method)
     d = dry_run(cfg, TrainConfig(steps=10, device="cpu"))
@@ -46,7 +47,7 @@ def _measured_step_bytes(cfg: ModelConfig, batch: int, seq: int) -> tuple[int, i
     return static, sum(saved.values())
 
 
-@pytest.mark.parametrize("method", ["none", "depth_attention"])
+@pytest.mark.parametrize("method", ["none", "depth_attention", "depth_attention_uniform"])
 def test_memory_estimate_for_small_within_30_percent_of_measured(method):
     cfg = ModelConfig.from_preset("small", cross_layer=method)
     d = dry_run(cfg, TrainConfig(steps=10, batch_size=8, seq_len=128, device="cpu"))

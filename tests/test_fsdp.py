@@ -34,7 +34,7 @@ pytestmark = pytest.mark.dist
 TIMEOUT_S = 240
 BASE = dict(steps=4, batch_size=2, seq_len=32, grad_accum=2, lr=3e-3, eval_every=4, eval_windows=512, eval_batch_size=128, save_every=2,
             keep_last=3, device="cpu")
-METHODS = ("none", "depth_attention", "attnres")
+METHODS = ("none", "depth_attention", "attnres", "value_residual")  # value_residual: learnable λ, a [1] parameter
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -42,8 +42,10 @@ SCRIPT = textwrap.dedent("""
     from depthattn.training import TrainConfig, resolve_model_config, train
 
     data, out, base, methods = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4].split(",")
+    EXTRA = {"value_residual": {"value_residual_learnable": True}}  # per-layer scalars through fully_shard
     def cfg(method, **extra):
-        return resolve_model_config("tiny", {"cross_layer": method, **extra}, 512, "tokenizer.json")
+        return resolve_model_config("tiny", {"cross_layer": method, **EXTRA.get(method, {}), **extra}, 512,
+                                    "tokenizer.json")
     for method in methods:
         for dp in ("ddp", "fsdp"):
             train(out / f"{method}_{dp}", cfg(method), TrainConfig(**base, data_parallel=dp), data, progress=False)
@@ -138,7 +140,10 @@ def test_export_of_fsdp_checkpoint_evaluates_to_the_logged_val_loss(runs, tmp_pa
     res = subprocess.run([sys.executable, "-m", "depthattn.cli", "export", str(runs / "depth_attention_fsdp"),
                           "--out", str(out)], capture_output=True, text=True, timeout=TIMEOUT_S)
     assert res.returncode == 0, res.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "configuration.py", "generation_config.json",
+                                                      "model.safetensors", "modeling.py", "tokenizer.json",
+                                                      "tokenizer_config.json"]  # a Hugging Face model folder
+    assert json.loads((out / "config.json").read_text())["model_type"] == "depthattn"
     n_windows = (len(__import__("depthattn").data.load_prepared(runs / "data").val) - 1) // 32
     assert n_windows <= BASE["eval_windows"]  # the run validated on every window of the split
     res = subprocess.run([sys.executable, "-m", "depthattn.cli", "eval", str(out), "--data", str(runs / "data"),
@@ -174,3 +179,17 @@ def test_sharded_checkpoint_with_a_missing_shard_or_other_config_is_refused(runs
     model = ckpt.load_model(tmp_path / "attnres")
     with pytest.raises(ValueError, match=r"^checkpoint .*other was written for another model config \(cross_layer"):
         load_sharded(other, model, None)
+
+
+def test_sharded_checkpoint_is_described_as_hf_and_eval_says_to_export_it(runs):
+    """A sharded checkpoint carries the Hugging Face config files (model_type, generation and tokenizer configs);
+    opening it for inference is one line naming the folder and the `depthattn export` command."""
+    last = checkpoint_dirs(runs / "depth_attention_fsdp")[-1]
+    assert json.loads((last / "config.json").read_text())["model_type"] == "depthattn"
+    assert (last / "generation_config.json").is_file() and (last / "tokenizer_config.json").is_file()
+    res = subprocess.run([sys.executable, "-m", "depthattn.cli", "eval", str(runs / "depth_attention_fsdp"),
+                          "--data", str(runs / "data"), "--no-progress", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert res.returncode == 2 and res.stdout == ""
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "sharded FSDP checkpoint" in err[0] and f"depthattn export {last}" in err[0], err

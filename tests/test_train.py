@@ -388,3 +388,25 @@ def test_small_config_is_the_compare_default_budget():
     comment = path.read_text(encoding="utf-8")
     assert f"{t['steps']} steps x {t['batch_size']} x {t['seq_len']} tokens" in comment
     assert f"every {t['eval_every']} steps on {t['eval_windows']} windows" in comment
+
+
+def test_trainer_verifies_the_shards_unless_verify_data_is_false(data_dir, tiny_cfg, tmp_path):
+    """A same-size bit flip in a train shard stops ``train`` (one line naming the shard) before anything is written;
+    ``verify_data=false`` (``--no-verify``) skips the hash and trains."""
+    import shutil
+    import time
+
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    shard = sorted(copy.glob("train-*.bin"))[0]
+    time.sleep(0.05)
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    cfg = TrainConfig(steps=1, batch_size=2, seq_len=32, eval_every=1, eval_windows=1, device="cpu")
+    with pytest.raises(ValueError) as e:
+        train(tmp_path / "run", tiny_cfg, cfg, copy, progress=False)
+    assert str(shard) in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()
+    res = train(tmp_path / "run", tiny_cfg, cfg.replace(verify_data=False), copy, progress=False)
+    assert res.steps == 1

@@ -97,6 +97,7 @@ def test_vllm_greedy_equals_depthattn_generate(tmp_path, tokenizer_file, method,
 
 @pytest.mark.parametrize("method,overrides,match", [
     ("mhc", {}, r"cross_layer in \('none', 'depth_attention'\), not 'mhc'"),
+    ("value_residual", {}, r"not 'value_residual': the plugin implements only Depth-Attention's value mix"),
     ("depth_attention", {"num_loops": 2}, r"does not serve looped depthattn models \(num_loops=2\)"),
     ("depth_attention", {"head_dim": 16}, r"head_dim=16 is not supported by vLLM's .* attention backend"),
 ])

@@ -28,6 +28,8 @@ from .fileio import write_folder_atomically
 from .model import DecoderLM
 
 WEIGHTS_NAME = "model.safetensors"
+#: The folder of an FSDP run's sharded (DCP) weights inside a checkpoint folder (``depthattn.training.dcp``).
+SHARDED_DIR = "dcp"
 CONFIG_NAME = "config.json"
 TOKENIZER_NAME = files.TOKENIZER_NAME
 
@@ -60,16 +62,32 @@ def save_model_files(model: DecoderLM, folder: str, tokenizer_file: str | os.Pat
     """
     state = model_state_dict(model)
     save_file(state, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    save_config_files(model.config, folder, dtype, tokenizer_file, token_ids)
+
+
+def save_config_files(cfg: ModelConfig, folder: str | os.PathLike, dtype: str,
+                      tokenizer_file: str | os.PathLike | None = None,
+                      token_ids: dict[str, int | None] | None = None) -> None:
+    """Every Hugging Face file of a checkpoint folder but the weights (``save_model_files`` less
+    ``model.safetensors``; also used for sharded FSDP checkpoints): the tokenizer with its ``tokenizer_config.json``
+    (the data folder's own when ``tokenizer_file`` has one beside it, so declared special tokens carry over),
+    ``config.json``, ``generation_config.json`` and the ``trust_remote_code`` modules. ``dtype``: the weights'
+    (``"float32"``)."""
+    folder = os.fspath(folder)
     tok = os.path.join(folder, TOKENIZER_NAME)
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, tok)
+        beside = os.path.join(os.path.dirname(os.fspath(tokenizer_file)), files.TOKENIZER_CONFIG_NAME)
+        if os.path.isfile(beside) and os.path.abspath(beside) != os.path.abspath(
+                os.path.join(folder, files.TOKENIZER_CONFIG_NAME)):
+            shutil.copyfile(beside, os.path.join(folder, files.TOKENIZER_CONFIG_NAME))
     if os.path.isfile(tok):
         if not os.path.isfile(os.path.join(folder, files.TOKENIZER_CONFIG_NAME)):
-            files.write_tokenizer_config(folder, model.config.max_position_embeddings)
+            files.write_tokenizer_config(folder, cfg.max_position_embeddings)
         if token_ids is None:
             token_ids = files.tokenizer_token_ids(tok)
-    dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
-    files.write_hf_files(folder, model.config, dtype, token_ids)
+    files.write_hf_files(folder, cfg, dtype, token_ids)
 
 
 def save_model(model: DecoderLM, path: str | os.PathLike, tokenizer_file: str | os.PathLike | None = None,
@@ -95,6 +113,15 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
+def refuse_sharded(path: str | os.PathLike) -> None:
+    """Raise ``ValueError`` (one line naming the folder) for a sharded FSDP checkpoint, which holds DCP shards
+    instead of ``model.safetensors`` and is read through ``depthattn export``."""
+    if os.path.isdir(os.path.join(os.fspath(path), SHARDED_DIR)) and not os.path.isfile(
+            os.path.join(os.fspath(path), WEIGHTS_NAME)):
+        raise ValueError(f"{os.fspath(path)} is a sharded FSDP checkpoint ({SHARDED_DIR}/ shards, no {WEIGHTS_NAME}): "
+                         f"gather it first with `depthattn export {os.fspath(path)} --out DIR` and use DIR")
+
+
 def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None) -> ModelConfig:
     """Refuse a folder whose ``config.json`` shapes disagree with its ``model.safetensors`` header, or whose config
     says ``tie_word_embeddings`` while the file holds a different ``lm_head.weight`` (one ``ValueError`` naming the
@@ -116,6 +143,7 @@ def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None)
 def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Read ``model.safetensors``; a truncated or corrupt file raises ``ValueError`` naming it."""
     file = os.path.join(os.fspath(path), WEIGHTS_NAME)
+    refuse_sharded(path)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: the checkpoint has no safetensors weights")
     return read_safetensors(file)

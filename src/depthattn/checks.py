@@ -125,14 +125,28 @@ def check_forward_values(cfg: ModelConfig, input_ids: Tensor, attention_mask: Te
                          f"so the loss is undefined")
 
 
+_SCAN_CHUNK = 1 << 24  # token ids per min/max pass of check_token_array (64 MiB at int32)
+
+
 def check_token_array(tokens, vocab_size: int, where: str) -> None:
     """Raise ``ValueError`` naming ``where`` if a 1-D token array (numpy, memmap or tensor) holds an id outside
     ``[0, vocab_size)``: the one value check of token data that is fed to the model without further checks
-    (training windows, evaluation splits). One pass over the array."""
-    arr = tokens.numpy() if isinstance(tokens, Tensor) else np.asarray(tokens)
-    if arr.size == 0:
+    (training windows, evaluation splits). One pass over the array, in chunks of ``_SCAN_CHUNK`` ids per shard of
+    a multi-shard split (``parts``), so a corpus larger than memory is scanned without being loaded whole."""
+    if isinstance(tokens, Tensor):
+        parts = [tokens.numpy()]
+    else:
+        parts = list(getattr(tokens, "parts", None) or [tokens])
+    lo = hi = None
+    for part in parts:
+        for i in range(0, len(part), _SCAN_CHUNK):
+            chunk = np.asarray(part[i:i + _SCAN_CHUNK])
+            if chunk.size:
+                c_lo, c_hi = int(chunk.min()), int(chunk.max())
+                lo = c_lo if lo is None else min(lo, c_lo)
+                hi = c_hi if hi is None else max(hi, c_hi)
+    if lo is None:
         return
-    lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
         raise ValueError(f"{where} contains token id {bad} outside the vocabulary [0, {vocab_size})")

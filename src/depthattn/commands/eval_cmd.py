@@ -73,7 +73,7 @@ def run_eval(args: argparse.Namespace) -> int:
     results: dict = {"checkpoint": str(folder)}
     if not args.skip_perplexity:
         data_dir = eval_data_dir(folder, args.data)
-        data = load_prepared(data_dir)
+        data = load_prepared(data_dir, verify=not args.no_verify)
         seq_len = args.seq_len or default_seq_len(folder, model)
         res = evaluate_perplexity(model, data.split(args.split), tokenizer, seq_len=seq_len,
                                   batch_size=args.batch_size, max_tokens=args.max_tokens, device=dev,
@@ -112,4 +112,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the data shards")
     p.set_defaults(func=run_eval)

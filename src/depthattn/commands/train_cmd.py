@@ -60,6 +60,8 @@ def add_model_options(p: argparse.ArgumentParser, data_help: str = DATA_HELP) ->
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in the backward pass")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the sha256 check of the data shards (TrainConfig.verify_data=false)")
 
 
 def gather_settings(args: argparse.Namespace, extra_model: dict | None = None) -> tuple[str, dict, dict, Any]:
@@ -78,6 +80,8 @@ def gather_settings(args: argparse.Namespace, extra_model: dict | None = None) -
         train_kw.pop("steps", None)
     if args.compile:
         train_kw["compile"] = True
+    if args.no_verify:
+        train_kw["verify_data"] = False
     if args.activation_checkpointing:
         train_kw["activation_checkpointing"] = True
     if args.loops is not None:
@@ -122,8 +126,8 @@ def run_train(args: argparse.Namespace) -> int:
         given = [flag for attr, flag in RESUME_FIXED if getattr(args, attr, None) not in (None, [])]
         if given:
             raise ValueError(f"--resume continues {args.resume} with its recorded config and data; drop "
-                             f"{', '.join(given)} (only --device, --compile, --activation-checkpointing and "
-                             f"--no-progress may be given)")
+                             f"{', '.join(given)} (only --device, --compile, --activation-checkpointing, "
+                             f"--no-verify and --no-progress may be given)")
         run = read_run(args.resume)
         from ..config import ModelConfig
 
@@ -133,6 +137,8 @@ def run_train(args: argparse.Namespace) -> int:
             overrides["compile"] = True
         if args.activation_checkpointing:
             overrides["activation_checkpointing"] = True
+        if args.no_verify:
+            overrides["verify_data"] = False
         train_cfg = TrainConfig.from_dict({**run["train"], **overrides})
         result = train(args.resume, model_cfg, train_cfg, run["data"], resume=True, progress=not args.no_progress)
     else:
@@ -146,7 +152,7 @@ def run_train(args: argparse.Namespace) -> int:
         from ..data import load_prepared
 
         data_dir = ensure_data(data, progress=not args.no_progress)
-        prepared = load_prepared(data_dir)
+        prepared = load_prepared(data_dir, verify=False)  # the trainer verifies the shards (rank 0, once)
         model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / "tokenizer.json"))
         out = args.out or os.path.join("runs", f"{preset}-{model_cfg.cross_layer}")
         result = train(out, model_cfg, train_cfg, data_dir, init_from=args.init_from, progress=not args.no_progress)
@@ -197,7 +203,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="run folder (default runs/<preset>-<cross_layer>)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue a run from its newest checkpoint, with its recorded config and data (only "
-                        "--device, --compile, --activation-checkpointing, --no-progress may be given)")
+                        "--device, --compile, --activation-checkpointing, --no-verify, --no-progress may be given)")
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
                    help="start from this checkpoint's weights (its cross_layer may differ)")
     p.add_argument("--dry-run", action="store_true",

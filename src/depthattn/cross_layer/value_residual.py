@@ -64,11 +64,12 @@ class FixedValueResidual:
 
 
 class LearnableValueResidual(nn.Module):
-    """The learnable mix of one layer: parameter ``lam`` (0-d, float32), initialised at ``value_residual_lambda``."""
+    """The learnable mix of one layer: parameter ``lam`` (shape ``[1]``, float32; one element rather than 0-d because
+    FSDP2's ``fully_shard`` refuses scalar parameters), initialised at ``value_residual_lambda``."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
-        self.lam = nn.Parameter(torch.full((), float(cfg.value_residual_lambda), device=device))
+        self.lam = nn.Parameter(torch.full((1,), float(cfg.value_residual_lambda), device=device))
 
     @torch.no_grad()
     def init_weights(self, cfg: ModelConfig) -> None:
@@ -77,7 +78,7 @@ class LearnableValueResidual(nn.Module):
 
     def forward(self, q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) -> Tensor:
         v0, v = values
-        return residual_mix(self.lam, v, v0)
+        return residual_mix(self.lam.reshape(()), v, v0)
 
 
 def value_mix(cfg: ModelConfig, layer_idx: int, device=None):

@@ -58,6 +58,7 @@ class TrainConfig:
     dist_timeout_s: float = 300.0
     peak_flops: float | None = None
     tensorboard: bool = True
+    verify_data: bool = True
     wandb_project: str | None = None
 
     def __post_init__(self) -> None:
@@ -105,6 +106,7 @@ class TrainConfig:
             self.peak_flops, bool) and math.isfinite(self.peak_flops) and self.peak_flops > 0), "peak_flops",
              "must be a device's peak dense bf16 FLOP/s > 0 (e.g. 989e12 for an H100 SXM), or unset")
         need(isinstance(self.tensorboard, bool), "tensorboard", "must be true or false")
+        need(isinstance(self.verify_data, bool), "verify_data", "must be true or false")
         need(self.wandb_project is None or (isinstance(self.wandb_project, str) and bool(self.wandb_project)),
              "wandb_project", "must be a Weights & Biases project name, or unset")
 
@@ -153,7 +155,7 @@ MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 #: Train keys that may change on ``--resume`` without changing the trajectory.
 RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "keep_last", "log_every", "device", "compile",
                             "activation_checkpointing", "fsdp_replicate", "dist_timeout_s", "peak_flops",
-                            "tensorboard", "wandb_project"})
+                            "tensorboard", "wandb_project", "verify_data"})
 
 
 def parse_value(text: str) -> Any:

@@ -28,7 +28,7 @@ from ..config import ModelConfig
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 
-DCP_DIR = "dcp"
+DCP_DIR = ckpt.SHARDED_DIR
 TOKENIZER_FILE = "tokenizer.json"
 TRAIN_CONFIG_FILE = "train_config.json"
 STATE_FILE = "trainer_state.pt"
@@ -64,8 +64,8 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
     dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / DCP_DIR))
     dist.barrier()  # every shard and the metadata are on disk
     if main:
-        model.config.save_json(str(tmp / ckpt.CONFIG_NAME))
-        shutil.copyfile(data_dir / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+        master = next(iter(model.parameters())).dtype  # the sharded master weights' dtype
+        ckpt.save_config_files(model.config, tmp, str(master).removeprefix("torch."), data_dir / TOKENIZER_FILE)
         atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         torch.save(state, tmp / STATE_FILE)
         if target.exists():

@@ -30,8 +30,10 @@ from .config import TrainConfig
 from .metrics import PEAK_BF16_FLOPS, train_flops_per_token
 
 #: A method's own saved activations per token and block, in multiples of ``hidden_size`` (measured as above).
+#: The controls' fixed mixes are linear in the values and save nothing of their own (measured at ``small``: the
+#: same bytes as ``none``); a method missing here is estimated at 1.0, and ``report`` says so.
 METHOD_ACTIVATIONS: dict[str, float] = {"none": 0.0, "depth_attention": 1.1, "denseformer": 1.0, "attnres": 2.0,
-                                        "mhc": 34.0}
+                                        "mhc": 34.0, "value_residual": 0.0, "depth_attention_uniform": 0.0}
 
 
 @dataclass
@@ -124,7 +126,9 @@ def report(d: DryRun, model_cfg: ModelConfig, hours: float) -> str:
              f"  AdamW states (fp32)    {d.optimizer_bytes / gib:9.2f}",
              *([f"  FSDP gathered (bf16)   {d.gather_bytes / gib:9.2f}"] if d.sharded else []),
              f"  activations            {d.activation_bytes / gib:9.2f}  (with activation checkpointing "
-             f"{d.activation_bytes_checkpointed / gib:.2f})",
+             f"{d.activation_bytes_checkpointed / gib:.2f})"
+             + ("" if model_cfg.cross_layer in METHOD_ACTIVATIONS else
+                f"; {model_cfg.cross_layer}'s own activations not measured, estimated at 1 x hidden_size per block"),
              f"  total                  {d.total_bytes / gib:9.2f}  (activation checkpointing "
              f"{'on' if d.activation_checkpointing else 'off'})",
              f"budget: {d.total_tokens:,d} tokens, {d.tokens_per_step:,d} per step",

@@ -156,7 +156,7 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
         start_run_files(run_dir, record, {**groups, "rule": DECAY_RULE}, resume, step,
                         finished=step == train_cfg.total_steps())
     batches = data.TokenBatches(prepared.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed,
-                                rank=rank)
+                                rank=rank, world_size=train_cfg.world_size())  # ranks split one global draw
     throughput = Throughput(model_cfg, train_cfg.seq_len, train_cfg.world_size(), device, train_cfg.peak_flops)
     if rank == 0 and device.type == "cuda" and throughput.peak is None:
         log(throughput.note)  # an unknown GPU: said once
@@ -166,10 +166,23 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
                     start_step=step)
 
 
+def _load_prepared(data_dir: Path, verify: bool) -> data.PreparedData:
+    """The prepared data; with ``verify``, its shards' sha256 are checked by rank 0 alone (the other ranks wait at a
+    barrier, then read the verified folder), so a torchrun job hashes the corpus once, not once per rank."""
+    world = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    if world and torch.distributed.get_rank() != 0:
+        torch.distributed.barrier()  # rank 0 verifies (an error there ends the job through torchrun)
+        return data.load_prepared(data_dir, verify=False)
+    prepared = data.load_prepared(data_dir, verify=verify)
+    if world:
+        torch.distributed.barrier()
+    return prepared
+
+
 def _load_data(model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path):
     """(prepared data, validation windows, ``train_cfg`` with ``steps`` resolved) after checking that the data fits
     the model and the budget."""
-    prepared = data.load_prepared(data_dir)
+    prepared = _load_prepared(data_dir, train_cfg.verify_data)
     if model_cfg.vocab_size != prepared.vocab_size:
         raise ValueError(f"ModelConfig.vocab_size={model_cfg.vocab_size} does not match the tokenizer's vocabulary of "
                          f"{prepared.vocab_size} tokens ({data_dir / TOKENIZER_FILE})")
