@@ -43,15 +43,15 @@ TRAIN_SETS = dict(batch_size=BATCH, seq_len=SEQ, grad_accum=ACCUM, lr=3e-3, eval
                   keep_last=3, device="cpu")
 
 
-def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node=2 ARGS`` (one thread per process); fails the test on a non-zero
-    exit or after ``TIMEOUT_S`` seconds, showing the processes' output."""
+def torchrun(args: list[str], cwd: Path, nproc: int = 2, timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node=NPROC ARGS`` (one thread per process); fails the test on a non-zero
+    exit or after ``timeout_s`` seconds, showing the processes' output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DEPTHATTN_CACHE": str(cwd / "cache"), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     try:
-        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish in {TIMEOUT_S} s: {cmd}\n{e.stdout}\n{e.stderr}")
+        pytest.fail(f"torchrun did not finish in {timeout_s} s: {cmd}\n{e.stdout}\n{e.stderr}")
     assert res.returncode == 0, f"torchrun failed ({res.returncode}): {cmd}\n{res.stdout}\n{res.stderr}"
     return res
 

@@ -27,6 +27,7 @@ from depthattn.training import TrainConfig, read_metrics, read_summary
 from depthattn.training.dcp import export_checkpoint, load_sharded
 from depthattn.training.runs import keep_tokens_per_step
 
+from test_dist import torchrun as dist_torchrun
 from test_train import make_data
 
 pytestmark = pytest.mark.dist
@@ -59,14 +60,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def torchrun(nproc: int, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    try:
-        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish in {TIMEOUT_S} s: {cmd}\n{e.stdout}\n{e.stderr}")
-    assert res.returncode == 0, f"torchrun failed ({res.returncode}): {cmd}\n{res.stdout}\n{res.stderr}"
-    return res
+    """``test_dist.torchrun`` with this file's process count and time limit."""
+    return dist_torchrun(args, cwd, nproc=nproc, timeout_s=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
