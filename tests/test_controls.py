@@ -16,7 +16,7 @@ from depthattn.attention import Attention
 from depthattn.cli import main
 from depthattn.cross_layer import get as method_record
 from depthattn.cross_layer.depth_attention import model_plan
-from depthattn.cross_layer.depth_attention_uniform import uniform_mix, uniform_weights
+from depthattn.cross_layer.depth_attention_uniform import uniform_mix
 from depthattn.cross_layer.value_residual import residual_mix
 from depthattn.training.optim import param_groups
 from test_residual import assert_cache_matches_full, build, padded_batch, tiny
@@ -186,9 +186,6 @@ def test_value_residual_does_not_loop():
 
 # ----------------------------------------------------------------------------- uniform Depth-Attention
 def test_uniform_weights_are_exactly_uniform_and_ignore_scores():
-    for n in (1, 2, 3, 5, 7):
-        w = uniform_weights(n)
-        assert torch.equal(w, torch.full((n,), 1.0 / n)) and w.dtype == torch.float32
     g = torch.Generator().manual_seed(0)
     values = [torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3)]
     keys = [torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3)]

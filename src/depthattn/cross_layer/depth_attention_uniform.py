@@ -27,11 +27,6 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-def uniform_weights(n: int, device=None) -> Tensor:
-    """The depth weights of this control: ``[n]`` float32, each exactly ``1 / n``."""
-    return torch.full((n,), 1.0 / n, dtype=torch.float32, device=device)
-
-
 def uniform_mix(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) -> Tensor:
     """Mean of ``values`` ``[B, K, T, D]`` each (candidates, self last), accumulated in float32 (float64 for float64
     inputs) and rounded once to the self value's dtype. ``q_BHTD`` and ``keys`` are unused (no scoring)."""
