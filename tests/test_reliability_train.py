@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import traceback
@@ -19,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from depthattn.checkpoint import checkpoint_dirs
+from depthattn.cli import main
 from depthattn.data import load_prepared
 from depthattn.training import NonFiniteError, TrainConfig, read_metrics, resolve_model_config, train
 from depthattn.training import loop as loop_module
@@ -304,13 +306,16 @@ def test_lr_1e6_stops_with_one_line_and_saves_no_nan_checkpoint(tmp_path, model_
 def test_nan_loss_stop_then_resume_with_skip_equals_a_skipping_run(tmp_path, model_cfg, data_dir, monkeypatch):
     stop, skip = tmp_path / "stop", tmp_path / "skip"
     inject_nan_loss(monkeypatch, {5})
-    with pytest.raises(NonFiniteError, match=r"^training diverged at step 5: the loss is nan; the update was not "
-                                             r"applied and the newest checkpoint .*step_00000004 is finite; .*"
-                                             r"on_nonfinite=skip"):
+    with pytest.raises(NonFiniteError) as err:
         train_quiet(stop, model_cfg, data_dir)
+    assert re.fullmatch(r"training diverged at step 5: the loss is nan; the update was not applied and the newest "
+                        r"checkpoint \S*step_00000004 is finite; lower TrainConfig.lr \(now 0.003\), or skip such "
+                        rf"steps: on_nonfinite=skip \(depthattn train --resume {re.escape(str(stop))} --on-nonfinite "
+                        r"skip\)", str(err.value)), str(err.value)
     assert [p.name for p in checkpoint_dirs(stop)] == ["step_00000002", "step_00000004"]
     inject_nan_loss(monkeypatch, {1})  # the resumed session's first step is step 5 again
-    train_quiet(stop, model_cfg, data_dir, resume=True, on_nonfinite="skip")
+    assert main(["train", "--resume", str(stop), "--on-nonfinite", "skip", "--no-progress"]) == 0  # as the hint says
+    assert json.loads((stop / "run.json").read_text())["train"]["on_nonfinite"] == "skip"
 
     inject_nan_loss(monkeypatch, {5})
     train_quiet(skip, model_cfg, data_dir, on_nonfinite="skip", save_every=1, keep_last=STEPS)
@@ -328,7 +333,7 @@ def test_consecutive_skips_are_bounded_and_the_count_survives_resume(tmp_path, m
     folder = tmp_path / "run"
     inject_nan_loss(monkeypatch, set(range(3, 100)))
     with pytest.raises(NonFiniteError, match=r"at step 5: the loss is nan after 2 consecutive skipped step\(s\) "
-                                             r"\(max_nonfinite_skips=2\)"):
+                                             r"\(max_nonfinite_skips=2\); .* or raise TrainConfig.max_nonfinite_skips$"):
         train_quiet(folder, model_cfg, data_dir, on_nonfinite="skip", max_nonfinite_skips=2)
     state = torch.load(folder / "checkpoints/step_00000004/trainer_state.pt", weights_only=True)
     assert state["nonfinite_skips"] == 2

@@ -372,12 +372,16 @@ def _nonfinite(t: _Trainer, loss: float, grad_norm: float) -> str | None:
 
 
 def _nonfinite_message(t: _Trainer, what: str, loss: float, grad_norm: float) -> str:
-    skips = (f" after {t.nonfinite_skips - 1} consecutive skipped step(s) (max_nonfinite_skips="
-             f"{t.cfg.max_nonfinite_skips})" if t.cfg.on_nonfinite == "skip" else "")
+    """One line: the step, which value, what was (not) saved, and what to do."""
     saved = f"the newest checkpoint {t.saved} is finite" if t.saved else "no checkpoint was written"
-    return (f"training diverged at step {t.step + 1}: the {'loss' if what == 'loss' else 'gradient norm'} is "
-            f"{loss if what == 'loss' else grad_norm}{skips}; the update was not applied and {saved}; lower "
-            f"TrainConfig.lr (now {t.cfg.lr:g}), or resume with --set on_nonfinite=skip to skip such steps")
+    head = (f"training diverged at step {t.step + 1}: the {'loss' if what == 'loss' else 'gradient norm'} is "
+            f"{loss if what == 'loss' else grad_norm}")
+    if t.cfg.on_nonfinite == "skip":
+        return (f"{head} after {t.nonfinite_skips - 1} consecutive skipped step(s) (max_nonfinite_skips="
+                f"{t.cfg.max_nonfinite_skips}); the update was not applied and {saved}; lower TrainConfig.lr (now "
+                f"{t.cfg.lr:g}) or raise TrainConfig.max_nonfinite_skips")
+    return (f"{head}; the update was not applied and {saved}; lower TrainConfig.lr (now {t.cfg.lr:g}), or skip "
+            f"such steps: on_nonfinite=skip (depthattn train --resume {t.run_dir} --on-nonfinite skip)")
 
 
 def _check_weights_finite(t: _Trainer) -> None:
