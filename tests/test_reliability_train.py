@@ -451,3 +451,18 @@ def test_metrics_writer_is_strict_json(tmp_path):
     assert json.loads((tmp_path / "m.jsonl").read_text(), parse_constant=lambda c: 1 / 0) == \
         {"step": 1, "loss": None, "lr": 1e-3}
 
+
+
+def test_perplexity_of_a_nan_model_is_an_error_not_nan(data_dir, model_cfg):
+    """Issue 13: eval printed perplexity nan and exited 0 for the diverged checkpoint."""
+    from depthattn import DecoderLM
+    from depthattn.data import load_tokenizer
+    from depthattn.eval.perplexity import evaluate_perplexity
+
+    model = DecoderLM(model_cfg)
+    with torch.no_grad():
+        model.model.norm.weight[0] = float("nan")
+    data = load_prepared(data_dir)
+    with pytest.raises(FloatingPointError, match=r"^the model's mean loss over \d+ tokens is nan: its logits"):
+        evaluate_perplexity(model, data.val, load_tokenizer(data_dir / "tokenizer.json"), seq_len=32,
+                            max_tokens=64, progress=False)
