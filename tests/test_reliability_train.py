@@ -333,7 +333,8 @@ def test_consecutive_skips_are_bounded_and_the_count_survives_resume(tmp_path, m
     folder = tmp_path / "run"
     inject_nan_loss(monkeypatch, set(range(3, 100)))
     with pytest.raises(NonFiniteError, match=r"at step 5: the loss is nan after 2 consecutive skipped step\(s\) "
-                                             r"\(max_nonfinite_skips=2\); .* or raise TrainConfig.max_nonfinite_skips$"):
+                                             r"\(max_nonfinite_skips=2\); .* or raise "
+                                             r"TrainConfig.max_nonfinite_skips$"):
         train_quiet(folder, model_cfg, data_dir, on_nonfinite="skip", max_nonfinite_skips=2)
     state = torch.load(folder / "checkpoints/step_00000004/trainer_state.pt", weights_only=True)
     assert state["nonfinite_skips"] == 2

@@ -120,8 +120,8 @@ def evaluate_perplexity(model: torch.nn.Module, tokens: np.ndarray, tokenizer, *
         raise FloatingPointError(f"the model's mean loss over {count} tokens is {loss}: its logits are not finite "
                                  f"(non-finite weights, e.g. from a diverged run?); perplexity is undefined")
     bpb = nats / (math.log(2) * n_bytes) if n_bytes else float("nan")
-    return EvalResult(loss=loss, perplexity=math.exp(loss) if loss < 700 else math.inf, bits_per_byte=bpb, tokens=count, bytes=n_bytes,
-                      nats=nats, seq_len=seq_len)
+    return EvalResult(loss=loss, perplexity=math.exp(loss) if loss < 700 else math.inf, bits_per_byte=bpb,
+                      tokens=count, bytes=n_bytes, nats=nats, seq_len=seq_len)
 
 
 # ---------------------------------------------------------------------------------------------------- validation

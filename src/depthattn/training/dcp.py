@@ -7,8 +7,8 @@ states live under ``dcp/`` (DCP's ``.metadata`` plus one ``.distcp`` file per ra
 DCP) sit beside it. Every rank writes into ``.tmp-step_XXXXXXXX-dcp``; DCP writes its ``.metadata`` only after
 every rank finished its shard, then rank 0 adds its files and renames the folder into place after a barrier, so a
 checkpoint is visible only once complete (the caller has checked that every rank's weights are finite); older
-ones are pruned through ``runs.prune_checkpoints``. DCP reshards on load: a run resumes on any world size, and ``export``
-gathers the full weights in one process (``export_checkpoint``).
+ones are pruned through ``runs.prune_checkpoints``. DCP reshards on load: a run resumes on any world size, and
+``export`` gathers the full weights in one process (``export_checkpoint``).
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from .build import build_on_meta, materialize
 from .dcp import is_sharded, load_sharded, save_sharded
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
-from .runs import (CHECKPOINT_DIR, METRICS_FILE, TOKENIZER_FILE, ResumeCheckpoint, checkpoint_dirs, environment, fault_point,
-                   init_from_checkpoint, keep_tokens_per_step, load_resume_weights, read_metrics,
+from .runs import (CHECKPOINT_DIR, METRICS_FILE, TOKENIZER_FILE, ResumeCheckpoint, checkpoint_dirs, environment,
+                   fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights, read_metrics,
                    read_resume_checkpoint, read_summary, restore_trainer_state, resume_point, run_tokens_per_s,
                    save_checkpoint, set_aside, start_run_files, trainer_state, write_summary)
 from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
