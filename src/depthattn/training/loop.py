@@ -21,6 +21,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -341,7 +342,9 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
         t.nonfinite_skips += 1
         if t.cfg.on_nonfinite == "stop" or t.nonfinite_skips > t.cfg.max_nonfinite_skips:
             raise NonFiniteError(_nonfinite_message(t, bad, train_loss, grad_norm))
-    t.scheduler.step()
+    with warnings.catch_warnings():  # a skipped first step: "lr_scheduler.step() before optimizer.step()" is meant
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        t.scheduler.step()
     t.optimizer.zero_grad(set_to_none=True)
     t.step += 1
     t.tokens_seen += t.cfg.tokens_per_step()
