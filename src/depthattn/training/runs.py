@@ -47,8 +47,8 @@ from ..checkpoint import CHECKPOINT_DIR, SHARDED_DIR, checkpoint_dirs
 from ..config import ModelConfig
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
-from .metrics import finite_or_none, json_line
 from .config import RESUMABLE_KEYS, TrainConfig
+from .metrics import finite_or_none, json_line
 from .runtime import rng_state, set_rng_state
 
 RUN_FILE = "run.json"
@@ -125,7 +125,7 @@ def read_metrics(run_dir: str | os.PathLike, log: Callable[[str], None] | None =
     if not file.is_file():
         return []
     try:
-        text = file.read_text(encoding="utf-8", errors="surrogateescape")
+        text = file.read_text(encoding="utf-8", errors="replace")  # a bad byte fails that line's parse
     except OSError as e:
         raise ValueError(f"cannot read {file}: {e}") from e
     lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
