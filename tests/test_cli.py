@@ -200,8 +200,13 @@ def test_bad_files_print_one_error_and_touch_nothing(run_dir, data_dir, tmp_path
     assert main(["eval", str(run), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "step_00000006/model.safetensors" in err and "truncated or corrupt" in err
+    # resume takes the previous readable checkpoint (test_reliability_train.py); with none readable: one error
+    older = run / "checkpoints/step_00000003/model.safetensors"
+    older.write_bytes(older.read_bytes()[:100])
+    before = hashes(run)
     assert main(["train", "--resume", str(run), "--no-progress"]) == 2
-    assert "step_00000006/model.safetensors" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no readable checkpoint" in err and "step_00000006/model.safetensors" in err
     assert main(["train", *TINY, "--data", str(data_dir), "--steps", "2", "--out", str(run)]) == 2
     assert "already holds checkpoints" in capsys.readouterr().err
     assert hashes(run) == before

@@ -288,14 +288,17 @@ def test_shipped_configs_parse():
 def test_truncated_checkpoint_and_other_config_leave_run_untouched(run_a, tmp_path, data_dir, tiny_cfg):
     run = tmp_path / "c"
     shutil.copytree(run_a, run)
-    weights = run / "checkpoints/step_00000008/model.safetensors"
-    data = weights.read_bytes()
-    weights.write_bytes(data[:len(data) // 2])
+    # every checkpoint truncated (one of them alone: resume takes the previous, test_reliability_train.py)
+    weights = [run / f"checkpoints/step_0000000{s}/model.safetensors" for s in (4, 8)]
+    data = [w.read_bytes() for w in weights]
+    for w, d in zip(weights, data):
+        w.write_bytes(d[:len(d) // 2])
     before = tree_hashes(run)
-    with pytest.raises(ValueError, match=r"step_00000008/model\.safetensors"):
+    with pytest.raises(ValueError, match=r"no readable checkpoint .*step_00000008/model\.safetensors"):
         train(run, tiny_cfg, TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
     assert tree_hashes(run) == before
-    weights.write_bytes(data)
+    for w, d in zip(weights, data):
+        w.write_bytes(d)
     with pytest.raises(ValueError, match=r"differs from the recorded one \(hidden_size: 64 vs 32"):
         train(run, tiny_cfg.replace(hidden_size=32), TrainConfig(**TRAIN), data_dir, resume=True, progress=False)
     # a checkpoint of another architecture dropped into the run folder

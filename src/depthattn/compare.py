@@ -160,7 +160,8 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
         "flops_per_token": flops.total, "flops_extra_ratio": flops.ratio,
         "curve": [{"step": r["step"], "tokens": r["tokens"], "val_loss": r["val_loss"]} for r in rows
                   if "val_loss" in r],
-        "train_curve": [{"tokens": r["tokens"], "loss": r["loss"]} for r in rows],
+        "train_curve": [{"tokens": r["tokens"], "loss": r["loss"]} for r in rows
+                        if r.get("loss") is not None],  # a skipped non-finite step logs loss null
         "sample": generate_text(model, tokenizer, SAMPLE_PROMPT, max_new_tokens=SAMPLE_TOKENS, temperature=0.8,
                                 top_k=50, seed=0, device=dev),
     }

@@ -127,7 +127,7 @@ def run_train(args: argparse.Namespace) -> int:
         if given:
             raise ValueError(f"--resume continues {args.resume} with its recorded config and data; drop "
                              f"{', '.join(given)} (only --device, --compile, --activation-checkpointing, "
-                             f"--no-verify and --no-progress may be given)")
+                             f"--no-verify, --on-nonfinite and --no-progress may be given)")
         run = read_run(args.resume)
         from ..config import ModelConfig
 
@@ -139,6 +139,8 @@ def run_train(args: argparse.Namespace) -> int:
             overrides["activation_checkpointing"] = True
         if args.no_verify:
             overrides["verify_data"] = False
+        if args.on_nonfinite is not None:
+            overrides["on_nonfinite"] = args.on_nonfinite
         train_cfg = TrainConfig.from_dict({**run["train"], **overrides})
         result = train(args.resume, model_cfg, train_cfg, run["data"], resume=True, progress=not args.no_progress)
     else:
@@ -146,6 +148,8 @@ def run_train(args: argparse.Namespace) -> int:
                                                            if args.cross_layer else None)
         if "steps" not in train_kw and "tokens" not in train_kw:
             train_kw["steps"] = 200
+        if args.on_nonfinite is not None:
+            train_kw["on_nonfinite"] = args.on_nonfinite
         train_cfg = TrainConfig.from_dict(train_kw)
         train_cfg.total_steps()  # refuse a budget shorter than one step before any work
         check_model_settings(preset, model_kw)
@@ -203,7 +207,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="run folder (default runs/<preset>-<cross_layer>)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue a run from its newest checkpoint, with its recorded config and data (only "
-                        "--device, --compile, --activation-checkpointing, --no-verify, --no-progress may be given)")
+                        "--device, --compile, --activation-checkpointing, --no-verify, --on-nonfinite, "
+                        "--no-progress may be given)")
+    p.add_argument("--on-nonfinite", choices=("stop", "skip"), default=None,
+                   help="a NaN/inf loss or gradient norm stops the run (stop, the default) or skips that step "
+                        "(skip; TrainConfig.on_nonfinite; may be given with --resume)")
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
                    help="start from this checkpoint's weights (its cross_layer may differ)")
     p.add_argument("--dry-run", action="store_true",

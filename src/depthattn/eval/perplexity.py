@@ -72,7 +72,8 @@ def evaluate_perplexity(model: torch.nn.Module, tokens: np.ndarray, tokenizer, *
     whole split (``PreparedData.num_bytes``); when given and the whole split is evaluated, the tokens' byte lengths
     (the predicted ones plus the first) must add up to it. Raises ``ValueError`` for a split with fewer than 2
     tokens, ``seq_len < 1``, ``seq_len`` beyond the model's ``max_position_embeddings``, or a byte count that
-    differs from ``expected_bytes`` (the tokenizer is not byte-level, so bits per byte would be wrong).
+    differs from ``expected_bytes`` (the tokenizer is not byte-level, so bits per byte would be wrong);
+    ``FloatingPointError`` when the loss is not finite (a model with NaN/inf weights).
     """
     if seq_len < 1 or batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be >= 1")
@@ -115,9 +116,12 @@ def evaluate_perplexity(model: torch.nn.Module, tokens: np.ndarray, tokenizer, *
         bar.close()
         model.train(was)
     loss = nats / count
+    if not math.isfinite(loss):  # a NaN model must not report perplexity nan (docs/reliability.md)
+        raise FloatingPointError(f"the model's mean loss over {count} tokens is {loss}: its logits are not finite "
+                                 f"(non-finite weights, e.g. from a diverged run?); perplexity is undefined")
     bpb = nats / (math.log(2) * n_bytes) if n_bytes else float("nan")
-    return EvalResult(loss=loss, perplexity=math.exp(loss), bits_per_byte=bpb, tokens=count, bytes=n_bytes,
-                      nats=nats, seq_len=seq_len)
+    return EvalResult(loss=loss, perplexity=math.exp(loss) if loss < 700 else math.inf, bits_per_byte=bpb,
+                      tokens=count, bytes=n_bytes, nats=nats, seq_len=seq_len)
 
 
 # ---------------------------------------------------------------------------------------------------- validation

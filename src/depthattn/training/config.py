@@ -25,6 +25,11 @@ class TrainConfig:
     ``steps`` wins when both are set. One step consumes ``batch_size × grad_accum × seq_len`` tokens (per
     data-parallel rank). ``warmup`` is a fraction of the steps (paper: 0.02), at least one step.
 
+    ``on_nonfinite``: what a step whose loss or gradient norm is NaN/±inf does (checked before the optimizer
+    step): ``"stop"`` raises ``training.NonFiniteError``; ``"skip"`` drops the step's gradients without an optimizer
+    update (the step still counts: its batch is consumed and the lr schedule advances), logs ``"skipped": true``,
+    and stops after more than ``max_nonfinite_skips`` consecutive skipped steps. See docs/reliability.md.
+
     Raises:
         ValueError: naming the field and the value, for any impossible setting.
     """
@@ -60,6 +65,8 @@ class TrainConfig:
     tensorboard: bool = True
     verify_data: bool = True
     wandb_project: str | None = None
+    on_nonfinite: str = "stop"
+    max_nonfinite_skips: int = 10
 
     def __post_init__(self) -> None:
         self.validate()
@@ -75,7 +82,7 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "seq_len", "eval_windows", "eval_batch_size", "keep_last",
                      "log_every"):
             need(is_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be an integer >= 1")
-        for name in ("seed", "eval_every", "save_every"):
+        for name in ("seed", "eval_every", "save_every", "max_nonfinite_skips"):
             need(is_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         for name in ("steps", "tokens"):
             v = getattr(self, name)
@@ -107,6 +114,7 @@ class TrainConfig:
              "must be a device's peak dense bf16 FLOP/s > 0 (e.g. 989e12 for an H100 SXM), or unset")
         need(isinstance(self.tensorboard, bool), "tensorboard", "must be true or false")
         need(isinstance(self.verify_data, bool), "verify_data", "must be true or false")
+        need(self.on_nonfinite in ("stop", "skip"), "on_nonfinite", "must be 'stop' or 'skip'")
         need(self.wandb_project is None or (isinstance(self.wandb_project, str) and bool(self.wandb_project)),
              "wandb_project", "must be a Weights & Biases project name, or unset")
 
@@ -155,7 +163,8 @@ MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 #: Train keys that may change on ``--resume`` without changing the trajectory.
 RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "keep_last", "log_every", "device", "compile",
                             "activation_checkpointing", "fsdp_replicate", "dist_timeout_s", "peak_flops",
-                            "tensorboard", "wandb_project", "verify_data"})
+                            "tensorboard", "wandb_project", "verify_data", "on_nonfinite",
+                            "max_nonfinite_skips"})
 
 
 def parse_value(text: str) -> Any:

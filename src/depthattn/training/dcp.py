@@ -6,8 +6,9 @@ states live under ``dcp/`` (DCP's ``.metadata`` plus one ``.distcp`` file per ra
 (scheduler, RNG states, step, tokens seen, data position, world size, tokens per step; no optimizer: that is in
 DCP) sit beside it. Every rank writes into ``.tmp-step_XXXXXXXX-dcp``; DCP writes its ``.metadata`` only after
 every rank finished its shard, then rank 0 adds its files and renames the folder into place after a barrier, so a
-checkpoint is visible only once complete. DCP reshards on load: a run resumes on any world size, and ``export``
-gathers the full weights in one process (``export_checkpoint``).
+checkpoint is visible only once complete (the caller has checked that every rank's weights are finite); older
+ones are pruned through ``runs.prune_checkpoints``. DCP reshards on load: a run resumes on any world size, and
+``export`` gathers the full weights in one process (``export_checkpoint``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import torch
 import torch.distributed as dist
 
 from .. import checkpoint as ckpt
-from ..checkpoint import CHECKPOINT_DIR, checkpoint_dirs
+from ..checkpoint import CHECKPOINT_DIR
 from ..config import ModelConfig
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
+from .runs import prune_checkpoints
 
 DCP_DIR = ckpt.SHARDED_DIR
 TOKENIZER_FILE = "tokenizer.json"
@@ -71,8 +73,7 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
-        for old in checkpoint_dirs(run_dir)[:-train_cfg.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(run_dir, train_cfg.keep_last, target)  # via .trash-step_*, never the newest
     dist.barrier()
     return target
 

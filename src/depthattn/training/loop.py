@@ -9,6 +9,10 @@ resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation 
 loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows come from ``data.TokenBatches``,
 a pure function of ``(seed, step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run
 repeats an uninterrupted one bit for bit on float32 CPU.
+
+Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
+checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
+(``TrainConfig.on_nonfinite``), so no update with a NaN and no checkpoint with a non-finite weight is ever written.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -35,11 +40,17 @@ from .build import build_on_meta, materialize
 from .dcp import is_sharded, load_sharded, save_sharded
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
-from .runs import (METRICS_FILE, TOKENIZER_FILE, environment, init_from_checkpoint, keep_tokens_per_step,
-                   load_resume_weights, load_trainer_state, read_metrics, read_summary, restore_trainer_state,
-                   resume_point, run_tokens_per_s, save_checkpoint, start_run_files, trainer_state, write_summary)
+from .runs import (CHECKPOINT_DIR, METRICS_FILE, TOKENIZER_FILE, ResumeCheckpoint, checkpoint_dirs, environment,
+                   fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights, read_metrics,
+                   read_resume_checkpoint, read_summary, restore_trainer_state, resume_point, run_tokens_per_s,
+                   save_checkpoint, set_aside, start_run_files, trainer_state, write_summary)
 from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
                       seed_everything, start_distributed)
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN or ±inf loss, gradient norm or weight stopped the run (``TrainConfig.on_nonfinite``). The message is
+    one line: the step, which value, and what to do. Nothing non-finite was applied or saved."""
 
 
 @dataclass
@@ -77,6 +88,7 @@ class _Trainer:
     train_tokens: int = 0  # tokens trained this session
     saved: Path | None = None
     start_step: int = 0  # the step this session started from
+    nonfinite_skips: int = 0  # consecutive steps skipped for a non-finite loss or gradient norm (saved, resumed)
 
     @property
     def total_steps(self) -> int:
@@ -92,9 +104,13 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     ``resume``: continue from the newest checkpoint of ``run_dir`` (configs must match the recorded ones, except
     ``RESUMABLE_KEYS``). ``init_from``: start from a checkpoint's weights (``init_from_checkpoint``).
     ``stop_after``: return after this global step (as if interrupted; the last checkpoint stays resumable).
-    ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished).
+    ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished;
+    an unreadable newest checkpoint skipped, a torn metrics line dropped, leftovers of interrupted writes removed).
 
     Raises:
+        NonFiniteError: (a ``FloatingPointError``) a non-finite loss or gradient norm with ``on_nonfinite="stop"``
+            or after more than ``max_nonfinite_skips`` consecutive skips, or non-finite weights at a checkpoint;
+            the checkpoints already written are finite and stay.
         ValueError: vocabulary mismatch with the data's tokenizer, a budget shorter than one step, a run folder that
             already holds checkpoints (without ``resume``), a config that differs from the checkpoint's on resume,
             a truncated checkpoint file (named), or any invalid setting. Nothing already written is modified.
@@ -106,8 +122,10 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
         while t.step < last:
             row = _optimizer_step(t)
+            fault_point("step")
             _maybe_validate(t, row)
             _log_row(t, row, metrics, bar, last)
+            fault_point("logged")
             _maybe_checkpoint(t)
     return _finish(t)
 
@@ -128,7 +146,9 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
               "tokenizer_sha256": prepared.meta["tokenizer_sha256"], "data_fingerprint": prepared.fingerprint,
               "device": str(device), "resolved_precision": resolved_precision(amp),
               "world_size": train_cfg.world_size(), "tokens_per_step": train_cfg.tokens_per_step()}
-    resume_from = resume_point(run_dir, record, data_dir, resume)
+    say = log if rank == 0 else lambda _: None
+    found = _read_resume(run_dir, resume_point(run_dir, record, data_dir, resume), model_cfg, say)
+    resume_from = found.path if found else None
     run_dir.mkdir(parents=True, exist_ok=True)
     sharded = resume_from is not None and is_sharded(resume_from)
     if sharded != (resume_from is not None and train_cfg.data_parallel == "fsdp"):
@@ -136,25 +156,29 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
                          f"needs data_parallel={'fsdp' if sharded else 'null or ddp'}")
     model = _build_model(model_cfg, train_cfg, device, amp)
     if resume_from is not None and not sharded:
-        load_resume_weights(model, model_cfg, resume_from)
+        load_resume_weights(model, model_cfg, resume_from, found.weights)
+        found.weights = None  # loaded: free the CPU copy
     elif init_from is not None:
         _init_from(model, init_from, train_cfg.data_parallel == "fsdp", log if rank == 0 else lambda _: None)
     net = torch.nn.parallel.DistributedDataParallel(model) if train_cfg.data_parallel == "ddp" else model
     optimizer, scheduler, groups = _build_optimizer(model, train_cfg)
-    step, tokens_seen = 0, 0
+    step, tokens_seen, skips = 0, 0, 0
     if resume_from is not None:
         if sharded:
             load_sharded(resume_from, model, optimizer)
-        step, tokens_seen = restore_trainer_state(load_trainer_state(resume_from), optimizer, scheduler, resume_from)
+        step, tokens_seen = restore_trainer_state(found.state, optimizer, scheduler, resume_from)
+        skips = int(found.state.get("nonfinite_skips", 0))
     if resume and rank == 0:
         if step == train_cfg.total_steps():
             log(f"{run_dir} already finished at step {step}; nothing to do")
         else:
             log(f"resuming {run_dir} from step {step} of {train_cfg.total_steps()}")
     if rank == 0:
+        if found is not None:
+            set_aside(found.unreadable, log)
         record.update(environment(train_cfg, device, amp))
         start_run_files(run_dir, record, {**groups, "rule": DECAY_RULE}, resume, step,
-                        finished=step == train_cfg.total_steps())
+                        finished=step == train_cfg.total_steps(), log=log)
     batches = data.TokenBatches(prepared.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed,
                                 rank=rank, world_size=train_cfg.world_size())  # ranks split one global draw
     throughput = Throughput(model_cfg, train_cfg.seq_len, train_cfg.world_size(), device, train_cfg.peak_flops)
@@ -163,7 +187,36 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
                     val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, data_dir=data_dir,
                     is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen, saved=resume_from,
-                    start_step=step)
+                    start_step=step, nonfinite_skips=skips)
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+
+
+def _read_resume(run_dir: Path, newest: Path | None, model_cfg: ModelConfig,
+                 log: Callable[[str], None]) -> ResumeCheckpoint | None:
+    """The checkpoint to resume from, read (``runs.read_resume_checkpoint``: the newest readable one up to
+    ``newest``). Under torchrun rank 0 chooses and the other ranks read its choice (an error there: on every rank)."""
+    if newest is None:
+        return None
+    dirs = [d for d in checkpoint_dirs(run_dir) if d <= newest]
+    if not _distributed():
+        return read_resume_checkpoint(dirs, model_cfg, log)
+    choice: list[Any] = [None]
+    if torch.distributed.get_rank() == 0:
+        try:
+            found = read_resume_checkpoint(dirs, model_cfg, log)
+            choice = [("ok", found.path.name)]
+        except ValueError as e:
+            choice = [("error", str(e))]
+    torch.distributed.broadcast_object_list(choice, src=0)
+    kind, value = choice[0]
+    if kind == "error":
+        raise ValueError(value)
+    if torch.distributed.get_rank() == 0:
+        return found
+    return read_resume_checkpoint([run_dir / CHECKPOINT_DIR / value], model_cfg, lambda _: None, fall_back=False)
 
 
 def _load_prepared(data_dir: Path, verify: bool) -> data.PreparedData:
@@ -271,26 +324,81 @@ def _accumulate_gradients(t: _Trainer) -> float:
 
 def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     """One optimizer step (gradient accumulation, clipping, scheduler); advances the counters and returns the
-    step's metrics row. Raises ``FloatingPointError`` if the loss is not finite."""
+    step's metrics row. A non-finite loss or gradient norm (checked on every rank before the update) raises
+    ``NonFiniteError``, or with ``on_nonfinite="skip"`` drops the gradients without an update: the step, its batch
+    and the lr schedule still advance, and the row says ``"skipped": true``."""
     t0 = time.perf_counter()
     lr = t.scheduler.get_last_lr()[0]
     loss_sum = _accumulate_gradients(t)
+    train_loss = loss_sum / t.cfg.grad_accum
     max_norm = t.cfg.grad_clip if t.cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), max_norm)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
-    t.optimizer.step()
-    t.scheduler.step()
+    bad = _nonfinite(t, train_loss, grad_norm)
+    if bad is None:
+        t.optimizer.step()
+        t.nonfinite_skips = 0
+    else:
+        t.nonfinite_skips += 1
+        if t.cfg.on_nonfinite == "stop" or t.nonfinite_skips > t.cfg.max_nonfinite_skips:
+            raise NonFiniteError(_nonfinite_message(t, bad, train_loss, grad_norm))
+    with warnings.catch_warnings():  # a skipped first step: "lr_scheduler.step() before optimizer.step()" is meant
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        t.scheduler.step()
     t.optimizer.zero_grad(set_to_none=True)
     t.step += 1
     t.tokens_seen += t.cfg.tokens_per_step()
     dt = time.perf_counter() - t0
     t.train_time += dt
     t.train_tokens += t.cfg.tokens_per_step()
-    train_loss = loss_sum / t.cfg.grad_accum
-    if not math.isfinite(train_loss):
-        raise FloatingPointError(f"training loss became {train_loss} at step {t.step}")
     row = {"step": t.step, "tokens": t.tokens_seen, "loss": train_loss, "lr": lr, "grad_norm": grad_norm}
+    if bad is not None:
+        row.update(skipped=True, nonfinite=bad)
     return t.throughput.update(row, t.cfg.tokens_per_step(), dt)
+
+
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` holds on any rank (every rank gets the same answer; no communication in one process)."""
+    if not _distributed():
+        return flag
+    x = torch.tensor([1.0 if flag else 0.0], device=device)
+    torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
+    return bool(x.item())
+
+
+def _nonfinite(t: _Trainer, loss: float, grad_norm: float) -> str | None:
+    """``"loss"`` or ``"grad_norm"`` when that value is not finite on some rank, else None (all ranks agree)."""
+    what = "loss" if not math.isfinite(loss) else "grad_norm" if not math.isfinite(grad_norm) else None
+    if _any_rank(what is not None, t.device) and what is None:
+        what = "loss"  # another rank's loss (gradient norms are global)
+    return what
+
+
+def _nonfinite_message(t: _Trainer, what: str, loss: float, grad_norm: float) -> str:
+    """One line: the step, which value, what was (not) saved, and what to do."""
+    saved = f"the newest checkpoint {t.saved} is finite" if t.saved else "no checkpoint was written"
+    head = (f"training diverged at step {t.step + 1}: the {'loss' if what == 'loss' else 'gradient norm'} is "
+            f"{loss if what == 'loss' else grad_norm}")
+    if t.cfg.on_nonfinite == "skip":
+        return (f"{head} after {t.nonfinite_skips - 1} consecutive skipped step(s) (max_nonfinite_skips="
+                f"{t.cfg.max_nonfinite_skips}); the update was not applied and {saved}; lower TrainConfig.lr (now "
+                f"{t.cfg.lr:g}) or raise TrainConfig.max_nonfinite_skips")
+    return (f"{head}; the update was not applied and {saved}; lower TrainConfig.lr (now {t.cfg.lr:g}), or skip "
+            f"such steps: on_nonfinite=skip (depthattn train --resume {t.run_dir} --on-nonfinite skip)")
+
+
+def _check_weights_finite(t: _Trainer) -> None:
+    """Raise ``NonFiniteError`` naming the first non-finite parameter if any rank holds a NaN or ±inf weight
+    (called before every checkpoint, so none is ever written with one)."""
+    names, params = zip(*t.model.named_parameters())
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]  # FSDP: this rank's shard
+    finite = torch.stack([torch.isfinite(p.detach()).all() for p in local]).tolist()
+    bad = [n for n, ok in zip(names, finite) if not ok]
+    if _any_rank(bool(bad), t.device):
+        saved = f"the newest checkpoint {t.saved} stays" if t.saved else "no checkpoint was written"
+        raise NonFiniteError(f"training diverged by step {t.step}: non-finite weights "
+                             f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''}); the "
+                             f"checkpoint was not written and {saved}; lower TrainConfig.lr (now {t.cfg.lr:g})")
 
 
 # ---------------------------------------------------------------------------------------------------- periodic work
@@ -313,15 +421,17 @@ def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last
 def _maybe_checkpoint(t: _Trainer) -> None:
     """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint; ranks meet after periodic ones."""
     periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0)
+    if periodic or t.step == t.total_steps:
+        _check_weights_finite(t)  # collective: every rank raises, or none
     if t.cfg.data_parallel == "fsdp":
         if periodic or t.step == t.total_steps:
             state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
                      "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
-                     "tokens_per_step": t.cfg.tokens_per_step()}
+                     "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips}
             t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state)
         return
     if t.is_main and (periodic or t.step == t.total_steps):
-        state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen)
+        state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips)
         t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state)
     if t.cfg.world_size() > 1 and periodic:
         torch.distributed.barrier()

@@ -10,6 +10,7 @@ backward costs twice the forward; activation-checkpointing recomputation is not 
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 from pathlib import Path
@@ -34,6 +35,22 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 #: Row keys measured on the machine (timing, memory), not part of the trajectory a resumed run repeats.
 MEASURED_KEYS = frozenset({"tokens_per_s", "flops_per_s", "mfu", "peak_memory_gib"})
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf) replaced by None, recursively: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def json_line(row: Mapping[str, Any]) -> str:
+    """One ``metrics.jsonl`` line: strict JSON (a non-finite number is written as null), newline-terminated."""
+    return json.dumps(finite_or_none(row), allow_nan=False) + "\n"
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
@@ -85,7 +102,8 @@ class Throughput:
 
 
 class MetricsLogger:
-    """Rank 0's sinks for metrics rows: ``metrics.jsonl`` (appended, flushed per row), TensorBoard event files
+    """Rank 0's sinks for metrics rows: ``metrics.jsonl`` (appended, flushed per row, strict JSON: a non-finite
+    value such as the loss of a skipped step is written as null), TensorBoard event files
     under ``tensorboard/`` (``tensorboard=True``) and a Weights & Biases run (``wandb_project``; honours
     ``WANDB_MODE=offline``). Other ranks get a logger that writes nothing.
 
@@ -117,10 +135,11 @@ class MetricsLogger:
     def log(self, row: Mapping[str, Any]) -> None:
         if self.file is None:
             return
-        self.file.write(json.dumps(row) + "\n")
+        self.file.write(json_line(row))
         self.file.flush()
         step = int(row["step"])
-        scalars = {k: float(v) for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+        scalars = {k: float(v) for k, v in row.items()
+                   if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
         if self.tb is not None:
             for key, value in scalars.items():
                 self.tb.add_scalar(f"train/{key}" if key != "val_loss" else "val/loss", value, step)

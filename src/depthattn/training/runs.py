@@ -19,26 +19,36 @@ Every file is written atomically and every checkpoint folder is assembled under 
 (``fileio.write_folder_atomically``), so a failure never damages what is already there. Where the checkpoints
 of a run folder are (``checkpoint_dirs``, ``latest_checkpoint``) is ``depthattn.checkpoint``'s; what may change when
 a run resumes (``config_differences``, ``resume_point``) is decided here.
+
+Crash consistency (docs/reliability.md, "Training runs"): a torn last line of ``metrics.jsonl`` (a kill or a full
+disk mid-append) is dropped with a note; old checkpoints are renamed to ``.trash-step_XXXXXXXX`` before they are
+deleted, so a kill mid-prune never leaves a half-deleted folder under a real name; leftovers of interrupted writes
+(``.tmp-*``, ``.old-*``, ``.trash-*``) are removed when a run starts; resume takes the newest *readable* checkpoint,
+saying which one it skipped and why. ``DEPTHATTN_FAULT_PHASE=<phase>:<n>`` (tests only) kills the process with
+SIGKILL the n-th time a named phase is reached (``fault_point``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
+import signal
 import subprocess
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
 from .. import checkpoint as ckpt
-from ..checkpoint import CHECKPOINT_DIR, checkpoint_dirs
+from ..checkpoint import CHECKPOINT_DIR, SHARDED_DIR, checkpoint_dirs
 from ..config import ModelConfig
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig
+from .metrics import finite_or_none, json_line
 from .runtime import rng_state, set_rng_state
 
 RUN_FILE = "run.json"
@@ -105,18 +115,98 @@ def run_of_checkpoint(checkpoint_dir: Path) -> dict[str, Any] | None:
     return None
 
 
-def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+def read_metrics(run_dir: str | os.PathLike, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl`` (empty without the file).
+
+    A last line that does not parse (torn by a kill or a full disk mid-append) is dropped with a note through
+    ``log`` (default: a ``UserWarning``) naming the file. Raises ``ValueError`` naming the file and line number for
+    a bad line anywhere else, or a row that is not a JSON object with a ``step``."""
     file = Path(run_dir) / METRICS_FILE
     if not file.is_file():
         return []
-    with open(file, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    try:
+        text = file.read_text(encoding="utf-8", errors="replace")  # a bad byte fails that line's parse
+    except OSError as e:
+        raise ValueError(f"cannot read {file}: {e}") from e
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+    rows = []
+    for i, (n, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not (isinstance(row, dict) and "step" in row):
+                raise ValueError("not a JSON object with a step")
+        except ValueError as e:
+            if i == len(lines) - 1:
+                (log or (lambda m: warnings.warn(m, stacklevel=3)))(
+                    f"{file}:{n}: dropped a torn last line (an interrupted write): {line[:60]!r}")
+                break
+            raise ValueError(f"{file}:{n}: not a metrics row ({e}); fix or delete that line") from e
+        rows.append(row)
+    return rows
 
 
-def _truncate_metrics(run_dir: Path, last_step: int) -> None:
-    """Drop logged rows past ``last_step`` (logged before a crash, after the checkpoint we resume from)."""
-    rows = [r for r in read_metrics(run_dir) if r["step"] <= last_step]
-    atomic_write_text(run_dir / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+def _truncate_metrics(run_dir: Path, last_step: int, log: Callable[[str], None]) -> None:
+    """Drop logged rows past ``last_step`` (logged before a crash, after the checkpoint we resume from); a missing
+    log restarts empty, said through ``log``."""
+    file = run_dir / METRICS_FILE
+    if not file.is_file() and last_step > 0:
+        log(f"{file} is missing: the metrics log restarts at step {last_step + 1} (rows of steps 1-{last_step} are "
+            f"lost)")
+    rows = [r for r in read_metrics(run_dir, log) if r["step"] <= last_step]
+    atomic_write_text(file, "".join(json_line(r) for r in rows))
+
+
+# ---------------------------------------------------------------------------------------------------- faults, debris
+FAULT_ENV = "DEPTHATTN_FAULT_PHASE"
+_fault_counts: dict[str, int] = {}
+
+
+def fault_point(phase: str) -> None:
+    """Test hook: with ``DEPTHATTN_FAULT_PHASE=<phase>:<n>`` set, SIGKILL this process the n-th time ``phase`` is
+    reached (phases: ``step`` after an optimizer step, ``logged`` after its metrics row, ``save`` inside a
+    checkpoint write, ``saved`` after the rename before pruning, ``prune`` after a folder moved to the trash).
+    Does nothing when the variable is unset."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec or spec.partition(":")[0] != phase:
+        return
+    _fault_counts[phase] = _fault_counts.get(phase, 0) + 1
+    if _fault_counts[phase] == int(spec.partition(":")[2] or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+#: Name prefixes of leftovers of interrupted writes and prunes (fileio temporaries, replaced and trashed folders).
+DEBRIS_PREFIXES = (".tmp-", ".old-", ".trash-")
+
+
+def remove_debris(run_dir: Path, log: Callable[[str], None]) -> list[str]:
+    """Delete leftovers of interrupted writes in ``run_dir`` and its ``checkpoints/`` (names starting with
+    ``DEBRIS_PREFIXES``), saying what was removed in one line; returns their names."""
+    removed = []
+    for folder in (run_dir, run_dir / CHECKPOINT_DIR):
+        if not folder.is_dir():
+            continue
+        for p in sorted(folder.iterdir()):
+            if p.name.startswith(DEBRIS_PREFIXES):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+                removed.append(str(p.relative_to(run_dir)))
+    if removed:
+        log(f"removed leftovers of an interrupted write in {run_dir}: {', '.join(removed)}")
+    return removed
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, newest: Path) -> None:
+    """Keep ``newest`` (the checkpoint just written) and the ``keep_last - 1`` newest others; each older folder is
+    renamed to ``.trash-step_XXXXXXXX`` first, then deleted, so no half-deleted folder keeps a checkpoint's name."""
+    others = [d for d in checkpoint_dirs(run_dir) if d != newest]
+    for old in others[:max(0, len(others) - (keep_last - 1))]:
+        trash = old.with_name(f".trash-{old.name}")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(old, trash)
+        fault_point("prune")
+        shutil.rmtree(trash, ignore_errors=True)  # a leftover is removed when the run next starts
 
 
 # ---------------------------------------------------------------------------------------------------- resume policy
@@ -198,19 +288,96 @@ def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: 
     return dirs[-1] if dirs else None
 
 
-def load_resume_weights(model: DecoderLM, model_cfg: ModelConfig, checkpoint_dir: Path) -> None:
-    """Load the weights of the checkpoint to resume from, refusing one written for another model config."""
+#: What the checkpoint readers raise for a missing, truncated or corrupt file (or one failing its integrity check).
+UNREADABLE_ERRORS = (OSError, ValueError, RuntimeError, KeyError, EOFError)
+_STATE_KEYS = ("scheduler", "rng", "step", "tokens_seen", "data_position")
+
+
+@dataclass
+class ResumeCheckpoint:
+    """The checkpoint a run resumes from, read: ``state`` is its ``trainer_state.pt``, ``weights`` its
+    ``model.safetensors`` tensors (None for a sharded checkpoint: ``training.dcp`` reads it into the model);
+    ``unreadable`` are newer checkpoint folders that could not be read (``set_aside`` moves them away)."""
+
+    path: Path
+    state: dict[str, Any]
+    weights: dict[str, torch.Tensor] | None
+    unreadable: list[Path] = field(default_factory=list)
+
+
+def _read_checkpoint(d: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+    state = load_trainer_state(d)
+    missing = [k for k in _STATE_KEYS if k not in state]
+    if missing:
+        raise KeyError(f"{d / STATE_FILE} lacks {missing}")
+    if (d / SHARDED_DIR).is_dir():
+        from torch.distributed.checkpoint import FileSystemReader
+
+        FileSystemReader(str(d / SHARDED_DIR)).read_metadata()  # DCP's index; the shards are read by training.dcp
+        return state, None
+    return state, ckpt.load_state(d)
+
+
+def read_resume_checkpoint(dirs: list[Path], model_cfg: ModelConfig, log: Callable[[str], None],
+                           fall_back: bool = True) -> ResumeCheckpoint:
+    """Read the newest of ``dirs`` (oldest first) that can be read; one line through ``log`` for each one skipped
+    (naming the file and the error) and for the one taken instead. ``fall_back=False``: the newest or an error.
+
+    Raises ``ValueError`` for a checkpoint written for another model config (not a reason to fall back), or when
+    no checkpoint can be read (naming each one and why)."""
+    problems: list[str] = []
+    for d in reversed(dirs):
+        try:
+            recorded = ckpt.load_config(d).to_dict()
+        except UNREADABLE_ERRORS as e:
+            recorded, error = None, e
+        if recorded is not None:
+            mismatch = _diff(recorded, model_cfg.to_dict())
+            if mismatch:
+                raise ValueError(f"checkpoint {d} was written for another model config ({'; '.join(mismatch)})")
+            try:
+                state, weights = _read_checkpoint(d)
+                if problems:
+                    log(f"resuming from the previous checkpoint {d} instead")
+                return ResumeCheckpoint(d, state, weights, [p for p in dirs if p > d])
+            except UNREADABLE_ERRORS as e:
+                error = e
+        problems.append(f"{d.name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+        log(f"checkpoint {d} is unreadable ({problems[-1].split(': ', 1)[1]})")
+        if not fall_back:
+            break
+    raise ValueError(f"cannot resume from {dirs[-1].parent}: no readable checkpoint ({'; '.join(problems)})")
+
+
+def set_aside(unreadable: list[Path], log: Callable[[str], None]) -> None:
+    """Rename unreadable checkpoint folders to ``.unreadable-step_XXXXXXXX`` (kept for inspection, no longer
+    taken for a checkpoint by resume, pruning, eval or export), saying so in one line."""
+    for d in unreadable:
+        aside = d.with_name(f".unreadable-{d.name}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(d, aside)
+        log(f"moved the unreadable checkpoint {d} to {aside}")
+
+
+def load_resume_weights(model: DecoderLM, model_cfg: ModelConfig, checkpoint_dir: Path,
+                        weights: dict[str, torch.Tensor] | None = None) -> None:
+    """Load the weights of the checkpoint to resume from (``weights``: already read), refusing one written for
+    another model config."""
     problems = _diff(ckpt.load_config(checkpoint_dir).to_dict(), model_cfg.to_dict())
     if problems:
         raise ValueError(f"checkpoint {checkpoint_dir} was written for another model config ({'; '.join(problems)})")
-    ckpt.load_weights_into(model, ckpt.load_state(checkpoint_dir), str(checkpoint_dir / ckpt.WEIGHTS_NAME))
+    if weights is None:
+        weights = ckpt.load_state(checkpoint_dir)
+    ckpt.load_weights_into(model, weights, str(checkpoint_dir / ckpt.WEIGHTS_NAME))
 
 
 # ---------------------------------------------------------------------------------------------------- state
-def trainer_state(optimizer: torch.optim.Optimizer, scheduler: Any, step: int, tokens_seen: int) -> dict[str, Any]:
-    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position."""
+def trainer_state(optimizer: torch.optim.Optimizer, scheduler: Any, step: int, tokens_seen: int,
+                  nonfinite_skips: int = 0) -> dict[str, Any]:
+    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position, and
+    the number of consecutive non-finite steps skipped up to ``step`` (``TrainConfig.on_nonfinite="skip"``)."""
     return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-            "step": step, "tokens_seen": tokens_seen, "data_position": step}
+            "step": step, "tokens_seen": tokens_seen, "data_position": step, "nonfinite_skips": nonfinite_skips}
 
 
 def restore_trainer_state(state: Mapping[str, Any], optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -256,28 +423,33 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
 
 # ---------------------------------------------------------------------------------------------------- writing
 def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict) -> Path:
-    """Write ``checkpoints/step_XXXXXXXX/`` atomically, then keep only the newest ``keep_last``; return its path."""
+    """Write ``checkpoints/step_XXXXXXXX/`` atomically, then keep only the newest ``keep_last``
+    (``prune_checkpoints``; never the one just written); return its path. The caller checks that the weights are
+    finite (``loop._check_weights_finite``)."""
     step = state["step"]
     target = run_dir / CHECKPOINT_DIR / f"step_{step:08d}"
 
     def fill(tmp: str) -> None:
         ckpt.save_model_files(model, tmp, tokenizer_file=data_dir / TOKENIZER_FILE)  # the Hugging Face files
+        fault_point("save")
         atomic_write_text(os.path.join(tmp, TRAIN_CONFIG_FILE), json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         torch.save(state, os.path.join(tmp, STATE_FILE))
 
     write_folder_atomically(target, fill)
-    for old in checkpoint_dirs(run_dir)[:-train_cfg.keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    fault_point("saved")
+    prune_checkpoints(run_dir, train_cfg.keep_last, target)
     return target
 
 
 def start_run_files(run_dir: Path, record: Mapping[str, Any], groups: Any, resume: bool, step: int,
-                    finished: bool = False) -> None:
-    """Write ``run.json`` and ``param_groups.json``; ``metrics.jsonl`` starts empty, or on ``resume`` keeps its rows
-    up to ``step``. A stale ``summary.json`` is dropped, unless the run resumes at its last step (``finished``):
-    then the summary stays and the trainer checks or re-creates it at the end."""
+                    finished: bool = False, log: Callable[[str], None] = print) -> None:
+    """Remove leftovers of interrupted writes (``remove_debris``), write ``run.json`` and ``param_groups.json``;
+    ``metrics.jsonl`` starts empty, or on ``resume`` keeps its rows up to ``step`` (a torn last line dropped, a
+    missing log restarted: each said through ``log``). A stale ``summary.json`` is dropped, unless the run resumes
+    at its last step (``finished``): then the summary stays and the trainer checks or re-creates it at the end."""
+    remove_debris(run_dir, log)
     if resume:
-        _truncate_metrics(run_dir, step)
+        _truncate_metrics(run_dir, step, log)
     else:
         atomic_write_text(run_dir / METRICS_FILE, "")
     atomic_write_text(run_dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
@@ -286,20 +458,9 @@ def start_run_files(run_dir: Path, record: Mapping[str, Any], groups: Any, resum
         (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
 
 
-def _finite_or_none(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, ±inf) replaced by None, recursively: JSON has no NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_none(v) for v in value]
-    return value
-
-
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
     """Write ``summary.json`` as strict JSON (non-finite numbers become null)."""
-    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(_finite_or_none(summary), indent=2, allow_nan=False) + "\n")
+    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(finite_or_none(summary), indent=2, allow_nan=False) + "\n")
 
 
 def read_summary(run_dir: str | os.PathLike) -> dict[str, Any] | None:
