@@ -8,6 +8,8 @@ failure into one line on stderr (``--debug``: the traceback too):
 failure                                                     exit code  line
 ==========================================================  =========  =============================================
 bad flag or flag value (argparse)                           2          that sub-command's usage, then the error
+an input path that does not exist                           2          ``depthattn CMD: error: FLAG PATH does not
+                                                                       exist``
 bad input (``ValueError``: a bad file, a decoding error,    2          ``depthattn CMD: error: <message naming the
 incl. ``UnicodeError``, JSON and TOML errors), missing                 file, flag or field>``
 file (``FileNotFoundError``)
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import sys
 import traceback
 
@@ -42,6 +45,12 @@ COMMAND_MODULES = (
 #: Flags that name what a command writes, in the order they are tried to name the target of an ``OSError`` that
 #: carries no file name (a ``write`` or ``fsync`` on a full disk).
 OUTPUT_FLAGS = (("resume", "--resume"), ("out", "--out"))
+
+#: Arguments that name an existing file or folder (attribute, how the message names it): a path that does not
+#: exist is refused with "does not exist" before the command runs, whatever the command would make of it.
+INPUT_PATHS = (("checkpoint", "CHECKPOINT"), ("resume", "--resume"), ("init_from", "--init-from"),
+               ("config", "--config"), ("data", "--data"), ("from_qwen3", "--from-qwen3"),
+               ("to_qwen3", "--to-qwen3"), ("upgrade", "--upgrade"), ("tokenizer", "--tokenizer"))
 
 DEBUG_HELP = "on an error, show the Python traceback as well as the one-line message"
 
@@ -103,6 +112,16 @@ def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return parser
 
 
+def check_input_paths(args: argparse.Namespace) -> None:
+    """``FileNotFoundError`` "<flag> <path> does not exist" for the first ``INPUT_PATHS`` argument given a path
+    that does not exist (with ``--resume``, only it: ``train`` refuses the other flags with their own message)."""
+    paths = INPUT_PATHS[1:2] if getattr(args, "resume", None) else INPUT_PATHS
+    for attr, flag in paths:
+        value = getattr(args, attr, None)
+        if isinstance(value, str) and value and not os.path.lexists(value):
+            raise FileNotFoundError(f"{flag} {value} does not exist")
+
+
 def describe_os_error(e: OSError, args: argparse.Namespace) -> str:
     """One line for an ``OSError``: the reason, the errno name, and the file (or, when the error names none, the
     command's output flag and its value)."""
@@ -126,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     cmd = f"depthattn {command_name(args)}"
     try:
+        check_input_paths(args)
         result = args.func(args)
     except KeyboardInterrupt:
         _report(args, f"{cmd}: interrupted")

@@ -190,8 +190,8 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a run config TOML: optional top-level ``preset`` and ``data``, tables ``[model]`` and ``[train]``.
 
     Returns ``{"preset": str | None, "data": str | None, "model": {...}, "train": {...}}``. Raises ``ValueError``
-    naming the file and the key for unknown keys, a wrong section, or a TOML syntax error; ``FileNotFoundError`` if
-    the file is missing.
+    naming the file and the key for unknown keys, a wrong section, a ``preset`` or ``data`` that is not a string, a
+    TOML syntax error or a file that is not UTF-8 text; ``FileNotFoundError`` if the file is missing.
     """
     import tomllib
 
@@ -203,9 +203,15 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
             doc = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}") from e
+    except UnicodeDecodeError as e:  # a binary file: TOML is UTF-8 text
+        raise ValueError(f"{path}: not a TOML file (not UTF-8 text: byte {e.object[e.start:e.start + 1].hex()} at "
+                         f"offset {e.start})") from None
     unknown = sorted(set(doc) - {"preset", "data", "model", "train"})
     if unknown:
         raise ValueError(f"{path}: unknown top-level key(s) {unknown}; expected preset, data, [model], [train]")
+    for key, meaning in (("preset", "a preset name such as \"tiny\""), ("data", "a prepared data folder path")):
+        if key in doc and not (isinstance(doc[key], str) and doc[key]):
+            raise ValueError(f"{path}: `{key} = {doc[key]!r}` must be a non-empty string ({meaning})")
     out = {"preset": doc.get("preset"), "data": doc.get("data"), "model": {}, "train": {}}
     for section, keys in (("model", MODEL_KEYS), ("train", TRAIN_KEYS)):
         table = doc.get(section, {})
