@@ -498,7 +498,7 @@ def test_cli_full_disk_is_one_line(ref, rows, tmp_path, monkeypatch, capsys):
     rc = cli.main(["data", "prepare", "--out", str(tmp_path / "out"), "--input", str(src), "--tokenizer",
                    str(ref / "tokenizer.json"), "--val-fraction", "0.25", "--quiet"])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and "\n" not in err and "cannot write (No space left on device" in err
+    assert rc == 1 and "\n" not in err and "No space left on device [ENOSPC]" in err and "meta.json" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -250,9 +250,11 @@ def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
 def latest_checkpoint(path: str | os.PathLike) -> Path:
     """A checkpoint folder as given, or the newest checkpoint of a run folder.
 
-    Raises ``FileNotFoundError`` naming the folder if it is neither.
+    Raises ``FileNotFoundError`` naming the folder if it does not exist or is neither.
     """
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
     if (path / CONFIG_NAME).is_file():
         return path
     dirs = checkpoint_dirs(path)

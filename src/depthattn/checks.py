@@ -28,6 +28,43 @@ def _is_int_tensor(x) -> bool:
     return isinstance(x, Tensor) and not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
 
 
+#: Index dtypes ``nn.Embedding``, ``cross_entropy`` and tensor indexing take as they are.
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def as_index(x: Tensor | None) -> Tensor | None:
+    """An integer tensor of any width or signedness (uint8 ... uint64) as an index tensor: unchanged if int32 /
+    int64, else widened to int64 (values were range-checked at the boundary, so nothing wraps). Reads no data."""
+    return x if x is None or x.dtype in _INDEX_DTYPES else x.to(torch.int64)
+
+
+def _wide(x: Tensor) -> Tensor:
+    """``x`` as int64 for range comparisons, so that no bound wraps in ``x``'s own dtype (``uint8 >= 512`` would
+    compare against 0). uint64 values above int64's range become negative, so they are refused as out of range."""
+    return x if x.dtype == torch.int64 else x.to(torch.int64)
+
+
+def _shown(x: Tensor, value: int) -> int:
+    """The value an int64 ``value`` read from ``_wide(x)`` had in ``x`` (uint64 wraps back above 2**63)."""
+    return value + (1 << 64) if x.dtype == torch.uint64 and value < 0 else value
+
+
+def check_text(text, what: str = "prompt") -> None:
+    """Raise ``ValueError`` naming ``what`` unless ``text`` is a ``str`` that is valid Unicode text: a lone
+    surrogate (what Python makes of bytes that are not UTF-8 in ``sys.argv``, or of a ``"\\ud800"`` JSON escape)
+    cannot be encoded, tokenised or printed. Control characters are text and pass."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start:e.end]
+        raw = bad.encode("utf-8", "surrogateescape") if all(0xDC80 <= ord(c) <= 0xDCFF for c in bad) else None
+        what_it_is = (f"byte {raw.hex()} that is not UTF-8" if raw is not None
+                      else f"lone surrogate {ascii(bad)}")
+        raise ValueError(f"{what} is not valid UTF-8 text: {what_it_is} at character {e.start}") from None
+
+
 def check_forward_inputs(cfg: ModelConfig, input_ids, attention_mask, position_ids, labels,
                          cache: KVCache | None) -> None:
     """The boundary check: ``check_forward_shapes`` then ``check_forward_values`` (one device synchronisation)."""
@@ -84,41 +121,55 @@ def check_forward_values(cfg: ModelConfig, input_ids: Tensor, attention_mask: Te
                          position_ids: Tensor | None, labels: Tensor | None, cache: KVCache | None) -> None:
     """Raise ``ValueError`` for values ``DecoderLM.forward`` cannot use (inputs of valid shape; one sync).
 
-    Checked: ids in ``[0, vocab_size)``; an integer mask holds only 0/1; ``position_ids`` in
+    Checked: ids in ``[0, vocab_size)`` (compared in int64, so no bound wraps in a narrow dtype such as uint8);
+    an integer mask holds only 0/1, and no row of it is all zeros (a sequence without a real token); ``position_ids`` in
     ``[0, max_position_embeddings)``; labels are ids or -100 with at least one target; a ``[B, past + T]`` mask
     agrees with the padding the cache recorded for its first ``past`` columns.
     """
     V = cfg.vocab_size
     T = input_ids.shape[1]
     past = cache.length if cache is not None else 0
-    checks: dict[str, Tensor] = {"ids": ((input_ids < 0) | (input_ids >= V)).any()}
-    if attention_mask is not None and attention_mask.dtype != torch.bool:
-        checks["mask"] = ((attention_mask != 0) & (attention_mask != 1)).any()
+    ids = _wide(input_ids)
+    checks: dict[str, Tensor] = {"ids": ((ids < 0) | (ids >= V)).any()}
+    if attention_mask is not None:
+        mask = _wide(attention_mask) if attention_mask.dtype != torch.bool else attention_mask
+        if attention_mask.dtype != torch.bool:
+            checks["mask"] = ((mask != 0) & (mask != 1)).any()
+        real_row = mask.bool().any(dim=1)
+        if cache is not None and past > 0 and attention_mask.shape[1] == T:  # the past columns are the cache's
+            real_row = real_row | cache.key_mask[:, :past].any(dim=1)
+        checks["empty_row"] = ~real_row.all()
     if attention_mask is not None and cache is not None and past > 0 and attention_mask.shape[1] == past + T:
         checks["cache_mask"] = (attention_mask[:, :past].bool() != cache.key_mask[:, :past]).any()
     if position_ids is not None:
-        checks["pos"] = ((position_ids < 0) | (position_ids >= cfg.max_position_embeddings)).any()
+        pos = _wide(position_ids)
+        checks["pos"] = ((pos < 0) | (pos >= cfg.max_position_embeddings)).any()
     if labels is not None:
-        checks["labels"] = (((labels < 0) & (labels != IGNORE_INDEX)) | (labels >= V)).any()
-        real = labels[:, 1:] != IGNORE_INDEX
+        lab = _wide(labels)
+        checks["labels"] = (((lab < 0) & (lab != IGNORE_INDEX)) | (lab >= V)).any()
+        real = lab[:, 1:] != IGNORE_INDEX
         if attention_mask is not None:
             m = attention_mask[:, -T:].bool()
             real = real & m[:, 1:] & m[:, :-1]
         checks["no_target"] = ~real.any()
     failed = dict(zip(checks, torch.stack(list(checks.values())).tolist()))
     if failed["ids"]:
-        bad = input_ids[(input_ids < 0) | (input_ids >= V)][0].item()
+        bad = _shown(input_ids, ids[(ids < 0) | (ids >= V)][0].item())
         raise ValueError(f"input_ids contains token id {bad} outside the vocabulary [0, {V})")
     if failed.get("mask"):
         raise ValueError("attention_mask must hold only 0 and 1")
+    if failed.get("empty_row"):
+        row = int((~real_row).nonzero()[0, 0])
+        raise ValueError(f"attention_mask row {row} is all zeros: that sequence has no real token (drop the row, "
+                         f"or give it at least one token with mask 1)")
     if failed.get("cache_mask"):
         raise ValueError("attention_mask's first past columns disagree with the cached padding mask")
     if failed.get("pos"):
-        bad = position_ids[(position_ids < 0) | (position_ids >= cfg.max_position_embeddings)][0].item()
+        bad = _shown(position_ids, pos[(pos < 0) | (pos >= cfg.max_position_embeddings)][0].item())
         raise ValueError(f"position_ids contains {bad}, outside [0, max_position_embeddings="
                          f"{cfg.max_position_embeddings})")
     if failed.get("labels"):
-        bad = labels[((labels < 0) & (labels != IGNORE_INDEX)) | (labels >= V)][0].item()
+        bad = _shown(labels, lab[((lab < 0) & (lab != IGNORE_INDEX)) | (lab >= V)][0].item())
         raise ValueError(f"labels contains {bad}: labels must be token ids in [0, {V}) or {IGNORE_INDEX}")
     if failed.get("no_target"):
         raise ValueError(f"labels leave no target token (every shifted label is {IGNORE_INDEX} or padding), "

@@ -1,14 +1,35 @@
-"""Command-line interface: ``depthattn <command>``.
+"""Command-line interface: ``depthattn [--debug] <command>``.
 
 Each command lives in its own module that exposes ``register(subparsers)``; that function adds one sub-parser and
-sets ``func`` to a plain typed function taking the parsed arguments. This file only assembles them.
+sets ``func`` to a plain typed function taking the parsed arguments. This file assembles them and turns every
+failure into one line on stderr (``--debug``: the traceback too):
+
+==========================================================  =========  =============================================
+failure                                                     exit code  line
+==========================================================  =========  =============================================
+bad flag or flag value (argparse)                           2          that sub-command's usage, then the error
+an input path that does not exist                           2          ``depthattn CMD: error: FLAG PATH does not
+                                                                       exist``
+bad input (``ValueError``: a bad file, a decoding error,    2          ``depthattn CMD: error: <message naming the
+incl. ``UnicodeError``, JSON and TOML errors), missing                 file, flag or field>``
+file (``FileNotFoundError``)
+divergence (``FloatingPointError``: non-finite loss or      1          ``depthattn CMD: error: <message>``
+gradients, a NaN evaluation)
+the system refused (``OSError``: disk full, read-only       1          ``depthattn CMD: error: <strerror> [ENAME]:
+file system, no permission)                                            <file, else the command's output flag>``
+interrupted (Ctrl-C)                                        130        ``depthattn CMD: interrupted``
+anything else (a bug)                                       1          the exception and a pointer to ``--debug``
+==========================================================  =========  =============================================
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
+import traceback
 
 from . import __version__
 
@@ -21,18 +42,61 @@ COMMAND_MODULES = (
     "depthattn.commands.compare_cmd", "depthattn.commands.export_cmd",
 )
 
+#: Flags that name what a command writes, in the order they are tried to name the target of an ``OSError`` that
+#: carries no file name (a ``write`` or ``fsync`` on a full disk).
+OUTPUT_FLAGS = (("resume", "--resume"), ("out", "--out"))
+
+#: Arguments that name an existing file or folder (attribute, how the message names it): a path that does not
+#: exist is refused with "does not exist" before the command runs, whatever the command would make of it.
+INPUT_PATHS = (("checkpoint", "CHECKPOINT"), ("resume", "--resume"), ("init_from", "--init-from"),
+               ("config", "--config"), ("data", "--data"), ("from_qwen3", "--from-qwen3"),
+               ("to_qwen3", "--to-qwen3"), ("upgrade", "--upgrade"), ("tokenizer", "--tokenizer"))
+
+DEBUG_HELP = "on an error, show the Python traceback as well as the one-line message"
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` without prefix abbreviations (``--step 10`` is an error, never ``--steps 10``).
+    Sub-parsers are made with the parent's class (``add_subparsers``' default), so every parser of the CLI is one."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def sub_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """``{name: parser}`` of the sub-commands directly under ``parser`` (empty if it has none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every sub-parser below it (each once)."""
+    out, todo = [], [parser]
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.append(p)
+            todo.extend(sub_parsers(p).values())
+    return out
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="depthattn",
         description="Depth-Attention (arXiv 2606.05014) and cross-layer baselines: data, training, evaluation, "
         "generation and comparison.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for p in all_parsers(parser)[1:]:  # `depthattn train --debug` works as well as `depthattn --debug train`
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
@@ -41,15 +105,68 @@ def command_name(args: argparse.Namespace) -> str:
     return " ".join(str(n) for n in (args.command, getattr(args, "data_command", None)) if n)
 
 
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the sub-command ``args`` selected (``parser`` itself if none)."""
+    for name in command_name(args).split():
+        parser = sub_parsers(parser).get(name, parser)
+    return parser
+
+
+def check_input_paths(args: argparse.Namespace) -> None:
+    """``FileNotFoundError`` "<flag> <path> does not exist" for the first ``INPUT_PATHS`` argument given a path
+    that does not exist (with ``--resume``, only it: ``train`` refuses the other flags with their own message)."""
+    paths = INPUT_PATHS[1:2] if getattr(args, "resume", None) else INPUT_PATHS
+    for attr, flag in paths:
+        value = getattr(args, attr, None)
+        if isinstance(value, str) and value and not os.path.lexists(value):
+            raise FileNotFoundError(f"{flag} {value} does not exist")
+
+
+def describe_os_error(e: OSError, args: argparse.Namespace) -> str:
+    """One line for an ``OSError``: the reason, the errno name, and the file (or, when the error names none, the
+    command's output flag and its value)."""
+    reason = e.strerror or str(e)
+    name = errno.errorcode.get(e.errno or -1)
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f)
+    if not where:
+        flag = next(((f, getattr(args, a)) for a, f in OUTPUT_FLAGS if getattr(args, a, None)), None)
+        where = f"while writing {flag[0]} {flag[1]}" if flag else "(the error names no file)"
+    hint = {errno.ENOSPC: "; free some space and run the command again (a run continues with --resume)",
+            errno.EDQUOT: "; free some space and run the command again (a run continues with --resume)",
+            errno.EROFS: "; choose a writable folder", errno.EACCES: "; check the folder's permissions",
+            errno.EPERM: "; check the folder's permissions"}.get(e.errno or -1, "")
+    return f"{reason}{f' [{name}]' if name else ''}: {where}{hint}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the sub-command's usage, not the top-level one
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    cmd = f"depthattn {command_name(args)}"
     try:
+        check_input_paths(args)
         result = args.func(args)
-    except (ValueError, FileNotFoundError) as e:  # bad input: one clear message, no traceback
-        print(f"depthattn {command_name(args)}: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        _report(args, f"{cmd}: interrupted")
+        return 130
+    except FloatingPointError as e:  # divergence: the run stopped; a runtime failure, not a usage error
+        return _report(args, f"{cmd}: error: {e}", 1)
+    except (ValueError, FileNotFoundError) as e:  # bad input (incl. decoding errors): one clear message
+        return _report(args, f"{cmd}: error: {e}", 2)
+    except OSError as e:  # the system refused: full disk, read-only file system, permissions
+        return _report(args, f"{cmd}: error: {describe_os_error(e, args)}", 1)
+    except Exception as e:  # a bug: still one line, the traceback with --debug
+        return _report(args, f"{cmd}: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+                       1)
     return int(result or 0)
+
+
+def _report(args: argparse.Namespace, line: str, code: int = 1) -> int:
+    if getattr(args, "debug", False):
+        traceback.print_exc()
+    print(" ".join(line.split("\n")), file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -22,6 +22,15 @@ from .cross_layer import loopable as loopable_methods, names as method_names
 from .fileio import atomic_write_text
 
 
+def _finite(v) -> bool:
+    """``math.isfinite`` that says False (instead of raising ``OverflowError``) for an int beyond float's range, so
+    that validation reports ``10**400`` as an invalid value."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 @dataclass
 class ModelConfig:
     """Architecture of a Qwen3-style decoder with an optional cross-layer method.
@@ -103,8 +112,8 @@ class ModelConfig:
              f"must be divisible by num_key_value_heads={self.num_key_value_heads}")
         for name in ("rope_theta", "initializer_range"):
             v = getattr(self, name)
-            need(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, name, "must be a finite number > 0")
-        need(isinstance(self.rms_norm_eps, (int, float)) and math.isfinite(self.rms_norm_eps)
+            need(isinstance(v, (int, float)) and _finite(v) and v > 0, name, "must be a finite number > 0")
+        need(isinstance(self.rms_norm_eps, (int, float)) and _finite(self.rms_norm_eps)
              and self.rms_norm_eps >= 0, "rms_norm_eps", "must be a finite number >= 0")
         need(isinstance(self.tie_word_embeddings, bool), "tie_word_embeddings", "must be true or false")
         methods, loopable = method_names(), loopable_methods()  # from the registry; "none" is the plain Qwen3
@@ -120,11 +129,11 @@ class ModelConfig:
             need(is_int(getattr(self, name)) and getattr(self, name) >= minimum, name,
                  f"must be an integer >= {minimum}")
         need(isinstance(self.mhc_alpha_init, (int, float)) and not isinstance(self.mhc_alpha_init, bool)
-             and math.isfinite(self.mhc_alpha_init), "mhc_alpha_init", "must be a finite number")
+             and _finite(self.mhc_alpha_init), "mhc_alpha_init", "must be a finite number")
         need(is_int(self.attnres_block_size) and self.attnres_block_size >= 1,
              "attnres_block_size", "must be an integer >= 1 (counted in sublayers)")
         need(self.attnres_recency_bias is None or (isinstance(self.attnres_recency_bias, (int, float))
-                                                   and math.isfinite(self.attnres_recency_bias)),
+                                                   and _finite(self.attnres_recency_bias)),
              "attnres_recency_bias", "must be null (Kimi form) or a finite number")
         need(isinstance(self.value_residual_lambda, (int, float)) and not isinstance(self.value_residual_lambda, bool)
              and 0.0 <= self.value_residual_lambda <= 1.0, "value_residual_lambda",

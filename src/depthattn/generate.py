@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .cache import KVCache
-from .checks import check_forward_inputs, check_forward_shapes
+from .checks import check_forward_inputs, check_forward_shapes, check_text
 from .model import DecoderLM
 
 
@@ -294,9 +294,11 @@ def stream_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 100, tem
                 top_k: int | None = 50, top_p: float | None = None, seed: int | None = 0,
                 device: torch.device | str = "cpu", compile=False) -> Iterator[str]:
     """Yield decoded text pieces of the continuation of ``prompt`` (``generate_stream``, KV cache; ``compile`` as
-    there), stopping at ``<|endoftext|>``. A piece is emitted once its bytes form complete UTF-8 characters."""
+    there), stopping at ``<|endoftext|>``. A piece is emitted once its bytes form complete UTF-8 characters.
+    ``ValueError`` if ``prompt`` is not valid Unicode text (``checks.check_text``) or empty after tokenisation."""
     from .data import EOS_TOKEN
 
+    check_text(prompt, "prompt")  # ValueError for a lone surrogate (bytes that were not UTF-8), not a TypeError
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids
     if not ids:
         raise ValueError("--prompt must not be empty")

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention, LayerContext
 from .cache import KVCache
-from .checks import IGNORE_INDEX, check_forward_shapes
+from .checks import IGNORE_INDEX, as_index, check_forward_shapes
 from .config import ModelConfig
 from .cross_layer import get as method_record, source_layers
 from .functional import causal_padding_mask, static_padding_mask
@@ -99,6 +99,7 @@ class Backbone(nn.Module):
         if validate:
             check_forward_shapes(self.config, input_ids, attention_mask, position_ids, None, cache)
         B, T = input_ids.shape
+        input_ids, position_ids = as_index(input_ids), as_index(position_ids)  # uint8 ... uint64 ids: widened
         new_mask = None if attention_mask is None else attention_mask[:, -T:].bool()
         h = self.embed_tokens(input_ids)
         if cache is not None and cache.static:
@@ -173,7 +174,7 @@ def next_token_loss(logits: Tensor, labels: Tensor, attention_mask: Tensor | Non
     shifted inside; -100 labels and targets at or after a padded position (``attention_mask``'s last T columns)
     are ignored."""
     T = labels.shape[1]
-    targets = labels[:, 1:]
+    targets = labels.to(torch.int64)[:, 1:]  # cross_entropy takes int64 targets only
     if attention_mask is not None:  # a target counts only if it and the position predicting it are real tokens
         new_mask = attention_mask[:, -T:].bool()
         targets = targets.masked_fill(~(new_mask[:, 1:] & new_mask[:, :-1]), IGNORE_INDEX)

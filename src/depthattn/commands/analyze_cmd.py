@@ -30,6 +30,10 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.prompt) == bool(args.data):
         raise ValueError("give exactly one of --prompt TEXT or --data DIR")
+    if args.prompt:
+        from ..checks import check_text
+
+        check_text(args.prompt, "--prompt")
     folder = latest_checkpoint(args.checkpoint)  # a run folder means its newest checkpoint, as in eval/generate
     model = load_any_model(folder)
     if args.prompt:

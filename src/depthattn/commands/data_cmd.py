@@ -55,15 +55,13 @@ def prepare(args: argparse.Namespace) -> int:
     tokenizer_config.json, train-*.bin / val-*.bin shards and meta.json to --out (meta.json last: a failed or killed
     run leaves no folder that looks valid)."""
     specials = [t for group in args.special_tokens or [] for t in group.split(",") if t]
-    try:
-        meta = prepare_corpus(args.out, args.input, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
-                              val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype,
-                              progress=not args.quiet, workers=args.workers, text_column=args.text_column,
-                              tokenizer_sample_bytes=args.tokenizer_sample_bytes, special_tokens=specials,
-                              shard_tokens=args.shard_tokens, txt_piece_chars=args.txt_piece_chars)
-    except OSError as e:  # a full disk, no permission: one line, nothing installed (readers raise ValueError)
-        raise ValueError(f"--out {args.out}: cannot write ({e.strerror or e}"
-                         f"{', ' + str(e.filename) if e.filename else ''}); the folder was left as it was") from e
+    # a full disk or no permission raises OSError: the CLI prints one line naming the file (or --out), exit 1;
+    # prepare installs nothing unless it finished (readers raise ValueError naming the input)
+    meta = prepare_corpus(args.out, args.input, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                          val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype,
+                          progress=not args.quiet, workers=args.workers, text_column=args.text_column,
+                          tokenizer_sample_bytes=args.tokenizer_sample_bytes, special_tokens=specials,
+                          shard_tokens=args.shard_tokens, txt_piece_chars=args.txt_piece_chars)
     for split in ("train", "val"):
         s = meta["splits"][split]
         print(f"{split:5s} {s['documents']:6,d} documents {s['tokens']:>12,d} tokens {s['bytes']:>12,d} bytes "

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import sys
 from pathlib import Path
 
 from ..eval.inference import load_for_inference
@@ -30,11 +32,29 @@ def eval_data_dir(folder: Path, data: str | None) -> Path:
     return data
 
 
-def default_seq_len(folder: Path, model) -> int:
+#: ``eval``'s window length when the checkpoint records no training ``seq_len`` (capped by the model's positions).
+FALLBACK_SEQ_LEN = 1024
+
+
+def default_seq_len(folder: Path, model) -> tuple[int, str | None]:
+    """(window length, note): the training ``seq_len`` from ``folder/train_config.json``, else (no such file, e.g. a
+    converted Hugging Face folder) ``min(FALLBACK_SEQ_LEN, max_position_embeddings)`` with a note saying so (None
+    when the length came from the file). ``ValueError`` naming the file if it is not JSON or its ``seq_len`` is
+    not an integer >= 1."""
     file = folder / TRAIN_CONFIG_FILE
-    if file.is_file():
-        return int(json.loads(file.read_text(encoding="utf-8"))["seq_len"])
-    return min(1024, model.config.max_position_embeddings)
+    if not file.is_file():
+        n = min(FALLBACK_SEQ_LEN, model.config.max_position_embeddings)
+        return n, (f"{file} does not exist, so the training seq_len is unknown; evaluating at seq_len {n} "
+                   f"(min({FALLBACK_SEQ_LEN}, max_position_embeddings={model.config.max_position_embeddings})); "
+                   f"pass --seq-len to choose")
+    try:
+        values = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file}: not a valid JSON file ({e}); pass --seq-len to evaluate without it") from None
+    n = values.get("seq_len") if isinstance(values, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"{file}: `seq_len` is {n!r}, not an integer >= 1; pass --seq-len to evaluate without it")
+    return n, None
 
 
 def check_task_options(tasks: str | None, limit: int | None, shorten: str = "--max-tokens") -> list[str]:
@@ -74,11 +94,18 @@ def run_eval(args: argparse.Namespace) -> int:
     if not args.skip_perplexity:
         data_dir = eval_data_dir(folder, args.data)
         data = load_prepared(data_dir, verify=not args.no_verify)
-        seq_len = args.seq_len or default_seq_len(folder, model)
+        if args.seq_len is not None and args.seq_len < 1:
+            raise ValueError(f"--seq-len {args.seq_len} must be >= 1")
+        seq_len, note = (args.seq_len, None) if args.seq_len else default_seq_len(folder, model)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
         res = evaluate_perplexity(model, data.split(args.split), tokenizer, seq_len=seq_len,
                                   batch_size=args.batch_size, max_tokens=args.max_tokens, device=dev,
                                   amp_dtype=autocast_dtype("auto", dev), progress=not args.no_progress,
                                   expected_bytes=data.num_bytes(args.split))
+        if not math.isfinite(res.loss):  # non-finite weights, or an overflow in the forward: not a measurement
+            raise FloatingPointError(f"the {args.split} loss of {folder} is {res.loss} (not finite): its weights are "
+                                     f"probably not finite (a diverged run); nothing was written")
         results.update(data=str(data_dir), split=args.split, **res.to_dict())
         print(f"{args.split} loss {res.loss:.6f}  perplexity {res.perplexity:.4f}  bits/byte {res.bits_per_byte:.6f}  "
               f"({res.tokens:,d} tokens, {res.bytes:,d} bytes, seq_len {seq_len})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..checks import check_text
 from ..eval.inference import load_for_inference
 from ..generate import CompileUnavailable, check_compile_works, check_sampling, stream_text
 
@@ -12,6 +13,7 @@ from ..generate import CompileUnavailable, check_compile_works, check_sampling, 
 def check_prompt(model, tokenizer, prompt: str, max_new_tokens: int) -> None:
     """Refuse an empty prompt, or prompt tokens + ``max_new_tokens`` beyond ``max_position_embeddings``, before
     anything is printed (``ValueError`` naming the flags)."""
+    check_text(prompt, "--prompt")
     n = len(tokenizer.encode(prompt, add_special_tokens=False).ids)
     if n == 0:
         raise ValueError("--prompt must not be empty")
@@ -30,6 +32,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} must be >= 0")
     check_sampling(args.temperature, args.top_k, args.top_p)  # fail before loading or echoing the prompt
+    check_text(args.prompt, "--prompt")  # bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
     model, tokenizer, _, dev = load_for_inference(args.checkpoint, args.device)
     check_prompt(model, tokenizer, args.prompt, args.max_new_tokens)
     if args.compile:

@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from depthattn.data.document import Document
+from depthattn.data.document import Document, surrogate_at
 from depthattn.fileio import atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file
 
 CORPUS_FORMAT = "depthattn-corpus"
@@ -160,6 +160,11 @@ def read_jsonl(path: str | Path, text_column: str = "text", source: str = "") ->
                 if not isinstance(row, dict) or not isinstance(row.get(text_column), str):
                     raise ValueError(f"{path}:{lineno}: expected a JSON object with a string `{text_column}` field"
                                      f"{'' if text_column != 'text' else ' (choose another with --text-column)'}")
+                bad = surrogate_at(row[text_column])
+                if bad is not None:
+                    raise ValueError(f"{path}:{lineno}: field `{text_column}` holds a lone surrogate "
+                                     f"{ascii(row[text_column][bad])} at character {bad}, which is not Unicode text "
+                                     f"(a JSON \\u escape of half a UTF-16 pair); fix or drop the line")
                 if row[text_column].strip():
                     yield Document(id=str(row.get("id", f"{path.name}:{lineno}")), text=row[text_column],
                                    source=str(row.get("source", source)), title=str(row.get("title", "")))

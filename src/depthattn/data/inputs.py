@@ -256,7 +256,7 @@ def resolve_input(spec: str | Path, text_column: str = "text", txt_piece_chars: 
         return InputSource(spec, "glob", tuple(files), text_column)
     path = Path(spec)
     if not path.exists():
-        raise ValueError(f"{path}: input not found")
+        raise ValueError(f"--input {path} does not exist")
     if path.is_dir():
         if is_corpus_dir(path):
             return InputSource(spec, "corpus", (path,))

@@ -228,14 +228,29 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
 
 
 def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
-    """Copy those of ``TOKENIZER_FILES`` that exist in folder ``src`` into folder ``dst``; returns their names."""
+    """Copy those of ``TOKENIZER_FILES`` that exist in folder ``src`` into folder ``dst``; returns their names.
+    Each is parsed first (``tokenizer.json`` by ``tokenizers``, the others as JSON objects), so a truncated or
+    corrupt file raises ``ValueError`` naming it instead of being copied into a folder that looks valid."""
     copied = []
     for name in TOKENIZER_FILES:
         file = os.path.join(os.fspath(src), name)
         if os.path.isfile(file):
+            _check_tokenizer_file(file)
             shutil.copyfile(file, os.path.join(os.fspath(dst), name))
             copied.append(name)
     return copied
+
+
+def _check_tokenizer_file(file: str) -> None:
+    if os.path.basename(file) != "tokenizer.json":
+        read_json_object(file, "tokenizer file")
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(file)
+    except Exception as e:  # tokenizers raises a plain Exception (serde's message) for a bad file
+        raise ValueError(f"{file}: not a valid tokenizer.json ({e}); the file is truncated or corrupt") from None
 
 
 def qwen3_token_ids(path: str | os.PathLike) -> dict[str, int | None] | None:

@@ -17,6 +17,15 @@ import torch
 from ..config import ModelConfig
 
 
+def _finite(v) -> bool:
+    """``math.isfinite`` that says False (instead of raising ``OverflowError``) for an int beyond float's range, so
+    that validation reports ``10**400`` as an invalid value."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 @dataclass
 class TrainConfig:
     """Optimisation and bookkeeping settings (model architecture lives in ``ModelConfig``).
@@ -89,7 +98,7 @@ class TrainConfig:
             need(v is None or (is_int(v) and v >= 1), name, "must be an integer >= 1 (or unset)")
         for name in ("lr", "eps"):
             v = getattr(self, name)
-            need(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, name, "must be a finite number > 0")
+            need(isinstance(v, (int, float)) and _finite(v) and v > 0, name, "must be a finite number > 0")
         for name in ("min_lr_ratio", "beta1", "beta2"):
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and 0 <= v < 1 or (name == "min_lr_ratio" and v == 1), name,
@@ -98,7 +107,7 @@ class TrainConfig:
              "must be a fraction of the steps in [0, 1)")
         for name in ("weight_decay", "grad_clip"):
             v = getattr(self, name)
-            need(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, name, "must be a finite number >= 0")
+            need(isinstance(v, (int, float)) and _finite(v) and v >= 0, name, "must be a finite number >= 0")
         need(self.precision in ("auto", "float32", "bfloat16"), "precision", "must be auto, float32 or bfloat16")
         need(isinstance(self.device, str) and bool(self.device), "device", "must be auto, cpu, cuda or cuda:N")
         need(isinstance(self.compile, bool), "compile", "must be true or false")
@@ -107,10 +116,10 @@ class TrainConfig:
         need(is_int(self.fsdp_replicate) and self.fsdp_replicate >= 1, "fsdp_replicate",
              "must be an integer >= 1 (HSDP replica groups; 1: plain FSDP)")
         need(isinstance(self.dist_timeout_s, (int, float)) and not isinstance(self.dist_timeout_s, bool)
-             and math.isfinite(self.dist_timeout_s) and self.dist_timeout_s > 0, "dist_timeout_s",
+             and _finite(self.dist_timeout_s) and self.dist_timeout_s > 0, "dist_timeout_s",
              "must be a number of seconds > 0")
         need(self.peak_flops is None or (isinstance(self.peak_flops, (int, float)) and not isinstance(
-            self.peak_flops, bool) and math.isfinite(self.peak_flops) and self.peak_flops > 0), "peak_flops",
+            self.peak_flops, bool) and _finite(self.peak_flops) and self.peak_flops > 0), "peak_flops",
              "must be a device's peak dense bf16 FLOP/s > 0 (e.g. 989e12 for an H100 SXM), or unset")
         need(isinstance(self.tensorboard, bool), "tensorboard", "must be true or false")
         need(isinstance(self.verify_data, bool), "verify_data", "must be true or false")
@@ -199,8 +208,8 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a run config TOML: optional top-level ``preset`` and ``data``, tables ``[model]`` and ``[train]``.
 
     Returns ``{"preset": str | None, "data": str | None, "model": {...}, "train": {...}}``. Raises ``ValueError``
-    naming the file and the key for unknown keys, a wrong section, or a TOML syntax error; ``FileNotFoundError`` if
-    the file is missing.
+    naming the file and the key for unknown keys, a wrong section, a ``preset`` or ``data`` that is not a string, a
+    TOML syntax error or a file that is not UTF-8 text; ``FileNotFoundError`` if the file is missing.
     """
     import tomllib
 
@@ -212,9 +221,15 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
             doc = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}") from e
+    except UnicodeDecodeError as e:  # a binary file: TOML is UTF-8 text
+        raise ValueError(f"{path}: not a TOML file (not UTF-8 text: byte {e.object[e.start:e.start + 1].hex()} at "
+                         f"offset {e.start})") from None
     unknown = sorted(set(doc) - {"preset", "data", "model", "train"})
     if unknown:
         raise ValueError(f"{path}: unknown top-level key(s) {unknown}; expected preset, data, [model], [train]")
+    for key, meaning in (("preset", "a preset name such as \"tiny\""), ("data", "a prepared data folder path")):
+        if key in doc and not (isinstance(doc[key], str) and doc[key]):
+            raise ValueError(f"{path}: `{key} = {doc[key]!r}` must be a non-empty string ({meaning})")
     out = {"preset": doc.get("preset"), "data": doc.get("data"), "model": {}, "train": {}}
     for section, keys in (("model", MODEL_KEYS), ("train", TRAIN_KEYS)):
         table = doc.get(section, {})
