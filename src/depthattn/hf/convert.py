@@ -34,9 +34,9 @@ import torch
 from safetensors.torch import save_file
 
 from depthattn.checkpoint import load_model, load_weights_into, read_safetensors, save_model_files
-from depthattn.checkpoint_files import write_tokenizer_config
-from depthattn.config import ModelConfig, read_json_object
-from depthattn.fileio import write_folder_atomically
+from depthattn.checkpoint_files import check_header_fields, safetensors_shapes, write_tokenizer_config
+from depthattn.config import MAX_LAYERS, ModelConfig, read_json_object
+from depthattn.fileio import read_manifest, verify_manifest, write_folder_atomically
 from depthattn.model import DecoderLM
 
 #: ModelConfig fields whose Qwen3Config field has the same name and meaning.
@@ -98,6 +98,9 @@ def qwen3_to_model_config(values: dict[str, Any], source: str = "Qwen3 config", 
     rope = values.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_theta", "rope_type"}:
         refuse("rope_parameters", "only {'rope_theta': θ, 'rope_type': 'default'} is implemented")
+    layers = values.get("num_hidden_layers")
+    if isinstance(layers, int) and layers > MAX_LAYERS:  # before Qwen3Config builds a list of that many layer types
+        refuse("num_hidden_layers", f"more than {MAX_LAYERS} layers (depthattn.config.MAX_LAYERS) cannot be built")
     # Every field the dict leaves out takes exactly the value transformers.Qwen3Config resolves (head_dim 128,
     # vocab_size 151936, max_position_embeddings 32768, num_key_value_heads, rope_theta, ...), not our own defaults.
     from transformers import Qwen3Config
@@ -149,10 +152,27 @@ def read_qwen3_state(path: str) -> dict[str, torch.Tensor]:
         files = [os.path.join(path, f) for f in sorted(set(_read_json(index).get("weight_map", {}).values()))]
     else:
         raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
+    digests = read_manifest(path)  # a folder depthattn wrote (convert --to-qwen3) has checksums.json
     state: dict[str, torch.Tensor] = {}
     for file in files:
+        if digests is not None:
+            verify_manifest(path, [os.path.relpath(file, path).replace(os.sep, "/")])
         state.update(read_safetensors(file))
     return state
+
+
+def _check_qwen3_header(path: str, values: dict[str, Any], file: str) -> None:
+    """The raw ``config.json`` sizes against the safetensors header(s) (``check_header_fields``), before
+    ``Qwen3Config`` (which builds a list of ``num_hidden_layers`` layer types) or a model is built."""
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        check_header_fields(values, safetensors_shapes(single), file, single)
+    elif os.path.isfile(index):
+        stored: dict[str, tuple[int, ...]] = {}
+        for name in sorted(set(_read_json(index).get("weight_map", {}).values())):
+            stored.update(safetensors_shapes(os.path.join(path, name)))
+        check_header_fields(values, stored, file, index)
 
 
 def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
@@ -171,6 +191,7 @@ def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
         raise ValueError(f"{path} is not a Hugging Face Qwen3 folder: {file} has model_type="
                          f"{values.get('model_type')!r} and architectures={values.get('architectures')!r}, "
                          f"expected model_type 'qwen3' or architectures containing 'Qwen3ForCausalLM'{hint}")
+    _check_qwen3_header(path, values, file)
     cfg = qwen3_to_model_config(values, source=file, **overrides)
     state = read_qwen3_state(path)
     model = DecoderLM(cfg)
