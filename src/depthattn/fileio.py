@@ -259,8 +259,8 @@ def verify_manifest(folder: str | os.PathLike, names: Sequence[str] | None = Non
         got, want = sha256_file(file), digests[rel]
         if got != want:
             raise IntegrityError(f"{file}: sha256 {got[:16]}… does not match {MANIFEST_NAME} ({want[:16]}…): the file "
-                                 f"is corrupt or was changed since it was written; restore it or use another "
-                                 f"checkpoint")
+                                 f"is truncated or corrupt, or was changed since it was written; restore it or use "
+                                 f"another checkpoint")
         checked.append(rel)
     return checked
 
