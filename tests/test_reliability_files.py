@@ -408,7 +408,9 @@ def test_hostile_config_json_is_refused_before_allocation(run_dir, tmp_path, no_
     values = json.loads((bad / "config.json").read_text())
     values[field] = value
     (bad / "config.json").write_text(json.dumps(values))
-    for load in (ckpt.load_model, ckpt.check_folder_shapes):
+    from depthattn.hf.modeling import DepthAttnForCausalLM
+
+    for load in (ckpt.load_model, ckpt.check_folder_shapes, DepthAttnForCausalLM.from_pretrained):
         with pytest.raises(ValueError) as e:
             load(bad)
         _one_line(e, str(bad / "config.json"), field)
