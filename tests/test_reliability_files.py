@@ -421,7 +421,8 @@ def test_hostile_config_json_is_refused_before_allocation(run_dir, tmp_path, no_
     _one_line(e, field)
 
 
-@pytest.mark.parametrize("field, value", [("num_hidden_layers", 10**9), ("vocab_size", 10**9)])
+@pytest.mark.parametrize("field, value", [("num_hidden_layers", 10**9), ("vocab_size", 10**9),
+                                          ("intermediate_size", 10**8)])
 def test_hostile_qwen3_config_is_refused_before_allocation(tmp_path, monkeypatch, field, value):
     from depthattn.hf.convert import load_qwen3, save_qwen3
 
@@ -431,7 +432,14 @@ def test_hostile_qwen3_config_is_refused_before_allocation(tmp_path, monkeypatch
     (tmp_path / "q3" / "config.json").write_text(json.dumps(values))
     import depthattn.model
 
-    monkeypatch.setattr(depthattn.model.Backbone, "__init__", lambda *a, **k: pytest.fail("a model was built"))
+    real = depthattn.model.Backbone.__init__
+
+    def only_meta(self, cfg, *args, **kwargs):  # the shape check's meta-device model is allowed, nothing else
+        if torch.empty(0).device.type != "meta":
+            pytest.fail("a model was built")
+        real(self, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(depthattn.model.Backbone, "__init__", only_meta)
     with pytest.raises(ValueError) as e:
         load_qwen3(tmp_path / "q3")
     _one_line(e, str(tmp_path / "q3" / "config.json"), field)

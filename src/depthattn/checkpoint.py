@@ -134,7 +134,7 @@ def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None)
     files), before any model is built; returns the config checked (``cfg``, or the folder's).
 
     The raw ``config.json`` sizes are compared with the header first (``checkpoint_files.check_header_fields``:
-    layer count, embedding, MLP and head layout), then ``ModelConfig`` validates them (upper bounds included),
+    layer count and embedding), then ``ModelConfig`` validates them (upper bounds included),
     and only then is a meta-device model built for the full name and shape comparison: a hostile
     ``num_hidden_layers`` or ``vocab_size`` is one line, never an allocation."""
     config_file = os.path.join(os.fspath(path), CONFIG_NAME)
@@ -150,7 +150,7 @@ def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None)
     elif stored is not None:
         files.check_header_fields(cfg.to_dict(), stored, config_file, file)
     if stored is not None:
-        shapes = files.check_shapes(cfg, expected_shapes(cfg), file, config_file)
+        shapes = files.check_shapes(cfg, expected_shapes(cfg), file, config_file, stored)
         if cfg.tie_word_embeddings and {"lm_head.weight", "model.embed_tokens.weight"} <= set(shapes):
             from safetensors import safe_open
 

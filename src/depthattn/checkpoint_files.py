@@ -194,11 +194,12 @@ def check_header_fields(values: Mapping[str, Any], stored: dict[str, tuple[int, 
 
 
 def check_shapes(cfg: ModelConfig, expected: dict[str, tuple[int, ...]], file: str | os.PathLike,
-                 config_file: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+                 config_file: str | os.PathLike, stored: dict[str, tuple[int, ...]] | None = None
+                 ) -> dict[str, tuple[int, ...]]:
     """Refuse a weights file whose header shapes disagree with the shapes ``cfg`` needs (``expected``: name → shape
-    of the model ``cfg`` builds); run before the model is built. One ``ValueError`` naming both files. Returns the
-    stored shapes (keys one side lacks are left to the strict loader)."""
-    stored = safetensors_shapes(file)
+    of the model ``cfg`` builds); run before the model is built. One ``ValueError`` naming both files. ``stored``:
+    the header's shapes when already read (else read from ``file``). Returns the stored shapes (keys one side lacks are left to the strict loader)."""
+    stored = safetensors_shapes(file) if stored is None else stored
     for key, shape in expected.items():
         if key in stored and tuple(stored[key]) != tuple(shape):
             raise ValueError(f"{os.fspath(config_file)} disagrees with {os.fspath(file)}: {key} is stored with shape "

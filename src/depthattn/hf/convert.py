@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from depthattn.checkpoint import load_model, load_weights_into, read_safetensors, save_model_files
-from depthattn.checkpoint_files import check_header_fields, safetensors_shapes, write_tokenizer_config
+from depthattn.checkpoint import expected_shapes, load_model, load_weights_into, read_safetensors, save_model_files
+from depthattn.checkpoint_files import check_header_fields, check_shapes, safetensors_shapes, write_tokenizer_config
 from depthattn.config import MAX_LAYERS, ModelConfig, read_json_object
 from depthattn.fileio import read_manifest, verify_manifest, write_folder_atomically
 from depthattn.model import DecoderLM
@@ -161,18 +161,22 @@ def read_qwen3_state(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def _check_qwen3_header(path: str, values: dict[str, Any], file: str) -> None:
+def _qwen3_header(path: str, values: dict[str, Any], file: str) -> tuple[str, dict[str, tuple[int, ...]]] | None:
     """The raw ``config.json`` sizes against the safetensors header(s) (``check_header_fields``), before
-    ``Qwen3Config`` (which builds a list of ``num_hidden_layers`` layer types) or a model is built."""
+    ``Qwen3Config`` (which builds a list of ``num_hidden_layers`` layer types) or a model is built; returns (the
+    weights file named in errors, name → shape of every stored tensor), None without weights."""
     single = os.path.join(path, "model.safetensors")
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(single):
-        check_header_fields(values, safetensors_shapes(single), file, single)
+        weights, stored = single, safetensors_shapes(single)
     elif os.path.isfile(index):
-        stored: dict[str, tuple[int, ...]] = {}
+        weights, stored = index, {}
         for name in sorted(set(_read_json(index).get("weight_map", {}).values())):
             stored.update(safetensors_shapes(os.path.join(path, name)))
-        check_header_fields(values, stored, file, index)
+    else:
+        return None
+    check_header_fields(values, stored, file, weights)
+    return weights, stored
 
 
 def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
@@ -191,8 +195,10 @@ def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
         raise ValueError(f"{path} is not a Hugging Face Qwen3 folder: {file} has model_type="
                          f"{values.get('model_type')!r} and architectures={values.get('architectures')!r}, "
                          f"expected model_type 'qwen3' or architectures containing 'Qwen3ForCausalLM'{hint}")
-    _check_qwen3_header(path, values, file)
+    header = _qwen3_header(path, values, file)
     cfg = qwen3_to_model_config(values, source=file, **overrides)
+    if header is not None:  # every shape against a meta-device model, before the real one is allocated
+        check_shapes(cfg, expected_shapes(cfg), header[0], file, header[1])
     state = read_qwen3_state(path)
     model = DecoderLM(cfg)
     load_weights_into(model, state, path, kind="qwen3")
