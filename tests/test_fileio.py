@@ -28,7 +28,7 @@ def test_atomic_paths_renames_in_order_as_plain_data_files(tmp_path):
         a.write_bytes(b"\x00\x01")
         meta.write_text("{}\n")
     assert _listing(tmp_path / "sub") == {"a.bin": b"\x00\x01", "meta.json": b"{}\n"}
-    assert all(stat.S_IMODE(os.stat(t).st_mode) == 0o644 for t in targets)
+    assert all(stat.S_IMODE(os.stat(t).st_mode) == 0o666 & ~fileio.umask() for t in targets)
 
 
 def test_atomic_paths_failure_keeps_previous_files_and_removes_temporaries(tmp_path):

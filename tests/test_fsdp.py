@@ -135,7 +135,8 @@ def test_export_of_fsdp_checkpoint_evaluates_to_the_logged_val_loss(runs, tmp_pa
     res = subprocess.run([sys.executable, "-m", "depthattn.cli", "export", str(runs / "depth_attention_fsdp"),
                           "--out", str(out)], capture_output=True, text=True, timeout=TIMEOUT_S)
     assert res.returncode == 0, res.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "configuration.py", "generation_config.json",
+    assert sorted(p.name for p in out.iterdir()) == ["checksums.json", "config.json", "configuration.py",
+                                                      "generation_config.json",
                                                       "model.safetensors", "modeling.py", "tokenizer.json",
                                                       "tokenizer_config.json"]  # a Hugging Face model folder
     assert json.loads((out / "config.json").read_text())["model_type"] == "depthattn"

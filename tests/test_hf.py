@@ -380,11 +380,11 @@ def test_convert_refuses_an_existing_out_without_overwrite(tmp_path, capsys):
         assert f"{tmp_path / 'taken'} already exists" in capsys.readouterr().err
         assert os.listdir(tmp_path / "taken") == ["keep.txt"]
     assert main(["convert", "--to-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "taken"), "--overwrite"]) == 0
-    assert sorted(os.listdir(tmp_path / "taken")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "taken")) == ["checksums.json", "config.json", "model.safetensors"]
     # a failed conversion with --overwrite leaves the existing folder as it was (atomic write)
     save_model(tiny("depth_attention"), tmp_path / "da")
     assert main(["convert", "--to-qwen3", str(tmp_path / "da"), "--out", str(tmp_path / "taken"), "--overwrite"]) == 2
-    assert sorted(os.listdir(tmp_path / "taken")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "taken")) == ["checksums.json", "config.json", "model.safetensors"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
 
 

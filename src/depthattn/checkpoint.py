@@ -9,6 +9,12 @@ A checkpoint folder is first assembled under a temporary name beside the target 
 crash never leaves a half-written checkpoint under the real name. Loading checks the config, the safetensors header
 against the config's shapes (before the model is built), every key and every shape, and raises ``ValueError``
 naming the file on any mismatch. Folders of the previous format (flat ``config.json``) still load.
+
+Integrity: ``write_folder_atomically`` records the sha256 of every file in ``checksums.json`` (written last);
+``load_state`` (hence ``load_model``, resume, ``--init-from``, export, convert) verifies ``model.safetensors``
+against it, and the trainer-state loader ``trainer_state.pt``; a mismatch is an :class:`IntegrityError` (a
+``ValueError``) naming the file. Folders without a manifest load unchecked. ``config.json`` and the other small
+JSON files are recorded but not enforced (Hugging Face folders are edited by hand): they are validated instead.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from . import checkpoint_files as files
 from .config import ModelConfig, read_json_object
-from .fileio import write_folder_atomically
+from .fileio import IntegrityError, verify_manifest, write_folder_atomically  # noqa: F401  (IntegrityError: re-export)
 from .model import DecoderLM
 
 WEIGHTS_NAME = "model.safetensors"
@@ -125,11 +131,26 @@ def refuse_sharded(path: str | os.PathLike) -> None:
 def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None) -> ModelConfig:
     """Refuse a folder whose ``config.json`` shapes disagree with its ``model.safetensors`` header, or whose config
     says ``tie_word_embeddings`` while the file holds a different ``lm_head.weight`` (one ``ValueError`` naming the
-    files), before any model is built; returns the config checked (``cfg``, or the folder's)."""
-    cfg = load_config(path) if cfg is None else cfg
+    files), before any model is built; returns the config checked (``cfg``, or the folder's).
+
+    The raw ``config.json`` sizes are compared with the header first (``checkpoint_files.check_header_fields``:
+    layer count and embedding), then ``ModelConfig`` validates them (upper bounds included),
+    and only then is a meta-device model built for the full name and shape comparison: a hostile
+    ``num_hidden_layers`` or ``vocab_size`` is one line, never an allocation."""
+    config_file = os.path.join(os.fspath(path), CONFIG_NAME)
     file = os.path.join(os.fspath(path), WEIGHTS_NAME)
-    if os.path.isfile(file):
-        shapes = files.check_shapes(cfg, expected_shapes(cfg), file, os.path.join(os.fspath(path), CONFIG_NAME))
+    stored = files.safetensors_shapes(file) if os.path.isfile(file) else None
+    if cfg is None:
+        if not os.path.isfile(config_file):
+            load_config(path)  # raises FileNotFoundError naming it
+        values = read_json_object(config_file, "model config")
+        if stored is not None:
+            files.check_header_fields(values, stored, config_file, file)
+        cfg = files.model_config_from_json(values, config_file)
+    elif stored is not None:
+        files.check_header_fields(cfg.to_dict(), stored, config_file, file)
+    if stored is not None:
+        shapes = files.check_shapes(cfg, expected_shapes(cfg), file, config_file, stored)
         if cfg.tie_word_embeddings and {"lm_head.weight", "model.embed_tokens.weight"} <= set(shapes):
             from safetensors import safe_open
 
@@ -140,12 +161,24 @@ def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None)
     return cfg
 
 
+def verify_file(folder: str | os.PathLike, name: str) -> bool:
+    """Check file ``name`` of a checkpoint folder against the folder's ``checksums.json`` (written by
+    ``fileio.write_folder_atomically``); raises :class:`IntegrityError` (a ``ValueError``) naming the file, with
+    the expected and actual digest prefixes, on a mismatch. Returns False, checking nothing, for a folder without
+    a manifest (written before manifests existed, or by another tool) or a file it does not list. Reads the whole
+    file once (sha256 in 1 MiB chunks: about 3 s per GiB on one shared CPU core)."""
+    return bool(verify_manifest(folder, [name]))
+
+
 def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Read ``model.safetensors``; a truncated or corrupt file raises ``ValueError`` naming it."""
+    """Read ``model.safetensors``, verified against the folder's ``checksums.json`` when it has one
+    (:func:`verify_file`; :class:`IntegrityError` naming the file on a mismatch); a truncated or corrupt file raises
+    ``ValueError`` naming it."""
     file = os.path.join(os.fspath(path), WEIGHTS_NAME)
     refuse_sharded(path)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: the checkpoint has no safetensors weights")
+    verify_file(path, WEIGHTS_NAME)
     return read_safetensors(file)
 
 

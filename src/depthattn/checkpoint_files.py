@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +85,10 @@ def model_config_from_json(values: dict[str, Any], source: str) -> ModelConfig:
         raise ValueError(f"{source}: model_type={model_type!r} is not a depthattn checkpoint (expected "
                          f"{MODEL_TYPE!r}, or a Hugging Face 'qwen3' folder for depthattn convert --from-qwen3)")
     if model_type is None:  # the previous format: the flat ModelConfig dict
-        return ModelConfig.from_dict(values)
+        try:
+            return ModelConfig.from_dict(values)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{source}: {e}") from e
     fields = {k: v for k, v in values.items() if k not in HF_ONLY_KEYS}
     rope = values.get("rope_parameters") or {}
     if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default" or set(rope) - {
@@ -152,12 +157,49 @@ def safetensors_shapes(file: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
 
 
+def _layer_count(stored: dict[str, tuple[int, ...]]) -> int:
+    """1 + the highest ``model.layers.{i}.`` index among the tensor names (0 without layers)."""
+    indices = [int(m.group(1)) for m in map(_LAYER_KEY.match, stored) if m]
+    return max(indices) + 1 if indices else 0
+
+
+_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def check_header_fields(values: Mapping[str, Any], stored: dict[str, tuple[int, ...]], config_file: str | os.PathLike,
+                        weights: str | os.PathLike) -> None:
+    """Refuse a ``config.json`` object (``values``, raw: before any ``ModelConfig`` or model is built) whose sizes
+    disagree with the tensors of its weights (``stored``: name → shape from the safetensors header):
+    ``num_hidden_layers`` against the layers stored and ``vocab_size`` / ``hidden_size`` against
+    ``model.embed_tokens.weight`` -- the sizes that decide how much even a meta-device model costs to build; the
+    other shapes are left to :func:`check_shapes`. Fields the object lacks (Qwen3 defaults) are skipped. One
+    ``ValueError`` naming the file and field.
+
+    A ``config.json`` edited to ``num_hidden_layers = 10**9`` is refused here, in microseconds, instead of building
+    layers until memory runs out."""
+    def need(field: str, wanted: int, found: str) -> None:
+        value = values.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value != wanted:
+            raise ValueError(f"{os.fspath(config_file)}: {field}={value} disagrees with {os.fspath(weights)}, which "
+                             f"holds {found}; fix {field} (or use the weights written with this config)")
+
+    layers = _layer_count(stored)
+    if layers or "model.embed_tokens.weight" in stored:
+        need("num_hidden_layers", layers, f"{layers} layers (model.layers.0 … model.layers.{layers - 1})"
+             if layers else "no layers")
+    embed = stored.get("model.embed_tokens.weight")
+    if embed is not None and len(embed) == 2:
+        need("vocab_size", embed[0], f"model.embed_tokens.weight of shape {tuple(embed)}")
+        need("hidden_size", embed[1], f"model.embed_tokens.weight of shape {tuple(embed)}")
+
+
 def check_shapes(cfg: ModelConfig, expected: dict[str, tuple[int, ...]], file: str | os.PathLike,
-                 config_file: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+                 config_file: str | os.PathLike, stored: dict[str, tuple[int, ...]] | None = None
+                 ) -> dict[str, tuple[int, ...]]:
     """Refuse a weights file whose header shapes disagree with the shapes ``cfg`` needs (``expected``: name → shape
-    of the model ``cfg`` builds); run before the model is built. One ``ValueError`` naming both files. Returns the
-    stored shapes (keys one side lacks are left to the strict loader)."""
-    stored = safetensors_shapes(file)
+    of the model ``cfg`` builds); run before the model is built. One ``ValueError`` naming both files. ``stored``:
+    the header's shapes when already read (else read from ``file``). Returns the stored shapes (keys one side lacks are left to the strict loader)."""
+    stored = safetensors_shapes(file) if stored is None else stored
     for key, shape in expected.items():
         if key in stored and tuple(stored[key]) != tuple(shape):
             raise ValueError(f"{os.fspath(config_file)} disagrees with {os.fspath(file)}: {key} is stored with shape "

@@ -31,6 +31,12 @@ def _finite(v) -> bool:
         return False
 
 
+#: Upper bounds checked by ``ModelConfig.validate`` before any model is built: layers (each is a few Python modules)
+#: and float32 parameter bytes (1 TiB: ~275B parameters, far beyond any machine this runs on).
+MAX_LAYERS = 1 << 16
+MAX_PARAMETER_BYTES = 1 << 40
+
+
 @dataclass
 class ModelConfig:
     """Architecture of a Qwen3-style decoder with an optional cross-layer method.
@@ -139,6 +145,31 @@ class ModelConfig:
              and 0.0 <= self.value_residual_lambda <= 1.0, "value_residual_lambda",
              "must be a number in [0, 1] (λ·v_l + (1 − λ)·v_0; 1 = vanilla)")
         need(isinstance(self.value_residual_learnable, bool), "value_residual_learnable", "must be true or false")
+        self._check_size()
+
+    def _check_size(self) -> None:
+        """Refuse a config whose model could not be built: more than ``MAX_LAYERS`` layers (each is Python
+        modules), or parameters above ``MAX_PARAMETER_BYTES`` in float32 -- before anything is allocated (a hostile
+        or mistyped ``config.json``, e.g. ``num_hidden_layers = 10**9``, would otherwise build until memory runs
+        out)."""
+        if self.num_hidden_layers > MAX_LAYERS:
+            raise ValueError(f"ModelConfig.num_hidden_layers={self.num_hidden_layers} is invalid: more than "
+                             f"{MAX_LAYERS} layers (depthattn.config.MAX_LAYERS) cannot be built")
+        C, H, K, D, F = (self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim,
+                         self.intermediate_size)
+        per_layer = C * H * D + 2 * C * K * D + H * D * C + 2 * D + 3 * C * F + 2 * C  # = accounting.layer_params
+        embed = self.vocab_size * C * (1 if self.tie_word_embeddings else 2)
+        params = embed + self.num_hidden_layers * per_layer + C
+        if params * 4 <= MAX_PARAMETER_BYTES:  # the method's extras are small next to the backbone: add them
+            from .cross_layer import get as method_record
+
+            params += method_record(self.cross_layer).extra_params(self)
+        if params * 4 > MAX_PARAMETER_BYTES:
+            raise ValueError(f"ModelConfig is too large to build: {params:.3g} parameters take {params * 4:.3g} bytes "
+                             f"in float32, above the bound of {MAX_PARAMETER_BYTES:.3g} bytes "
+                             f"(depthattn.config.MAX_PARAMETER_BYTES = 1 TiB); check vocab_size={self.vocab_size}, "
+                             f"hidden_size={C}, intermediate_size={F}, num_hidden_layers={self.num_hidden_layers}, "
+                             f"num_attention_heads={H}, num_key_value_heads={K}, head_dim={D}")
 
     # ------------------------------------------------------------------ presets and overrides
     @classmethod

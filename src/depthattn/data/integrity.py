@@ -1,16 +1,21 @@
 """Shard integrity: the sha256 of every shard file recorded in ``meta.json`` is checked when a prepared folder is
 first loaded for training or evaluation (:func:`verify_files`).
 
-A file that matched is remembered in ``<folder>/.verified.json`` by its size and modification time (ns), so later
-loads hash nothing; a file whose size or mtime changed is hashed again. (A change that keeps both -- a write that
-restores the mtime -- is not detected; pass ``verify=False`` / ``--no-verify`` only to skip hashing deliberately.)
-The cache is written atomically and only as a convenience: a read-only folder is verified on every load.
+A file that matched is remembered in ``<folder>/.verified.json`` by its size, modification time (ns), status-change
+time (ns) and inode number, so later loads hash nothing; a file with any of these changed is hashed again. Every
+write through the file system changes the ctime, and user space cannot set it back (``os.utime`` restores the
+mtime but sets the ctime to now), so an edit that restores the mtime is caught too, as is a copy or a replacement
+(new inode). Not caught from the cache: a change below the file system (bit rot on the medium, a raw-device write),
+which alters no metadata -- a load without the cache catches it (``recheck=True``, or delete ``.verified.json``).
+``verify=False`` / ``--no-verify`` skips hashing deliberately. The cache is written atomically and only as a
+convenience: a read-only folder is verified on every load.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 from depthattn.fileio import atomic_write_json, sha256_file
@@ -26,17 +31,21 @@ def _read_cache(folder: Path) -> dict:
     return cache if isinstance(cache, dict) else {}
 
 
-def verify_files(folder: str | Path, expected: dict[str, str]) -> None:
+def cache_key(st: os.stat_result, digest: str) -> list:
+    """What ``.verified.json`` remembers of a verified file: size, mtime_ns, ctime_ns, inode and the digest."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, digest]
+
+
+def verify_files(folder: str | Path, expected: dict[str, str], recheck: bool = False) -> None:
     """Check that each file ``name`` of ``folder`` has sha256 ``expected[name]``; ValueError naming the first file
-    that does not (one line: the file, both digests, what to do). Files verified before with the same size and
-    mtime are not hashed again."""
+    that does not (one line: the file, both digests, what to do). Files verified before with the same size, mtime,
+    ctime and inode are not hashed again, unless ``recheck`` (hash every file, whatever the cache says)."""
     folder = Path(folder)
-    cache = _read_cache(folder)
+    cache = {} if recheck else _read_cache(folder)
     changed = False
     for name, digest in expected.items():
         path = folder / name
-        st = path.stat()
-        key = [st.st_size, st.st_mtime_ns, digest]
+        key = cache_key(path.stat(), digest)
         if cache.get(name) == key:
             continue
         got = sha256_file(path)

@@ -16,7 +16,7 @@ A prepared folder holds::
                            bytes (UTF-8 bytes of the document texts, for bits per byte), characters, documents,
                            sha256 of all its tokens, and shards: [{file, tokens, sha256}]; sources, seed,
                            val_fraction, val_document_ids, version
-    .verified.json         (written at load) shards whose sha256 matched, by size and mtime
+    .verified.json         (written at load) shards whose sha256 matched, by size, mtime, ctime and inode
 
 Folders of format_version 1 (one ``train.bin`` / ``val.bin`` per split, the split's sha256 being the file's) load
 as before. A split's tokens are the concatenation of its shards in order (one global index).
@@ -136,12 +136,12 @@ def _open_split(path: Path, meta: dict, split: str, info: dict, expected: dict[s
     return parts[0] if len(parts) == 1 else ShardedTokens(parts)
 
 
-def load_prepared(path: str | Path, verify: bool = True) -> PreparedData:
+def load_prepared(path: str | Path, verify: bool = True, recheck: bool = False) -> PreparedData:
     """Load and validate a folder written by :func:`prepare_corpus` (ValueError naming the bad file).
 
     ``verify``: check every shard's sha256 against ``meta.json`` (:mod:`depthattn.data.integrity`; remembered per
-    file size and mtime, so only the first load of a folder hashes it). Sizes and the tokenizer's sha256 are always
-    checked. ``train`` / ``val`` are a ``numpy.memmap`` for a one-shard split, else a :class:`ShardedTokens`."""
+    file size, mtime, ctime and inode, so only the first load of a folder hashes it; ``recheck``: hash every shard
+    again regardless). Sizes and the tokenizer's sha256 are always checked. ``train`` / ``val`` are a ``numpy.memmap`` for a one-shard split, else a :class:`ShardedTokens`."""
     path = Path(path)
     meta_path = path / "meta.json"
     if not meta_path.is_file():
@@ -174,7 +174,7 @@ def load_prepared(path: str | Path, verify: bool = True) -> PreparedData:
             raise ValueError(f"{meta_path}: missing splits.{split}.tokens")
         arrays[split] = _open_split(path, meta, split, info, expected)
     if verify:
-        verify_files(path, expected)
+        verify_files(path, expected, recheck=recheck)
     return PreparedData(path=path, meta=meta, tokenizer=tok, train=arrays["train"], val=arrays["val"])
 
 

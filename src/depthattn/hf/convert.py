@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from depthattn.checkpoint import load_model, load_weights_into, read_safetensors, save_model_files
-from depthattn.checkpoint_files import write_tokenizer_config
-from depthattn.config import ModelConfig, read_json_object
-from depthattn.fileio import write_folder_atomically
+from depthattn.checkpoint import expected_shapes, load_model, load_weights_into, read_safetensors, save_model_files
+from depthattn.checkpoint_files import check_header_fields, check_shapes, safetensors_shapes, write_tokenizer_config
+from depthattn.config import MAX_LAYERS, ModelConfig, read_json_object
+from depthattn.fileio import read_manifest, verify_manifest, write_folder_atomically
 from depthattn.model import DecoderLM
 
 #: ModelConfig fields whose Qwen3Config field has the same name and meaning.
@@ -98,6 +98,9 @@ def qwen3_to_model_config(values: dict[str, Any], source: str = "Qwen3 config", 
     rope = values.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_theta", "rope_type"}:
         refuse("rope_parameters", "only {'rope_theta': θ, 'rope_type': 'default'} is implemented")
+    layers = values.get("num_hidden_layers")
+    if isinstance(layers, int) and layers > MAX_LAYERS:  # before Qwen3Config builds a list of that many layer types
+        refuse("num_hidden_layers", f"more than {MAX_LAYERS} layers (depthattn.config.MAX_LAYERS) cannot be built")
     # Every field the dict leaves out takes exactly the value transformers.Qwen3Config resolves (head_dim 128,
     # vocab_size 151936, max_position_embeddings 32768, num_key_value_heads, rope_theta, ...), not our own defaults.
     from transformers import Qwen3Config
@@ -149,10 +152,31 @@ def read_qwen3_state(path: str) -> dict[str, torch.Tensor]:
         files = [os.path.join(path, f) for f in sorted(set(_read_json(index).get("weight_map", {}).values()))]
     else:
         raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
+    digests = read_manifest(path)  # a folder depthattn wrote (convert --to-qwen3) has checksums.json
     state: dict[str, torch.Tensor] = {}
     for file in files:
+        if digests is not None:
+            verify_manifest(path, [os.path.relpath(file, path).replace(os.sep, "/")])
         state.update(read_safetensors(file))
     return state
+
+
+def _qwen3_header(path: str, values: dict[str, Any], file: str) -> tuple[str, dict[str, tuple[int, ...]]] | None:
+    """The raw ``config.json`` sizes against the safetensors header(s) (``check_header_fields``), before
+    ``Qwen3Config`` (which builds a list of ``num_hidden_layers`` layer types) or a model is built; returns (the
+    weights file named in errors, name → shape of every stored tensor), None without weights."""
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        weights, stored = single, safetensors_shapes(single)
+    elif os.path.isfile(index):
+        weights, stored = index, {}
+        for name in sorted(set(_read_json(index).get("weight_map", {}).values())):
+            stored.update(safetensors_shapes(os.path.join(path, name)))
+    else:
+        return None
+    check_header_fields(values, stored, file, weights)
+    return weights, stored
 
 
 def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
@@ -171,7 +195,10 @@ def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
         raise ValueError(f"{path} is not a Hugging Face Qwen3 folder: {file} has model_type="
                          f"{values.get('model_type')!r} and architectures={values.get('architectures')!r}, "
                          f"expected model_type 'qwen3' or architectures containing 'Qwen3ForCausalLM'{hint}")
+    header = _qwen3_header(path, values, file)
     cfg = qwen3_to_model_config(values, source=file, **overrides)
+    if header is not None:  # every shape against a meta-device model, before the real one is allocated
+        check_shapes(cfg, expected_shapes(cfg), header[0], file, header[1])
     state = read_qwen3_state(path)
     model = DecoderLM(cfg)
     load_weights_into(model, state, path, kind="qwen3")

@@ -125,7 +125,8 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike) -> Path
     ``from_pretrained``. One process, no process group. Returns the folder it read. Raises ``ValueError`` /
     ``FileNotFoundError`` naming the folder (nothing is written under ``out`` then)."""
     src = ckpt.latest_checkpoint(source)
-    model = DecoderLM(ckpt.load_config(src))
+    # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
+    model = DecoderLM(ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src))
     if is_sharded(src):
         load_sharded(src, model, None)
     else:

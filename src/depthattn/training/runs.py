@@ -404,6 +404,7 @@ def load_trainer_state(checkpoint_dir: Path) -> dict[str, Any]:
     file = checkpoint_dir / STATE_FILE
     if not file.is_file():
         raise FileNotFoundError(f"{file} not found: the checkpoint has no trainer state to resume from")
+    ckpt.verify_file(checkpoint_dir, STATE_FILE)  # checksums.json, when the folder has one (IntegrityError)
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for a truncated or corrupt pickle/zip
