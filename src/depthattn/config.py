@@ -31,6 +31,15 @@ def _finite(v) -> bool:
         return False
 
 
+def _sci(n: int) -> str:
+    """``n`` in three significant digits, also for an int beyond float's range (``10**400`` -> ``1e+400``)."""
+    try:
+        return f"{n:.3g}"
+    except OverflowError:
+        digits = str(n)
+        return f"{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
+
+
 #: Upper bounds checked by ``ModelConfig.validate`` before any model is built: layers (each is a few Python modules)
 #: and float32 parameter bytes (1 TiB: ~275B parameters, far beyond any machine this runs on).
 MAX_LAYERS = 1 << 16
@@ -165,7 +174,7 @@ class ModelConfig:
 
             params += method_record(self.cross_layer).extra_params(self)
         if params * 4 > MAX_PARAMETER_BYTES:
-            raise ValueError(f"ModelConfig is too large to build: {params:.3g} parameters take {params * 4:.3g} bytes "
+            raise ValueError(f"ModelConfig is too large to build: {_sci(params)} parameters take {_sci(params * 4)} bytes "
                              f"in float32, above the bound of {MAX_PARAMETER_BYTES:.3g} bytes "
                              f"(depthattn.config.MAX_PARAMETER_BYTES = 1 TiB); check vocab_size={self.vocab_size}, "
                              f"hidden_size={C}, intermediate_size={F}, num_hidden_layers={self.num_hidden_layers}, "
