@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 import time
@@ -153,6 +154,8 @@ def main() -> None:
                         "generate.CompiledDecoder for decode)")
     p.add_argument("--peer", choices=["on", "off"], default="on",
                    help="add transformers.Qwen3ForCausalLM with the weights of none (default on)")
+    p.add_argument("--train", choices=["on", "off"], default="on",
+                   help="off: skip the train step (decode columns only; quicker, e.g. to profile decode)")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall: elapsed time; cpu: process CPU time of all threads (less sensitive to other load)")
     args = p.parse_args()
@@ -191,8 +194,10 @@ def main() -> None:
     decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
     train_s = {r: [] for r in rows}
     decode_s = {(r, b): [] for r in rows for b in decode_batches}
+    load_start = os.getloadavg()[0]
     t_setup = time.perf_counter()
-    for r in rows:  # warm-up (allocator, kernels, compilation)
+    train = args.train == "on"
+    for r in rows if train else ():  # warm-up (allocator, kernels, compilation)
         for _ in range(2):
             models[r].train()
             time_train_step(train_fn[r], opts[r], ids, device, autocast)
@@ -207,19 +212,20 @@ def main() -> None:
     print(f"warm-up and compilation took {setup_s:.0f} s; timing {args.rounds} rounds", file=sys.stderr, flush=True)
     for k in range(args.rounds):
         order = rows if k % 2 == 0 else rows[::-1]
-        for r in order:
+        for r in order if train else ():
             models[r].train()
             train_s[r].append(time_train_step(train_fn[r], opts[r], ids, device, autocast))
         for b in decode_batches:
             for r in order:
                 decode_s[(r, b)].append(time_decode(decoders[(r, b)], args.decode_steps, device))
         print(f"round {k + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    mem = {m: saved_activation_bytes(models[(m, "eager")].train(), ids) for m in methods}
+    mem = {m: saved_activation_bytes(models[(m, "eager")].train(), ids) for m in methods}  # exact, not timed
     ntok = args.batch_size * args.seq_len
     print(f"preset={args.preset} device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} "
           f"train batch={args.batch_size}x{args.seq_len} decode context={args.context} rounds={args.rounds} "
           f"torch={torch.__version__} compile={args.compile} peer={args.peer} clock={args.clock} "
-          f"warm-up+compile {setup_s:.0f} s")
+          f"warm-up+compile {setup_s:.0f} s train={args.train} "
+          f"load average (1 min) {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
     head = "| method | variant | train tok/s | train time ratio | " + " | ".join(
         f"decode tok/s (B={b}) | decode time ratio (B={b})" for b in decode_batches) + \
         " | saved activations MiB | activation ratio | KV bytes/token | KV ratio |"
@@ -228,7 +234,8 @@ def main() -> None:
     for r in rows:
         m, variant = r
         base = ("none", "eager") if variant == "peer" else ("none", variant)
-        cells = [m, variant, f"{ntok / statistics.median(train_s[r]):,.0f}", f"{paired(train_s[r], train_s[base]):.3f}"]
+        cells = [m, variant] + ([f"{ntok / statistics.median(train_s[r]):,.0f}", f"{paired(train_s[r], train_s[base]):.3f}"]
+                                if train else ["", ""])
         for b in decode_batches:
             d = statistics.median(decode_s[(r, b)])
             cells += [f"{b / d:,.1f}", f"{paired(decode_s[(r, b)], decode_s[(base, b)]):.3f}"]
@@ -243,7 +250,7 @@ def main() -> None:
     van = ("none", "eager")
     if args.peer == "on":
         hf = (PEER, "peer")
-        parts = [f"train {paired(train_s[van], train_s[hf]):.3f}"] + [
+        parts = ([f"train {paired(train_s[van], train_s[hf]):.3f}"] if train else []) + [
             f"decode B={b} {paired(decode_s[(van, b)], decode_s[(hf, b)]):.3f}" for b in decode_batches]
         print("- our eager vanilla / HF Qwen3 eager (target <= 1): " + ", ".join(parts))
     if args.compile:
@@ -253,10 +260,10 @@ def main() -> None:
             print("- HF Qwen3 eager decode / our compiled vanilla decode (target >= 2 at B=1): " + ", ".join(parts))
         for m in methods[1:]:
             cm = (m, "compiled")
-            parts = [f"train {paired(train_s[cm], train_s[cv]):.3f}"] + [
+            parts = ([f"train {paired(train_s[cm], train_s[cv]):.3f}"] if train else []) + [
                 f"decode B={b} {paired(decode_s[(cm, b)], decode_s[(cv, b)]):.3f}" for b in decode_batches]
             print(f"- compiled {m} / compiled vanilla (target <= 1.02 for depth_attention): " + ", ".join(parts))
-        parts = [f"train {paired(train_s[cv], train_s[van]):.3f}"] + [
+        parts = ([f"train {paired(train_s[cv], train_s[van]):.3f}"] if train else []) + [
             f"decode B={b} {paired(decode_s[(cv, b)], decode_s[(van, b)]):.3f}" for b in decode_batches]
         print("- compiled vanilla / eager vanilla: " + ", ".join(parts))
 

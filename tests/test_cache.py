@@ -278,3 +278,24 @@ def test_static_cache_path_equals_dynamic_path_through_the_plain_forward(method)
         start += n
         assert cache.length == start and int(cache.slot) == start
     torch.testing.assert_close(torch.cat(outs, 1)[mask], full[mask], atol=1e-5, rtol=0)
+
+
+def test_static_writes_equal_dynamic_writes_slot_for_slot():
+    """``write_at`` / ``reserve_at`` (one ``index_put_`` on the whole cache) store exactly what ``write`` /
+    ``reserve`` store, in the right layer and slots, and leave every other layer and slot untouched."""
+    g = torch.Generator().manual_seed(5)
+    dynamic, static = KVCache(3, 2, 2, 4, 9), KVCache(3, 2, 2, 4, 9)
+    for t, (start, T) in enumerate([(0, 4), (4, 1), (5, 2)]):
+        mask = torch.rand(2, T, generator=g) > 0.3 if t == 0 else None
+        dynamic.reserve(mask, T)
+        static.reserve_at(mask, torch.arange(start, start + T))
+        for layer in (2, 0):  # not in order, not every layer
+            k, v = torch.randn(2, 2, T, 4, generator=g), torch.randn(2, 2, T, 4, generator=g)
+            k_all, v_all = dynamic.write(layer, start, k, v)
+            k_s, v_s = static.write_at(layer, torch.arange(start, start + T), k, v)
+            assert torch.equal(k_s[:, :, :start + T], k_all) and torch.equal(v_s[:, :, :start + T], v_all)
+        dynamic.advance(T)
+        static.advance(T)
+    assert torch.equal(static.k, dynamic.k) and torch.equal(static.v, dynamic.v)
+    assert torch.equal(static.key_mask, dynamic.key_mask)
+    assert not static.k[1].any() and not static.k[:, :, :, 7:].any()  # layer 1 and slots 7, 8 never written

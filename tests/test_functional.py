@@ -121,3 +121,23 @@ def test_fully_masked_query_row_stays_finite():
     v = torch.randn(1, 1, 2, 4)
     mask = causal_padding_mask(torch.tensor([[False, True]]), 0, 2, 2, torch.float32, "cpu")
     assert torch.isfinite(attention(q, k, v, mask, False)).all()
+
+
+@pytest.mark.parametrize("T,S,masked,causal", [(1, 7, True, False), (1, 7, False, False), (5, 5, False, True),
+                                               (3, 7, True, False)])
+def test_every_gqa_dispatch_of_attention_matches_the_eager_twin(T, S, masked, causal):
+    """Packed single-query GQA, SDPA's enable_gqa and repeat_kv each equal the explicit softmax, values and grads."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 6, T, 8, generator=g, requires_grad=True)
+    k = torch.randn(3, 2, S, 8, generator=g, requires_grad=True)
+    v = torch.randn(3, 2, S, 8, generator=g, requires_grad=True)
+    key_mask = torch.ones(3, S, dtype=torch.bool)
+    key_mask[0, :2] = False
+    mask = causal_padding_mask(key_mask, S - T, T, S, torch.float32, "cpu") if masked else None
+    ref_mask = mask if masked or not causal else causal_padding_mask(None, 0, T, S, torch.float32, "cpu")
+    out, ref = attention(q, k, v, mask, causal), attention_ref(q, k, v, ref_mask)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)

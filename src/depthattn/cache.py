@@ -52,6 +52,8 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.key_mask = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
         self.slot = torch.zeros((), dtype=torch.long, device=device)
+        #: int64 ``[L]`` = 0 … L−1: the static path indexes the whole ``k`` / ``v`` with ``layer_index[l]``.
+        self.layer_index = torch.arange(num_layers, device=device)
         self._length = 0
         self.has_padding = False
         self.static = False
@@ -123,7 +125,7 @@ class KVCache:
         B, T = self.batch_size, slots_T.shape[0]
         new = (torch.ones(B, T, dtype=torch.bool, device=self.key_mask.device) if key_mask_BT is None
                else key_mask_BT.bool())
-        self.key_mask.index_copy_(1, slots_T, new)
+        torch.ops.aten.index_put_(self.key_mask, [None, slots_T], new)
 
     def write(self, layer: int, start: int, k_BKTD: Tensor, v_BKTD: Tensor) -> tuple[Tensor, Tensor]:
         """Store K̂ and Ṽ at slots ``[start, start + T)`` of ``layer``; return all filled K, V ``[B, K, start+T, D]``."""
@@ -133,11 +135,16 @@ class KVCache:
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def write_at(self, layer: int, slots_T: Tensor, k_BKTD: Tensor, v_BKTD: Tensor) -> tuple[Tensor, Tensor]:
-        """Static twin of ``write``: store at device slot indices ``slots_T``; return the whole ``[B, K, S, D]``."""
-        k_l, v_l = self.k[layer], self.v[layer]
-        k_l.index_copy_(2, slots_T, k_BKTD)
-        v_l.index_copy_(2, slots_T, v_BKTD)
-        return k_l, v_l
+        """Static twin of ``write``: store at device slot indices ``slots_T``; return the whole ``[B, K, S, D]``.
+
+        One ``index_put_`` on the whole ``[L, B, K, S, D]`` tensor (indices ``layer_index[layer]`` and ``slots_T``;
+        the indexed shape is ``[T, B, K, D]``), never a write through the view ``k[layer]``: inductor updates a
+        mutated graph input in place only when the mutation is on the input itself; through a view it copied the
+        layer and then the whole cache on every compiled decode step (``docs/benchmarks.md``)."""
+        at = [self.layer_index[layer], None, None, slots_T]
+        torch.ops.aten.index_put_(self.k, at, k_BKTD.permute(2, 0, 1, 3))
+        torch.ops.aten.index_put_(self.v, at, v_BKTD.permute(2, 0, 1, 3))
+        return self.k[layer], self.v[layer]
 
     def advance(self, T: int) -> None:
         """Mark ``T`` more slots as filled (called once per forward, after every layer wrote)."""

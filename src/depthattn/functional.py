@@ -94,8 +94,20 @@ def attention(q_BHTD: Tensor, k_BKSD: Tensor, v_BKSD: Tensor, mask: Tensor | Non
 
     ``mask`` is an additive ``[B|1, 1, T, S]`` mask (see ``causal_padding_mask``) or None; ``is_causal`` may only be
     True when ``T == S`` and there is no padding (top-left alignment then equals absolute alignment).
+
+    The KV heads are shared without copying the keys and values where SDPA allows it, in the order transformers'
+    ``sdpa_attention_forward`` (Qwen3) chooses: without a mask, SDPA's own GQA (``enable_gqa``); for one query
+    position, the G query heads of a KV head are packed as G query rows of that head (``[B, K, G, D]``, the mask
+    ``[B|1, 1, 1, S]`` broadcasts over them), which turns a decode step into one small attention per KV head;
+    otherwise K and V are expanded to the H query heads (``repeat_kv``). ``attention_ref`` is the twin.
     """
-    groups = q_BHTD.shape[1] // k_BKSD.shape[1]
+    B, H, T, D = q_BHTD.shape
+    groups = H // k_BKSD.shape[1]
+    if groups > 1 and mask is None:
+        return F.scaled_dot_product_attention(q_BHTD, k_BKSD, v_BKSD, is_causal=is_causal, enable_gqa=True)
+    if groups > 1 and T == 1:
+        packed = q_BHTD.reshape(B, H // groups, groups, D)
+        return F.scaled_dot_product_attention(packed, k_BKSD, v_BKSD, attn_mask=mask).reshape(B, H, T, D)
     k, v = repeat_kv(k_BKSD, groups), repeat_kv(v_BKSD, groups)
     return F.scaled_dot_product_attention(q_BHTD, k, v, attn_mask=mask, is_causal=is_causal and mask is None)
 

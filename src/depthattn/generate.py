@@ -173,7 +173,7 @@ class CompiledDecoder:
         """Switch ``cache`` to its static path (and, on CUDA, give its tensors static addresses for CUDA graphs)."""
         cache.static = True
         if cache.k.device.type == "cuda":
-            for t in (cache.k, cache.v, cache.key_mask, cache.slot):
+            for t in (cache.k, cache.v, cache.key_mask, cache.slot, cache.layer_index):
                 torch._dynamo.mark_static_address(t)
 
     @torch.inference_mode()
