@@ -79,3 +79,23 @@ def test_bf16_autocast_training_step_is_finite(method):
         opt.zero_grad()
         losses.append(float(loss))
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gqa_attention_never_needs_sdpas_math_kernel(dtype):
+    """``functional.attention`` takes ``enable_gqa`` only where flash serves it: with the math kernel disallowed,
+    unmasked GQA attention (training, prefill) still runs, in float32 (expanded K/V, memory-efficient kernel) and
+    bf16 (flash), and equals the float32 twin."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from depthattn.functional import attention, attention_ref
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 8, 64, 64, device="cuda", dtype=dtype, generator=g)
+    k, v = (torch.randn(2, 2, 64, 64, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        out = attention(q, k, v, None, is_causal=True)
+    from depthattn.functional import causal_padding_mask
+
+    ref = attention_ref(q, k, v, causal_padding_mask(None, 0, 64, 64, torch.float32, "cuda"))
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2 if dtype == torch.bfloat16 else 1e-4, rtol=0)

@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from depthattn import cli
+from depthattn.checkpoint import load_state
 from depthattn.cli import main
 
 from test_train import make_data
@@ -105,18 +107,17 @@ def test_debug_shows_the_traceback(run_dir, data_dir, tmp_path, monkeypatch, cap
     assert "Traceback" in capsys.readouterr().err
 
 
-def test_divergence_is_one_line_with_exit_1(data_dir, tmp_path, monkeypatch, capsys):
-    from depthattn.commands import train_cmd
+def test_divergence_is_one_line_with_exit_1(data_dir, tmp_path, capsys):
+    """A real divergence (lr = 1e6): the trainer's NonFiniteError, one line, exit 1, no checkpoint of NaNs."""
+    from depthattn.training import NonFiniteError
 
-    class Diverged(FloatingPointError):  # the trainer's own subclass is raised the same way
-        pass
-
-    def diverge(*a, **k):
-        raise Diverged("non-finite gradient norm (nan) at step 3; the last finite checkpoint is step 2")
-
-    monkeypatch.setattr(train_cmd, "train", diverge)
-    assert main(["train", *TINY, "--data", str(data_dir), "--steps", "4", "--out", str(tmp_path / "r")]) == 1
-    assert "non-finite gradient norm (nan) at step 3" in one_line(capsys, "depthattn train: error: ")
+    assert issubclass(NonFiniteError, FloatingPointError)
+    out = tmp_path / "r"
+    assert main(["train", *TINY, "--data", str(data_dir), "--steps", "6", "--set", "lr=1e6", "--out", str(out)]) == 1
+    line = one_line(capsys, "depthattn train: error: ")
+    assert "error: training diverged at step " in line and "on_nonfinite=skip" in line, line
+    assert not (out / "checkpoints").is_dir() or all(
+        torch.isfinite(t).all() for d in (out / "checkpoints").glob("step_*") for t in load_state(d).values())
 
 
 def test_an_unexpected_exception_is_one_line_and_points_to_debug(run_dir, monkeypatch, capsys):

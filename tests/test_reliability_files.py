@@ -86,8 +86,9 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _flip(file: Path, offset: int, keep_mtime: bool = False) -> None:
-    """Flip the lowest bit of byte ``offset`` in place (same size); with ``keep_mtime`` the mtime is put back."""
+def _flip(file: Path, offset: int, keep_mtime: bool = True) -> None:
+    """Flip the lowest bit of byte ``offset`` in place (same size), as bit rot does: the mtime is put back (unless
+    ``keep_mtime=False``)."""
     st = file.stat()
     with open(file, "r+b") as f:
         f.seek(offset)
@@ -257,6 +258,30 @@ def test_manifest_lists_every_file_of_a_checkpoint_and_verifies(run_dir):
     assert set(digests) == files and {"model.safetensors", "trainer_state.pt", "config.json"} <= files
     assert all(digests[f] == fileio.sha256_file(folder / f) for f in files)
     assert fileio.verify_manifest(folder) == sorted(files)
+
+
+def test_a_deliberate_rewrite_after_the_manifest_loads_with_a_note(run_dir, tmp_path, capsys):
+    """``save_pretrained`` into an exported folder rewrites model.safetensors (new mtime) and leaves checksums.json
+    stale: the folder still loads, with a note naming the file; the same bytes with the old mtime are bit rot."""
+    from safetensors.torch import save_file
+
+    folder = _copy(_checkpoint(run_dir), tmp_path / "edited")
+    weights = folder / "model.safetensors"
+    state = ckpt.load_state(folder)
+    key = sorted(state)[0]
+    state[key] = state[key] + 0.01
+    sealed = (folder / fileio.MANIFEST_NAME).stat().st_mtime_ns
+    save_file(state, str(weights), metadata={"format": "pt"})
+    os.utime(weights, ns=(sealed + 10**9, sealed + 10**9))  # written a second after the manifest
+    capsys.readouterr()
+    loaded = ckpt.load_state(folder)
+    assert torch.equal(loaded[key], state[key])
+    err = capsys.readouterr().err
+    assert f"note: {weights} was rewritten after checksums.json" in err and err.count("\n") == 1, err
+    os.utime(weights, ns=(sealed, sealed))  # the same bytes looking untouched since sealing: refused
+    with pytest.raises(ckpt.IntegrityError) as e:
+        ckpt.load_state(folder)
+    _one_line(e, str(weights), "if you replaced it on purpose, delete checksums.json")
 
 
 def test_bit_flip_in_model_safetensors_is_refused_by_every_loader(run_dir, data_dir, tmp_path, capsys):

@@ -303,7 +303,8 @@ def test_lr_1e6_stops_with_one_line_and_saves_no_nan_checkpoint(tmp_path, model_
     assert all(v is None or isinstance(v, (int, float, bool, str)) for r in rows for v in r.values())
 
 
-def test_nan_loss_stop_then_resume_with_skip_equals_a_skipping_run(tmp_path, model_cfg, data_dir, monkeypatch):
+def test_nan_loss_stop_then_resume_with_skip_equals_a_skipping_run(tmp_path, model_cfg, data_dir, monkeypatch,
+                                                                    capsys):
     stop, skip = tmp_path / "stop", tmp_path / "skip"
     inject_nan_loss(monkeypatch, {5})
     with pytest.raises(NonFiniteError) as err:
@@ -314,7 +315,10 @@ def test_nan_loss_stop_then_resume_with_skip_equals_a_skipping_run(tmp_path, mod
                         r"skip\)", str(err.value)), str(err.value)
     assert [p.name for p in checkpoint_dirs(stop)] == ["step_00000002", "step_00000004"]
     inject_nan_loss(monkeypatch, {1})  # the resumed session's first step is step 5 again
+    capsys.readouterr()
     assert main(["train", "--resume", str(stop), "--on-nonfinite", "skip", "--no-progress"]) == 0  # as the hint says
+    assert f"trained {STEPS} steps (1 of them skipped: non-finite loss" in capsys.readouterr().out
+    assert json.loads((stop / "summary.json").read_text())["skipped_steps"] == 1
     assert json.loads((stop / "run.json").read_text())["train"]["on_nonfinite"] == "skip"
 
     inject_nan_loss(monkeypatch, {5})
@@ -418,7 +422,34 @@ def test_resume_with_metrics_deleted_says_so_and_logs_afresh(tmp_path, reference
     assert weights_bytes(folder) == weights_bytes(reference)
 
 
-@pytest.mark.parametrize("damage", ["truncated trainer state", "missing weights", "corrupt config"])
+def test_resume_with_lost_tail_rows_says_so(tmp_path, reference, model_cfg, data_dir):
+    """Rows lost before they reached the disk (a power cut; the trainer now fsyncs them before each checkpoint):
+    resume says where the log ends, and the rows from the checkpoint on are the reference's."""
+    folder = tmp_path / "run"
+    shutil.copytree(reference, folder)
+    shutil.rmtree(folder / "checkpoints/step_00000008")
+    lines = (folder / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (folder / "metrics.jsonl").write_text("".join(lines[:3]))
+    said = train_quiet(folder, model_cfg, data_dir, resume=True)
+    assert any(line.startswith(f"{folder / 'metrics.jsonl'} ends at step 3, before the checkpoint of step 6")
+               for line in said), said
+    assert curve(folder) == curve(reference)[:3] + curve(reference)[6:]
+    assert weights_bytes(folder) == weights_bytes(reference)
+
+
+def test_checkpoint_is_written_after_its_metrics_rows_are_durable(tmp_path, monkeypatch, model_cfg, data_dir):
+    from depthattn.training import loop, metrics as metrics_mod
+
+    events: list[str] = []
+    real_sync, real_save = metrics_mod.MetricsLogger.sync, loop.save_checkpoint
+    monkeypatch.setattr(metrics_mod.MetricsLogger, "sync", lambda self: (events.append("sync"), real_sync(self)))
+    monkeypatch.setattr(loop, "save_checkpoint", lambda *a, **k: (events.append("save"), real_save(*a, **k))[1])
+    train_quiet(tmp_path / "run", model_cfg, data_dir)
+    assert events and events[0] == "sync" and all(a == "sync" for a, b in zip(events, events[1:]) if b == "save")
+
+
+@pytest.mark.parametrize("damage", ["truncated trainer state", "missing weights", "corrupt config",
+                                    "one bit in config"])
 def test_unreadable_newest_checkpoint_resumes_from_the_previous_one(tmp_path, reference, model_cfg, data_dir,
                                                                     damage):
     folder = tmp_path / "run"
@@ -431,8 +462,15 @@ def test_unreadable_newest_checkpoint_resumes_from_the_previous_one(tmp_path, re
     elif damage == "missing weights":
         (newest / "model.safetensors").unlink()
         named = "model.safetensors"
-    else:
+    elif damage == "corrupt config":
         (newest / "config.json").write_text('{"hidden_size": ')
+        named = "config.json"
+    else:  # bit rot turning num_hidden_layers 4 into 5: damage (checksums.json says so), not another model config
+        config = newest / "config.json"
+        st, text = config.stat(), config.read_bytes()
+        at = text.index(b'"num_hidden_layers": ') + len(b'"num_hidden_layers": ')
+        config.write_bytes(text[:at] + bytes([text[at] ^ 0x01]) + text[at + 1:])
+        os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns))
         named = "config.json"
     lines = train_quiet(folder, model_cfg, data_dir, resume=True)
     assert any(line.startswith(f"checkpoint {newest} is unreadable (") and named in line for line in lines), lines

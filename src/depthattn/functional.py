@@ -99,17 +99,25 @@ def attention(q_BHTD: Tensor, k_BKSD: Tensor, v_BKSD: Tensor, mask: Tensor | Non
     ``sdpa_attention_forward`` (Qwen3) chooses: without a mask, SDPA's own GQA (``enable_gqa``); for one query
     position, the G query heads of a KV head are packed as G query rows of that head (``[B, K, G, D]``, the mask
     ``[B|1, 1, 1, S]`` broadcasts over them), which turns a decode step into one small attention per KV head;
-    otherwise K and V are expanded to the H query heads (``repeat_kv``). ``attention_ref`` is the twin.
+    otherwise K and V are expanded to the H query heads (``repeat_kv``). ``enable_gqa`` is taken only where a fast
+    SDPA kernel serves it (CPU; CUDA flash: fp16/bf16); elsewhere (e.g. float32 on CUDA) SDPA would fall
+    back to its math kernel, so K and V are expanded instead. ``attention_ref`` is the twin.
     """
     B, H, T, D = q_BHTD.shape
     groups = H // k_BKSD.shape[1]
-    if groups > 1 and mask is None:
+    if groups > 1 and mask is None and _sdpa_gqa_is_fast(q_BHTD):
         return F.scaled_dot_product_attention(q_BHTD, k_BKSD, v_BKSD, is_causal=is_causal, enable_gqa=True)
     if groups > 1 and T == 1:
         packed = q_BHTD.reshape(B, H // groups, groups, D)
         return F.scaled_dot_product_attention(packed, k_BKSD, v_BKSD, attn_mask=mask).reshape(B, H, T, D)
     k, v = repeat_kv(k_BKSD, groups), repeat_kv(v_BKSD, groups)
     return F.scaled_dot_product_attention(q_BHTD, k, v, attn_mask=mask, is_causal=is_causal and mask is None)
+
+
+def _sdpa_gqa_is_fast(q: Tensor) -> bool:
+    """Whether SDPA serves ``enable_gqa=True`` with a fused kernel for ``q``: on CPU, and on CUDA through flash
+    attention, which takes fp16/bf16 only (on GPUs older than sm80 SDPA falls back to its math kernel even then)."""
+    return q.device.type == "cpu" or (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16))
 
 
 def attention_ref(q_BHTD: Tensor, k_BKSD: Tensor, v_BKSD: Tensor, mask: Tensor | None) -> Tensor:

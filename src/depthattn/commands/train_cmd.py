@@ -167,8 +167,10 @@ def run_train(args: argparse.Namespace) -> int:
     elif result.steps_this_session == 0:  # resumed a finished run: train() said so
         print(f"final val loss {result.final_val_loss:.4f}; checkpoint {result.checkpoint}")
     else:
-        print(f"trained {result.steps} steps, {result.tokens:,d} tokens; final val loss {result.final_val_loss:.4f}; "
-              f"checkpoint {result.checkpoint}")
+        skipped = (f" ({result.skipped_steps} of them skipped: non-finite loss or gradient norm, no update; see "
+                   f"metrics.jsonl)" if result.skipped_steps else "")
+        print(f"trained {result.steps} steps{skipped}, {result.tokens:,d} tokens; final val loss "
+              f"{result.final_val_loss:.4f}; checkpoint {result.checkpoint}")
     return 0
 
 

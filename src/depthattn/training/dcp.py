@@ -26,7 +26,7 @@ import torch.distributed as dist
 from .. import checkpoint as ckpt
 from ..checkpoint import CHECKPOINT_DIR
 from ..config import ModelConfig
-from ..fileio import atomic_write_text, write_folder_atomically
+from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
 from ..model import DecoderLM
 from .runs import prune_checkpoints
 
@@ -70,9 +70,13 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
         ckpt.save_config_files(model.config, tmp, str(master).removeprefix("torch."), data_dir / TOKENIZER_FILE)
         atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         torch.save(state, tmp / STATE_FILE)
+        # durable before it is visible: umask modes, every file and folder fsync'd (DCP fsyncs its own shards too);
+        # no checksums.json (hashing every rank's shards on rank 0 would cost ~3 s per GiB per checkpoint)
+        seal_folder(tmp, manifest=False)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
+        fsync_path(target.parent)
         prune_checkpoints(run_dir, train_cfg.keep_last, target)  # via .trash-step_*, never the newest
     dist.barrier()
     return target

@@ -62,6 +62,7 @@ class TrainResult:
     train_tokens_per_s: float | None  # this session's; whole-run (from the log) when it resumed at the last step
     checkpoint: Path | None
     steps_this_session: int = 0  # 0: a resumed run that had already finished
+    skipped_steps: int = 0  # steps of the whole run whose update was skipped (on_nonfinite="skip"), from the log
 
 
 @dataclass
@@ -126,7 +127,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
             _maybe_validate(t, row)
             _log_row(t, row, metrics, bar, last)
             fault_point("logged")
-            _maybe_checkpoint(t)
+            _maybe_checkpoint(t, metrics)
     return _finish(t)
 
 
@@ -410,19 +411,22 @@ def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
 
 
 def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last: int) -> None:
-    """Log ``row`` (``metrics.jsonl``, TensorBoard, W&B) every ``log_every`` steps, with a validation, and at
-    ``last``; update the progress bar (loss, tokens/s, MFU, validation loss)."""
-    if t.step % t.cfg.log_every == 0 or "val_loss" in row or t.step == last:
-        metrics.log(row)
+    """Log ``row`` (``metrics.jsonl``, TensorBoard, W&B) every ``log_every`` steps, with a validation, for a skipped
+    step, and at ``last``; update the progress bar (loss, tokens/s, MFU, validation loss)."""
+    if t.step % t.cfg.log_every == 0 or "val_loss" in row or t.step == last or row.get("skipped"):
+        metrics.log(row)  # every skipped step is logged: the summary counts them from the log
     bar.update(1)
     bar.set_postfix(**progress_postfix(row, t.val_loss))
 
 
-def _maybe_checkpoint(t: _Trainer) -> None:
-    """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint; ranks meet after periodic ones."""
+def _maybe_checkpoint(t: _Trainer, metrics: MetricsLogger | None = None) -> None:
+    """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint; ranks meet after periodic ones.
+    The metrics rows up to the checkpoint are made durable first, so a checkpoint never outlives its rows."""
     periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0)
     if periodic or t.step == t.total_steps:
         _check_weights_finite(t)  # collective: every rank raises, or none
+        if metrics is not None:
+            metrics.sync()
     if t.cfg.data_parallel == "fsdp":
         if periodic or t.step == t.total_steps:
             state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
@@ -443,7 +447,10 @@ def _finish(t: _Trainer) -> TrainResult:
     an intact summary of that step, or re-creates it (final validation loss from the metrics log or measured now,
     whole-run throughput from the log). Returns the result of this session."""
     tps = t.train_tokens / t.train_time if t.train_time > 0 else None
+    skipped = None
     if t.step == t.total_steps:
+        rows = read_metrics(t.run_dir) if t.is_main else []
+        skipped = sum(1 for r in rows if r.get("skipped"))
         if t.val_loss is None:
             t.val_loss = _final_val_loss(t)
         old = read_summary(t.run_dir) if t.train_time == 0 else None
@@ -451,9 +458,11 @@ def _finish(t: _Trainer) -> TrainResult:
             tps = (old or {}).get("train_tokens_per_s") or run_tokens_per_s(read_metrics(t.run_dir))
         if t.is_main and not (old and old.get("steps") == t.step and old.get("final_val_loss") is not None):
             write_summary(t.run_dir, {"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
+                                      "skipped_steps": skipped,
                                       "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
                                       "checkpoint": str(t.saved) if t.saved else None})
-    return TrainResult(t.run_dir, t.step, t.tokens_seen, t.val_loss, tps, t.saved, t.step - t.start_step)
+    return TrainResult(t.run_dir, t.step, t.tokens_seen, t.val_loss, tps, t.saved, t.step - t.start_step,
+                       skipped or 0)
 
 
 def _final_val_loss(t: _Trainer) -> float:

@@ -147,6 +147,12 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)
 
+    def sync(self) -> None:
+        """Make the rows written so far durable (``fsync``): called before a checkpoint is written."""
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+
     def close(self) -> None:
         if self.file is not None:
             self.file.close()

@@ -145,14 +145,20 @@ def read_metrics(run_dir: str | os.PathLike, log: Callable[[str], None] | None =
     return rows
 
 
-def _truncate_metrics(run_dir: Path, last_step: int, log: Callable[[str], None]) -> None:
+def _truncate_metrics(run_dir: Path, last_step: int, log: Callable[[str], None], log_every: int = 1) -> None:
     """Drop logged rows past ``last_step`` (logged before a crash, after the checkpoint we resume from); a missing
-    log restarts empty, said through ``log``."""
+    log restarts empty, and a log that ends a ``log_every`` or more before ``last_step`` (rows lost), are said through
+    ``log``."""
     file = run_dir / METRICS_FILE
     if not file.is_file() and last_step > 0:
         log(f"{file} is missing: the metrics log restarts at step {last_step + 1} (rows of steps 1-{last_step} are "
             f"lost)")
     rows = [r for r in read_metrics(run_dir, log) if r["step"] <= last_step]
+    last_logged = max((int(r["step"]) for r in rows), default=0)
+    if file.is_file() and last_step - last_logged >= max(1, log_every):
+        log(f"{file} ends at step {last_logged}, before the checkpoint of step {last_step} (logging every "
+            f"{log_every}): the rows in between were lost in a crash before they reached the disk; the curve has a "
+            f"gap there")
     atomic_write_text(file, "".join(json_line(r) for r in rows))
 
 
@@ -326,8 +332,10 @@ def read_resume_checkpoint(dirs: list[Path], model_cfg: ModelConfig, log: Callab
     Raises ``ValueError`` for a checkpoint written for another model config (not a reason to fall back), or when
     no checkpoint can be read (naming each one and why)."""
     problems: list[str] = []
+    said: list[str] = []
     for d in reversed(dirs):
         try:
+            ckpt.verify_file(d, "config.json")  # a flipped bit is damage (fall back), not another config
             recorded = ckpt.load_config(d).to_dict()
         except UNREADABLE_ERRORS as e:
             recorded, error = None, e
@@ -337,13 +345,15 @@ def read_resume_checkpoint(dirs: list[Path], model_cfg: ModelConfig, log: Callab
                 raise ValueError(f"checkpoint {d} was written for another model config ({'; '.join(mismatch)})")
             try:
                 state, weights = _read_checkpoint(d)
+                for line in said:  # only when falling back: the error below already names each one
+                    log(line)
                 if problems:
                     log(f"resuming from the previous checkpoint {d} instead")
                 return ResumeCheckpoint(d, state, weights, [p for p in dirs if p > d])
             except UNREADABLE_ERRORS as e:
                 error = e
         problems.append(f"{d.name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
-        log(f"checkpoint {d} is unreadable ({problems[-1].split(': ', 1)[1]})")
+        said.append(f"checkpoint {d} is unreadable ({problems[-1].split(': ', 1)[1]})")
         if not fall_back:
             break
     raise ValueError(f"cannot resume from {dirs[-1].parent}: no readable checkpoint ({'; '.join(problems)})")
@@ -450,7 +460,7 @@ def start_run_files(run_dir: Path, record: Mapping[str, Any], groups: Any, resum
     at its last step (``finished``): then the summary stays and the trainer checks or re-creates it at the end."""
     remove_debris(run_dir, log)
     if resume:
-        _truncate_metrics(run_dir, step, log)
+        _truncate_metrics(run_dir, step, log, int(record.get("train", {}).get("log_every", 1)))
     else:
         atomic_write_text(run_dir / METRICS_FILE, "")
     atomic_write_text(run_dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
