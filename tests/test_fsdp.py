@@ -96,6 +96,11 @@ def test_fsdp_equals_ddp_on_the_same_global_batch(runs, method):
     last = checkpoint_dirs(fsdp)[-1]
     assert (last / "dcp" / ".metadata").is_file() and not (last / ckpt.WEIGHTS_NAME).exists()
     assert not [p for p in (fsdp / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp folder left
+    from depthattn.fileio import read_manifest, verify_manifest
+
+    listed = read_manifest(last)  # rank 0's files are hashed, the dcp/ shards are not
+    assert "trainer_state.pt" in listed and "config.json" in listed and not any(k.startswith("dcp/") for k in listed)
+    assert verify_manifest(last) == sorted(listed)
     full, sharded = ckpt.load_state(checkpoint_dirs(ddp)[-1]), _gathered(last)
     assert set(full) == set(sharded)
     diff = max(float((full[k] - sharded[k]).abs().max()) for k in full)

@@ -171,15 +171,17 @@ def _files_under(folder: str) -> list[str]:
     return sorted(out)
 
 
-def seal_folder(folder: str | os.PathLike, manifest: bool) -> None:
+def seal_folder(folder: str | os.PathLike, manifest: bool, unhashed: Sequence[str] = ()) -> None:
     """Give every file and folder under ``folder`` the umask's modes, write the manifest (last) when asked, and
-    fsync every file and then every folder, deepest first."""
+    fsync every file and then every folder, deepest first. Files whose relative path starts with one of
+    ``unhashed`` (e.g. ``"dcp/"``: shards too large to hash on one rank) are fsync'd but left out of the manifest."""
+    folder = os.fspath(folder)
     names = _files_under(folder)
     digests = {}
     for rel in names:
         full = os.path.join(folder, rel)
         os.chmod(full, file_mode())
-        if manifest:
+        if manifest and not rel.startswith(tuple(unhashed)):
             digests[rel] = sha256_file(full)
         fsync_path(full)
     if manifest:

@@ -71,8 +71,9 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
         atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         torch.save(state, tmp / STATE_FILE)
         # durable before it is visible: umask modes, every file and folder fsync'd (DCP fsyncs its own shards too);
-        # no checksums.json (hashing every rank's shards on rank 0 would cost ~3 s per GiB per checkpoint)
-        seal_folder(tmp, manifest=False)
+        # checksums.json covers rank 0's files (trainer state, configs, tokenizer), not the dcp/ shards (hashing
+        # every rank's shards on rank 0 would cost ~3 s per GiB per checkpoint)
+        seal_folder(tmp, manifest=True, unhashed=(f"{DCP_DIR}/",))
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
