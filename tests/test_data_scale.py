@@ -215,8 +215,10 @@ _CHILD = textwrap.dedent("""
     from depthattn.data import prepare_corpus
     out, src, tok, workers = sys.argv[1:5]
     prepare_corpus(out, [src], tokenizer=tok, val_fraction=0.5, progress=False, log=None, workers=int(workers))
-    print(json.dumps({"self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                      "children": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+    # this process's own peak: VmHWM of its memory map (ru_maxrss would carry over the peak of the forked or
+    # vforked pytest process it was exec'd from: Linux keeps the larger of the two across execve)
+    hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print(json.dumps({"self": hwm, "children": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
 """)
 
 
