@@ -7,23 +7,13 @@ to one of the two dataclasses and name unknown keys. ``RESUMABLE_KEYS`` are the 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
-from ..config import ModelConfig
-
-
-def _finite(v) -> bool:
-    """``math.isfinite`` that says False (instead of raising ``OverflowError``) for an int beyond float's range, so
-    that validation reports ``10**400`` as an invalid value."""
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
+from ..config import ModelConfig, _finite
 
 
 @dataclass
