@@ -125,6 +125,23 @@ def qwen3_tiny(tmp_path, tie=False):
     return q
 
 
+def test_loss_and_gradients_equal_transformers_qwen3(tmp_path):
+    """The labels path (shifted targets, -100 ignored) equals ``Qwen3ForCausalLM``'s loss and its gradients."""
+    q = qwen3_tiny(tmp_path)
+    ours = load_qwen3(tmp_path / "q3")
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 128, (3, 9), generator=g)
+    labels = ids.clone()
+    labels[0, 3], labels[1, :2], labels[2, -1] = -100, -100, -100
+    ref, mine = q(ids, labels=labels).loss, ours(ids, labels=labels).loss
+    torch.testing.assert_close(mine, ref, atol=1e-6, rtol=0)
+    ref.backward()
+    mine.backward()
+    theirs = dict(q.named_parameters())
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, theirs[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("tie", [False, True])
 def test_qwen3_in_and_out(tmp_path, tie):
     from transformers import Qwen3ForCausalLM

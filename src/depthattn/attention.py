@@ -28,7 +28,8 @@ class LayerContext:
     """What every layer of one forward call shares; built once per call by ``Backbone.forward``.
 
     Attributes:
-        cos, sin: RoPE tables ``[B, T, D]`` for this call's positions (model dtype).
+        cos, sin: RoPE tables ``[B|1, T, D]`` for this call's positions (model dtype; 1 row when all rows share
+            their positions).
         mask: additive ``[B|1, 1, T, S]`` mask aligned to absolute slots, or None for plain causal attention over
             exactly these T positions (no padding, no cache offset).
         cache: when given, each layer writes its K̂ and Ṽ to its own slots from ``cache_start`` and the attention

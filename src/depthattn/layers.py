@@ -41,8 +41,8 @@ class RotaryEmbedding(nn.Module):
     """RoPE tables for absolute positions (HF ``Qwen3RotaryEmbedding``, default RoPE only).
 
     Holds the inverse frequencies ``inv_freq`` ``[D/2]`` = ``theta ** (-2i / D)`` as a non-persistent float32 buffer
-    (not in the state dict, so checkpoints keep Hugging Face Qwen3's keys). ``forward(position_ids [B, T], dtype)``
-    returns ``(cos, sin)``, each ``[B, T, D]`` in ``dtype``, computed in float32.
+    (not in the state dict, so checkpoints keep Hugging Face Qwen3's keys). ``forward(position_ids [B|1, T], dtype)``
+    returns ``(cos, sin)``, each ``[B|1, T, D]`` in ``dtype``, computed in float32.
     """
 
     def __init__(self, head_dim: int, theta: float, device=None):

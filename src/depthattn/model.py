@@ -145,9 +145,11 @@ class Backbone(nn.Module):
 
     @staticmethod
     def _positions(key_mask: Tensor | None, past: int, B: int, T: int, device) -> Tensor:
-        """RoPE positions: the count of real tokens before each one (first real token at 0); pads get 0."""
+        """RoPE positions ``[B, T]``, or ``[1, T]`` when every row has the same ones (no padding: then the RoPE
+        tables are computed once and broadcast over the batch): the count of real tokens before each one (first
+        real token at 0); pads get 0."""
         if key_mask is None:
-            return torch.arange(past, past + T, device=device).expand(B, T)
+            return torch.arange(past, past + T, device=device)[None]
         pos = key_mask.long().cumsum(1) - 1
         return pos[:, past:].clamp(min=0)
 
@@ -172,13 +174,18 @@ class Backbone(nn.Module):
 def next_token_loss(logits: Tensor, labels: Tensor, attention_mask: Tensor | None) -> Tensor:
     """Mean next-token cross-entropy (nats, float32) of ``logits`` ``[B, T, V]`` against ``labels`` ``[B, T]``,
     shifted inside; -100 labels and targets at or after a padded position (``attention_mask``'s last T columns)
-    are ignored."""
+    are ignored.
+
+    The targets are shifted, not the logits: position t is scored against ``labels[:, t + 1]`` and the last
+    position against -100 (as transformers' ``ForCausalLMLoss`` does), so the ``[B, T, V]`` logits are read in
+    place; slicing them (``logits[:, :-1]``) would copy them and make the backward zero-fill and copy them again."""
     T = labels.shape[1]
-    targets = labels.to(torch.int64)[:, 1:]  # cross_entropy takes int64 targets only
+    targets = F.pad(labels.to(torch.int64)[:, 1:], (0, 1), value=IGNORE_INDEX)  # int64: cross_entropy's only type
     if attention_mask is not None:  # a target counts only if it and the position predicting it are real tokens
         new_mask = attention_mask[:, -T:].bool()
-        targets = targets.masked_fill(~(new_mask[:, 1:] & new_mask[:, :-1]), IGNORE_INDEX)
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        real = F.pad(new_mask[:, 1:] & new_mask[:, :-1], (0, 1), value=False)
+        targets = targets.masked_fill(~real, IGNORE_INDEX)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
 @torch.no_grad()
