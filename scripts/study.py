@@ -35,7 +35,7 @@ from pathlib import Path
 
 from depthattn.compare import BASELINE, _curve
 from depthattn.fileio import atomic_write_text
-from depthattn.stats import paired_difference, tokens_to_target
+from depthattn.stats import paired_difference, tokens_to_target, verdict
 
 MAIN_METHODS = "none,depth_attention,denseformer,mhc,attnres,value_residual,depth_attention_uniform"
 DEFAULT_STEPS = 400  # the compare default (commands/compare_cmd.py DEFAULT_TRAIN)
@@ -159,6 +159,37 @@ def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
     return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
 
 
+def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None):
+    """``(runs, none's runs, paired_difference of final val loss)`` over the seeds both have, or None for the
+    baseline itself or no common seed. Raises ``SystemExit`` if a pair was trained with other settings."""
+    common = [s for s in sorted(by_seed) if base and s in base]
+    if label == BASELINE or not common:
+        return None
+    a, b = [by_seed[s] for s in common], [base[s] for s in common]
+    for x, y in zip(a, b):
+        if x["train_settings"] | {"steps": 0, "seed": 0} != y["train_settings"] | {"steps": 0, "seed": 0} \
+                or x["data"] != y["data"] or x["tokens"] != y["tokens"]:
+            raise SystemExit(f"study: {label} and none were trained with other settings; cannot pair")
+    return a, b, paired_difference([x["val_loss"] for x in a], [y["val_loss"] for y in b])
+
+
+def group_verdicts(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) -> list[str]:
+    """One plain sentence per method of a group: the paired Δ, its interval, the seeds favouring it, a verdict."""
+    lines = []
+    for label, by_seed in runs.items():
+        pair = paired_runs(label, by_seed, base)
+        if pair is None:
+            continue
+        d = pair[2]
+        if d["ci95"] is None:
+            lines.append(f"- `{label}`: Δ {d['mean']:+.3f} nats on one seed: {verdict(d)}.")
+        else:
+            lo, hi = d["ci95"]
+            lines.append(f"- `{label}`: Δ {d['mean']:+.3f} ± {d['std']:.3f} nats over {d['n']} seeds (95 % interval "
+                         f"{lo:+.3f} to {hi:+.3f}; {d['favouring']} of {d['n']} seeds lower): {verdict(d)}.")
+    return lines
+
+
 def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) -> list[str]:
     lines = ["| method | seeds | val loss | Δ vs none (nats) | 95 % interval | seeds lower | "
              "tokens to none's final val loss | train time ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -168,16 +199,11 @@ def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) 
         mean = sum(vals) / len(vals)
         std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
         cells = [label, str(len(seeds)), _fmt_pm(mean, std, "{:.4f}")]
-        common = [s for s in seeds if base and s in base]
-        if label == BASELINE or not common:
+        pair = paired_runs(label, by_seed, base)
+        if pair is None:
             cells += ["—", "—", "—", "—", "—"]
         else:
-            a, b = [by_seed[s] for s in common], [base[s] for s in common]
-            for x, y in zip(a, b):
-                if x["train_settings"] | {"steps": 0, "seed": 0} != y["train_settings"] | {"steps": 0, "seed": 0} \
-                        or x["data"] != y["data"] or x["tokens"] != y["tokens"]:
-                    raise SystemExit(f"study: {label} and none were trained with other settings; cannot pair")
-            d = paired_difference([x["val_loss"] for x in a], [y["val_loss"] for y in b])
+            a, b, d = pair
             ci = "n/a (one seed)" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
             ttt = [tokens_to_target(_curve(x), _curve(y)[-1][1]) for x, y in zip(a, b)]
             reached = [t for t in ttt if t is not None]
@@ -227,6 +253,10 @@ def aggregate(publish: Path, out: Path) -> str:
                 continue
             base = runs.get(BASE_GROUP[group], {}).get(BASELINE)
             lines += [f"## {titles[group]}", ""] + group_table(runs[group], base) + [""]
+            said = group_verdicts(runs[group], base)
+            if said:
+                lines += ["In words (Δ is the method's validation loss minus `none`'s; negative is better; no "
+                          "correction for multiple comparisons):", ""] + said + [""]
         if "long" in runs and "main" in runs:
             lines += ["## Does the gap move with training length?", "",
                       "| method | Δ vs none, default budget | Δ vs none, 4 × budget |", "|---|---:|---:|"]

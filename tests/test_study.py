@@ -79,6 +79,24 @@ def test_aggregate_pairs_across_parts(study, tmp_path):
     assert "`depthattn compare # main-s0`" in text and "(pub/main-s0/report.md)" in text
 
 
+def test_aggregate_states_each_result_in_words(study, tmp_path):
+    pub = tmp_path / "pub"
+    main = results(seeds=(0, 1, 2))  # depth_attention: Δ = −0.026, +0.012, −0.040 (interval includes 0)
+    publish(pub, "main-s0", "main", main)
+    clear = results(seeds=(0, 1))
+    del clear["methods"]["none"]
+    for r, v in zip(clear["methods"]["depth_attention"]["runs"], (4.80, 4.91)):  # Δ = −0.20, −0.19
+        r["val_loss"] = v
+    publish(pub, "ablation-1w0-s0", "ablation", clear, label="stride=1, window=0")
+    text = study.aggregate(pub, tmp_path / "results.md")
+    assert ("- `depth_attention`: Δ -0.018 ± 0.027 nats over 3 seeds (95 % interval -0.085 to +0.049; 2 of 3 seeds "
+            "lower): inconclusive at this budget (the 95 % interval includes 0).") in text
+    half = 12.7062 * 0.01 / math.sqrt(2) / math.sqrt(2)  # t(1) · std / √2, std of (−0.20, −0.19) = 0.01/√2
+    assert (f"- `depth_attention (stride=1, window=0)`: Δ -0.195 ± 0.007 nats over 2 seeds (95 % interval "
+            f"{-0.195 - half:+.3f} to {-0.195 + half:+.3f}; 2 of 2 seeds lower): lower at this budget (the 95 % "
+            "interval excludes 0).") in text
+
+
 def test_aggregate_refuses_to_pair_other_budgets(study, tmp_path):
     pub = tmp_path / "pub"
     publish(pub, "main-s0", "main", results(seeds=(0,)))

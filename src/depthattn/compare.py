@@ -29,7 +29,7 @@ from .checkpoint import checkpoint_dirs
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text
-from .stats import binomial_se, paired_difference, tokens_to_target
+from .stats import binomial_se, paired_difference, tokens_to_target, verdict
 from .training import TrainConfig, read_metrics, read_run, resolve_model_config, train
 from .training.runs import RUN_FILE, SUMMARY_FILE, config_differences
 
@@ -343,15 +343,6 @@ def paired_stats(results: dict) -> dict[str, dict]:
     return out
 
 
-def _verdict(d: dict) -> str:
-    if d["ci95"] is None:
-        return "inconclusive (one seed: no interval)"
-    lo, hi = d["ci95"]
-    if lo <= 0 <= hi:
-        return "inconclusive at this budget (the 95 % interval includes 0)"
-    return ("lower" if hi < 0 else "higher") + " at this budget (the 95 % interval excludes 0)"
-
-
 def conclusions(results: dict) -> list[str]:
     """The report's opening sentences: one per method vs ``none`` and one on what the run cannot show."""
     paired = results.get("paired") or {}
@@ -367,7 +358,7 @@ def conclusions(results: dict) -> list[str]:
             continue
         lo, hi = d["ci95"]
         lines.append(f"`{name}` is {size} in validation loss (± {d['std']:.3f} std over {n} seeds; 95 % interval "
-                     f"{lo:+.3f} to {hi:+.3f}; {d['favouring']} of {n} seeds lower): {_verdict(d)}.")
+                     f"{lo:+.3f} to {hi:+.3f}; {d['favouring']} of {n} seeds lower): {verdict(d)}.")
     if not paired:
         lines.append("No paired comparison: the run has no `none` (vanilla) method to compare against.")
     runs = [r for m in results["methods"].values() for r in m["runs"]]

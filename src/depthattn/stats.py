@@ -52,6 +52,18 @@ def paired_difference(method: Sequence[float], base: Sequence[float], lower_is_b
     return {"n": n, "diffs": diffs, "mean": mean, "std": std, "ci95": ci, "favouring": favouring}
 
 
+def verdict(d: dict[str, Any]) -> str:
+    """Plain words for a ``paired_difference`` result of a loss (lower is better): "inconclusive" unless the 95 %
+    interval excludes 0, and then "lower" or "higher" (no correction for multiple comparisons: with m methods
+    against one baseline, one interval in twenty excludes 0 by chance)."""
+    if d["ci95"] is None:
+        return "inconclusive (one seed: no interval)"
+    lo, hi = d["ci95"]
+    if lo <= 0 <= hi:
+        return "inconclusive at this budget (the 95 % interval includes 0)"
+    return ("lower" if hi < 0 else "higher") + " at this budget (the 95 % interval excludes 0)"
+
+
 def tokens_to_target(curve: Sequence[tuple[float, float]], target: float) -> float | None:
     """The first token count at which a validation curve ``[(tokens, loss), …]`` (ascending tokens) reaches
     ``target`` (loss <= target), linearly interpolated between the two logged points around the crossing; the first
