@@ -173,6 +173,9 @@ def main() -> None:
             check_compile_works(device)
         except CompileUnavailable as e:
             raise SystemExit(f"bench.py: --compile: {e}")
+        # one decode graph per (method, batch size) of the same step function: more than dynamo's default of 8
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   4 * len(methods) * (len(args.decode_batches.split(",")) + 1))
     autocast = torch.bfloat16 if args.dtype == "bfloat16" else None
     # rows: (name, variant); variant "eager" / "compiled" for our methods, "peer" for transformers
     rows = [(m, "eager") for m in methods] + ([(m, "compiled") for m in methods] if args.compile else [])

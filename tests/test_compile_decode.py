@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from depthattn import generate
-from depthattn.generate import CompileUnavailable, CompiledDecoder, check_compile_works, decode_one_token, prefill
+from depthattn.generate import CompileLimitReached, CompileUnavailable, CompiledDecoder, check_compile_works, decode_one_token, prefill
 
 from conftest import left_padded_batch, make_model
 
@@ -102,6 +102,20 @@ def test_a_backend_that_does_not_work_gives_one_line():
     model = make_model(num_hidden_layers=2)
     with pytest.raises(CompileUnavailable, match="does not work here"):
         generate(model, torch.ones(1, 3, dtype=torch.long), 2, compile=broken)
+
+
+def test_more_decode_shapes_than_dynamos_limit_is_one_clear_error(monkeypatch):
+    """One graph per (model, batch size, capacity): past ``recompile_limit`` the step says so in one line."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    model = make_model(num_hidden_layers=2)
+    for batch in (1, 2):
+        generate(model, torch.ones(batch, 3, dtype=torch.long), 2, temperature=0, compile="eager")
+    with pytest.raises(CompileLimitReached, match=r"compiled the step for 2 \(model, batch size, cache capacity\) "
+                                                  r"combinations.*recompile_limit = 2") as e:
+        generate(model, torch.ones(3, 3, dtype=torch.long), 2, temperature=0, compile="eager")
+    assert "\n" not in str(e.value)
+    torch._dynamo.reset()
 
 
 def _mix_twin64(q, keys, values):

@@ -98,6 +98,11 @@ class CompileUnavailable(RuntimeError):
     """``torch.compile``'s backend failed on this machine (e.g. no working C/C++ compiler for inductor on CPU)."""
 
 
+class CompileLimitReached(RuntimeError):
+    """A ``CompiledDecoder`` needed one more graph than ``torch._dynamo.config.recompile_limit`` allows for its step
+    function in this process (one graph per model, batch size and cache capacity; dynamo counts them per function)."""
+
+
 def _backend_error(backend, e: Exception) -> CompileUnavailable:
     cause = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps the backend's own error
     lines = [line for line in str(cause).strip().splitlines() if line.strip()]
@@ -162,6 +167,12 @@ class CompiledDecoder:
             return fn(*args)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             raise _backend_error(self.backend, e) from None
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            limit = torch._dynamo.config.recompile_limit
+            raise CompileLimitReached(
+                f"compiled decode: this process has compiled the step for {limit} (model, batch size, cache "
+                f"capacity) combinations, torch.compile's limit per function (torch._dynamo.config."
+                f"recompile_limit = {limit}); raise that limit, or reuse a batch size and cache capacity") from None
 
     def _advance_host(self, cache: KVCache, T: int) -> None:
         """The host half of ``cache.advance``, which a compiled graph leaves out (``Backbone.forward``)."""
