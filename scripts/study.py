@@ -235,7 +235,9 @@ def aggregate(publish: Path, out: Path) -> str:
                   "difference in final validation loss (whole held-out split) from `none` of the same group and "
                   "seed (same data order); the 95 % interval is the t-interval over seeds. Train time ratio: "
                   "optimizer-step seconds over the paired seeds, method / none, measured sequentially on a shared "
-                  "machine (a rough guide; `scripts/bench.py` measures speed interleaved).", "",
+                  "machine and including any time a run was paused or starved (the published parts shared the "
+                  "machine with other work and were paused while benchmarks ran): **not a speed measurement**; "
+                  "`scripts/bench.py` measures speed interleaved ([benchmarks.md](benchmarks.md)).", "",
                   ]
         runs = collect(published)
         every = [r for g in runs.values() for by_seed in g.values() for r in by_seed.values()]
