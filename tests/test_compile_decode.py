@@ -111,8 +111,8 @@ def test_more_decode_shapes_than_dynamos_limit_is_one_clear_error(monkeypatch):
     model = make_model(num_hidden_layers=2)
     for batch in (1, 2):
         generate(model, torch.ones(batch, 3, dtype=torch.long), 2, temperature=0, compile="eager")
-    with pytest.raises(CompileLimitReached, match=r"compiled the step for 2 \(model, batch size, cache capacity\) "
-                                                  r"combinations.*recompile_limit = 2") as e:
+    with pytest.raises(CompileLimitReached, match=r"compiled decode step: dynamo's recompile limit is reached "
+                                                  r"\(torch._dynamo.config.recompile_limit = 2 .*reuse a batch size") as e:
         generate(model, torch.ones(3, 3, dtype=torch.long), 2, temperature=0, compile="eager")
     assert "\n" not in str(e.value)
     torch._dynamo.reset()

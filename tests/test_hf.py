@@ -451,3 +451,17 @@ def test_native_loader_refuses_a_qwen3_folder_in_one_line(tmp_path):
             load(tmp_path / "q3")
         assert "\n" not in str(e.value)
     assert load_any_model(tmp_path / "q3").config.num_hidden_layers == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8])
+def test_target_count_counts_what_the_loss_averages(dtype):
+    """``num_items_in_batch`` bookkeeping: token 156 is -100 wrapped to uint8, and must still count as a target."""
+    from depthattn.hf.modeling import target_count
+
+    labels = torch.tensor([[1, 156, 2, 7], [3, 4, 156, 5]], dtype=dtype)
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    assert int(target_count(labels, None)) == 6
+    assert int(target_count(labels, mask)) == 5  # row 1's first target follows a pad
+    wide = labels.to(torch.int64)
+    wide[0, 2] = -100
+    assert int(target_count(wide, mask)) == 4

@@ -99,8 +99,10 @@ class CompileUnavailable(RuntimeError):
 
 
 class CompileLimitReached(RuntimeError):
-    """A ``CompiledDecoder`` needed one more graph than ``torch._dynamo.config.recompile_limit`` allows for its step
-    function in this process (one graph per model, batch size and cache capacity; dynamo counts them per function)."""
+    """A ``CompiledDecoder`` needed one more graph than dynamo allows for its prefill or decode-step function in this
+    process (``torch._dynamo.config.recompile_limit`` per function, ``accumulated_recompile_limit`` in all): the
+    decode step has one graph per model structure (method, config), batch size and cache capacity; the prefill one
+    per model structure."""
 
 
 def _backend_error(backend, e: Exception) -> CompileUnavailable:
@@ -148,6 +150,7 @@ class CompiledDecoder:
             separates the static math from compilation).
     Raises:
         CompileUnavailable: on the first call, if the backend fails to compile (one line naming the cause).
+        CompileLimitReached: when dynamo's recompile limit stops a new graph (one line naming the limits).
     """
 
     def __init__(self, backend=DEFAULT_BACKEND):
@@ -162,17 +165,20 @@ class CompiledDecoder:
             opts["mode"] = "reduce-overhead"  # CUDA graphs for the launch-bound decode step
         return torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=self.backend, **opts)
 
-    def _run(self, fn, *args):
+    def _run(self, phase: str, fn, *args):
         try:
             return fn(*args)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             raise _backend_error(self.backend, e) from None
         except torch._dynamo.exc.FailOnRecompileLimitHit:
-            limit = torch._dynamo.config.recompile_limit
+            cfg = torch._dynamo.config
+            remedy = ("reuse a batch size and cache capacity" if phase == "decode step" else
+                      "compile fewer model structures in one process")
             raise CompileLimitReached(
-                f"compiled decode: this process has compiled the step for {limit} (model, batch size, cache "
-                f"capacity) combinations, torch.compile's limit per function (torch._dynamo.config."
-                f"recompile_limit = {limit}); raise that limit, or reuse a batch size and cache capacity") from None
+                f"compiled {phase}: dynamo's recompile limit is reached (torch._dynamo.config.recompile_limit = "
+                f"{cfg.recompile_limit} graphs per function, accumulated_recompile_limit = "
+                f"{cfg.accumulated_recompile_limit}): this process compiled the {phase} for too many model "
+                f"structures or shapes; raise the limit, or {remedy}") from None
 
     def _advance_host(self, cache: KVCache, T: int) -> None:
         """The host half of ``cache.advance``, which a compiled graph leaves out (``Backbone.forward``)."""
@@ -195,7 +201,7 @@ class CompiledDecoder:
         self.prepare(cache)
         if self._prefill is None:
             self._prefill = self._compiled(_static_prefill, True, input_ids_BT.device)
-        logits = self._run(self._prefill, model, input_ids_BT, attention_mask_BT, cache)
+        logits = self._run("prefill", self._prefill, model, input_ids_BT, attention_mask_BT, cache)
         self._advance_host(cache, input_ids_BT.shape[1])
         return logits
 
@@ -206,7 +212,7 @@ class CompiledDecoder:
         self.prepare(cache)
         if self._decode is None:
             self._decode = self._compiled(_static_decode, False, token_B.device)
-        logits = self._run(self._decode, model, token_B, cache)
+        logits = self._run("decode step", self._decode, model, token_B, cache)
         self._advance_host(cache, 1)
         return logits.clone() if logits.device.type == "cuda" else logits  # CUDA graphs reuse the output buffer
 

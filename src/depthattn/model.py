@@ -105,7 +105,7 @@ class Backbone(nn.Module):
         if cache is not None and cache.static:
             ctx, position_ids = self._static_context(new_mask, position_ids, cache, B, T, h.dtype)
         else:
-            ctx, position_ids = self._dynamic_context(new_mask, position_ids, cache, B, T, h.dtype, h.device)
+            ctx, position_ids = self._dynamic_context(new_mask, position_ids, cache, T, h.dtype, h.device)
         cos, sin = self.rotary_emb(position_ids, h.dtype)
         h = self._layers(h, LayerContext(cos=cos, sin=sin, **ctx))
         if cache is not None:
@@ -114,7 +114,7 @@ class Backbone(nn.Module):
                 cache.advance_host(T)              # so the graph never reads the per-token Python length
         return self.norm(h)
 
-    def _dynamic_context(self, new_mask, position_ids, cache, B: int, T: int, dtype, device):
+    def _dynamic_context(self, new_mask, position_ids, cache, T: int, dtype, device):
         """Mask and positions when the key slots are exactly the filled ones (Python-int slicing, eager path).
 
         Whether a padding mask is needed is host knowledge (a mask was given now or earlier), never read from
@@ -126,7 +126,7 @@ class Backbone(nn.Module):
         else:
             key_mask = new_mask
         if position_ids is None:
-            position_ids = self._positions(key_mask, past, B, T, device)
+            position_ids = self._positions(key_mask, past, T, device)
         mask = None
         if key_mask is not None or (past > 0 and T > 1):
             mask = causal_padding_mask(key_mask, past, T, past + T, dtype, device)
@@ -144,7 +144,7 @@ class Backbone(nn.Module):
         return dict(mask=mask, cache=cache, cache_slots=slots), position_ids
 
     @staticmethod
-    def _positions(key_mask: Tensor | None, past: int, B: int, T: int, device) -> Tensor:
+    def _positions(key_mask: Tensor | None, past: int, T: int, device) -> Tensor:
         """RoPE positions ``[B, T]``, or ``[1, T]`` when every row has the same ones (no padding: then the RoPE
         tables are computed once and broadcast over the batch): the count of real tokens before each one (first
         real token at 0); pads get 0."""

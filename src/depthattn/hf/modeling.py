@@ -279,7 +279,7 @@ def target_count(labels: Tensor, attention_mask: Tensor | None) -> Tensor:
     """How many targets ``depthattn.model.next_token_loss`` averages over (int64 scalar): ``labels[:, 1:]`` not
     -100 whose position and predecessor are real tokens (the same rule, counted instead of averaged)."""
     T = labels.shape[1]
-    valid = labels[:, 1:] != IGNORE_INDEX
+    valid = labels.to(torch.int64)[:, 1:] != IGNORE_INDEX  # widened first: -100 wraps in uint8/uint16
     if attention_mask is not None:
         real = attention_mask[:, -T:].bool()
         valid = valid & real[:, 1:] & real[:, :-1]
