@@ -104,17 +104,20 @@ def test_a_backend_that_does_not_work_gives_one_line():
         generate(model, torch.ones(1, 3, dtype=torch.long), 2, compile=broken)
 
 
-def test_more_decode_shapes_than_dynamos_limit_is_one_clear_error(monkeypatch):
+def test_more_decode_shapes_than_dynamos_limit_is_one_clear_error():
     """One graph per (model, batch size, capacity): past ``recompile_limit`` the step says so in one line."""
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    before = torch._dynamo.config.recompile_limit
     model = make_model(num_hidden_layers=2)
-    for batch in (1, 2):
-        generate(model, torch.ones(batch, 3, dtype=torch.long), 2, temperature=0, compile="eager")
-    with pytest.raises(CompileLimitReached, match=r"compiled decode step: dynamo's recompile limit is reached "
-                                                  r"\(torch._dynamo.config.recompile_limit = 2 .*reuse a batch size") as e:
-        generate(model, torch.ones(3, 3, dtype=torch.long), 2, temperature=0, compile="eager")
+    with torch._dynamo.config.patch(recompile_limit=2):  # dynamo's own patcher (restores the value after)
+        for batch in (1, 2):
+            generate(model, torch.ones(batch, 3, dtype=torch.long), 2, temperature=0, compile="eager")
+        with pytest.raises(CompileLimitReached, match=r"compiled decode step: dynamo's recompile limit is reached "
+                                                      r"\(torch._dynamo.config.recompile_limit = 2 .*reuse a batch "
+                                                      r"size") as e:
+            generate(model, torch.ones(3, 3, dtype=torch.long), 2, temperature=0, compile="eager")
     assert "\n" not in str(e.value)
+    assert torch._dynamo.config.recompile_limit == before  # restored for the tests after this one
     torch._dynamo.reset()
 
 
