@@ -171,20 +171,28 @@ class Backbone(nn.Module):
         return self.cross_layer.end(state)
 
 
-def next_token_loss(logits: Tensor, labels: Tensor, attention_mask: Tensor | None) -> Tensor:
-    """Mean next-token cross-entropy (nats, float32) of ``logits`` ``[B, T, V]`` against ``labels`` ``[B, T]``,
-    shifted inside; -100 labels and targets at or after a padded position (``attention_mask``'s last T columns)
-    are ignored.
-
-    The targets are shifted, not the logits: position t is scored against ``labels[:, t + 1]`` and the last
-    position against -100 (as transformers' ``ForCausalLMLoss`` does), so the ``[B, T, V]`` logits are read in
-    place; slicing them (``logits[:, :-1]``) would copy them and make the backward zero-fill and copy them again."""
+def next_token_targets(labels: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """The target of every position, int64 ``[B, T]``: position t is scored against ``labels[:, t + 1]``, the last
+    position and ignored targets hold -100: -100 labels, and targets at or after a padded position (a target counts
+    only if it and the position predicting it are real tokens in ``attention_mask``'s last T columns). Labels are
+    widened to int64 first, so an unsigned dtype's token (uint8 156) is never read as -100."""
     T = labels.shape[1]
     targets = F.pad(labels.to(torch.int64)[:, 1:], (0, 1), value=IGNORE_INDEX)  # int64: cross_entropy's only type
-    if attention_mask is not None:  # a target counts only if it and the position predicting it are real tokens
+    if attention_mask is not None:
         new_mask = attention_mask[:, -T:].bool()
         real = F.pad(new_mask[:, 1:] & new_mask[:, :-1], (0, 1), value=False)
         targets = targets.masked_fill(~real, IGNORE_INDEX)
+    return targets
+
+
+def next_token_loss(logits: Tensor, labels: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """Mean next-token cross-entropy (nats, float32) of ``logits`` ``[B, T, V]`` against ``labels`` ``[B, T]``,
+    shifted inside (``next_token_targets``: -100 labels and targets at or after a padded position are ignored).
+
+    The targets are shifted, not the logits (the last position scores against -100, as transformers'
+    ``ForCausalLMLoss`` does), so the ``[B, T, V]`` logits are read in place; slicing them (``logits[:, :-1]``)
+    would copy them and make the backward zero-fill and copy them again."""
+    targets = next_token_targets(labels, attention_mask)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 

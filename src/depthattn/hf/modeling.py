@@ -27,7 +27,7 @@ from depthattn import checkpoint as core_checkpoint
 from depthattn.cache import KVCache
 from depthattn.checks import IGNORE_INDEX, check_forward_inputs
 from depthattn.config import ModelConfig
-from depthattn.model import Backbone, DecoderLM, init_module_weights, next_token_loss
+from depthattn.model import Backbone, DecoderLM, init_module_weights, next_token_loss, next_token_targets
 
 from .configuration import DepthAttnConfig
 
@@ -276,14 +276,9 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
 
 
 def target_count(labels: Tensor, attention_mask: Tensor | None) -> Tensor:
-    """How many targets ``depthattn.model.next_token_loss`` averages over (int64 scalar): ``labels[:, 1:]`` not
-    -100 whose position and predecessor are real tokens (the same rule, counted instead of averaged)."""
-    T = labels.shape[1]
-    valid = labels.to(torch.int64)[:, 1:] != IGNORE_INDEX  # widened first: -100 wraps in uint8/uint16
-    if attention_mask is not None:
-        real = attention_mask[:, -T:].bool()
-        valid = valid & real[:, 1:] & real[:, :-1]
-    return valid.sum()
+    """How many targets ``depthattn.model.next_token_loss`` averages over (int64 scalar): the same
+    ``next_token_targets``, counted instead of averaged."""
+    return (next_token_targets(labels, attention_mask) != IGNORE_INDEX).sum()
 
 
 def summed_over(mean_loss: Tensor, count: Tensor, num_items, logits: Tensor) -> Tensor:

@@ -449,13 +449,14 @@ def _finish(t: _Trainer) -> TrainResult:
     tps = t.train_tokens / t.train_time if t.train_time > 0 else None
     skipped = None
     if t.step == t.total_steps:
-        rows = read_metrics(t.run_dir) if t.is_main else []
-        skipped = sum(1 for r in rows if r.get("skipped"))
+        rows = read_metrics(t.run_dir) if t.is_main else None  # read once: skipped steps and, if needed, throughput
+        skipped = sum(1 for r in rows or () if r.get("skipped"))
         if t.val_loss is None:
             t.val_loss = _final_val_loss(t)
         old = read_summary(t.run_dir) if t.train_time == 0 else None
         if tps is None:
-            tps = (old or {}).get("train_tokens_per_s") or run_tokens_per_s(read_metrics(t.run_dir))
+            tps = (old or {}).get("train_tokens_per_s") or run_tokens_per_s(
+                rows if rows is not None else read_metrics(t.run_dir))
         if t.is_main and not (old and old.get("steps") == t.step and old.get("final_val_loss") is not None):
             write_summary(t.run_dir, {"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
                                       "skipped_steps": skipped,
