@@ -11,26 +11,41 @@ per-round ratio against ``none`` measured back to back (robust to slow drifts of
 ratios are against compiled ``none``. The peer row ``hf_qwen3`` is ``transformers.Qwen3ForCausalLM`` (sdpa) with
 the weights of our ``none`` model: train step, and decode with its own ``DynamicCache`` (cropped back each round).
 
+``--processes N`` repeats the whole measurement in N fresh processes, one after the other, and pools them: the
+table's medians and ratios then run over all rounds of all processes, and a last section gives each ratio per
+process with the median, the geometric mean and its 95 % t-interval across processes. On a CPU one process's
+memory placement moves all its rounds together (two processes of the same command have differed by 5–15 % in a
+ratio whose FLOPs differ by 0.05 %), so a claim of a few per cent needs several processes.
+
     python scripts/bench.py --preset small --methods none,depth_attention --compile
+    python scripts/bench.py --preset small --methods none,depth_attention --compile --processes 6 --rounds 10
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import math
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 CLOCK = time.perf_counter  # --clock cpu switches to process CPU time (all threads)
 
 from depthattn import DecoderLM, ModelConfig
+from depthattn.fileio import atomic_write_text
 from depthattn.generate import CompiledDecoder, decode_one_token, prefill
+from depthattn.stats import t_quantile_975
 
 PEER = "hf_qwen3"
+SPEEDUP = "HF Qwen3 eager decode / our compiled vanilla decode (target >= 2 at B=1)"
 
 
 def _sync(device: torch.device) -> None:
@@ -97,7 +112,7 @@ class Decoder:
                 self.cache = cache if cache is not None else out.past_key_values
                 self.token = out.logits[:, -1].argmax(-1)
             else:
-                self.cache = model.new_cache(batch, context + steps)
+                self.cache = model.new_cache(batch, context + max(steps, 2))  # the warm-up decodes 2 tokens
                 self.token = prefill(model, ids, None, self.cache).argmax(-1)
                 self.steps = CompiledDecoder() if kind == "compiled" else None
             self.step(self.token)  # warm-up (and compilation)
@@ -135,7 +150,7 @@ def paired(xs, base) -> float:
     return statistics.median(x / b for x, b in zip(xs, base))
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small")
     p.add_argument("--methods", default="none,depth_attention")
@@ -144,7 +159,13 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512, help="decode context length")
     p.add_argument("--decode-steps", type=int, default=16, help="timed decode steps per round")
     p.add_argument("--decode-batches", default="1,8")
-    p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=40, help="interleaved rounds (per process)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="run the whole measurement in this many fresh processes, one after the other, and pool "
+                        "them: a process's memory placement moves all of its ratios together, so one process "
+                        "can be off by a few %% however many rounds it times")
+    p.add_argument("--raw-out", type=Path,
+                   help="also write the per-round times here (JSON: a list of one measurement per process)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="parameter dtype for decode; bfloat16 also turns on autocast for training")
@@ -158,15 +179,29 @@ def main() -> None:
                    help="off: skip the train step (decode columns only; quicker, e.g. to profile decode)")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall: elapsed time; cpu: process CPU time of all threads (less sensitive to other load)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.methods.split(",")[0] != "none":
+        p.error("--methods must start with none (the baseline of the ratios)")
+    for name in ("rounds", "processes"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    return args
+
+
+def rkey(r: tuple[str, str], b: int | None = None) -> str:
+    """JSON key of a row (method, variant), or of its decode at batch ``b``."""
+    return "/".join(r) if b is None else f"{r[0]}/{r[1]}/{b}"
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """One process's interleaved measurement: ``{"meta", "rows", "decode_batches", "train_s", "decode_s", "mem",
+    "kv"}`` with per-round seconds (train step; decode step) keyed by ``rkey``, and exact memory numbers."""
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     methods = args.methods.split(",")
-    if methods[0] != "none":
-        raise SystemExit("--methods must start with none (the baseline of the ratios)")
     if args.compile:
         from depthattn.generate import CompileUnavailable, check_compile_works
         try:
@@ -195,8 +230,8 @@ def main() -> None:
     vocab = models[("none", "eager")].config.vocab_size
     ids = torch.randint(0, vocab, (args.batch_size, args.seq_len), generator=g).to(device)
     decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
-    train_s = {r: [] for r in rows}
-    decode_s = {(r, b): [] for r in rows for b in decode_batches}
+    train_s = {rkey(r): [] for r in rows}
+    decode_s = {rkey(r, b): [] for r in rows for b in decode_batches}
     load_start = os.getloadavg()[0]
     t_setup = time.perf_counter()
     train = args.train == "on"
@@ -217,60 +252,167 @@ def main() -> None:
         order = rows if k % 2 == 0 else rows[::-1]
         for r in order if train else ():
             models[r].train()
-            train_s[r].append(time_train_step(train_fn[r], opts[r], ids, device, autocast))
+            train_s[rkey(r)].append(time_train_step(train_fn[r], opts[r], ids, device, autocast))
         for b in decode_batches:
             for r in order:
-                decode_s[(r, b)].append(time_decode(decoders[(r, b)], args.decode_steps, device))
+                decode_s[rkey(r, b)].append(time_decode(decoders[(r, b)], args.decode_steps, device))
         print(f"round {k + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    mem = {m: saved_activation_bytes(models[(m, "eager")].train(), ids) for m in methods}  # exact, not timed
-    ntok = args.batch_size * args.seq_len
-    print(f"preset={args.preset} device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} "
-          f"train batch={args.batch_size}x{args.seq_len} decode context={args.context} rounds={args.rounds} "
-          f"torch={torch.__version__} compile={args.compile} peer={args.peer} clock={args.clock} "
-          f"warm-up+compile {setup_s:.0f} s train={args.train} "
-          f"load average (1 min) {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    meta = (f"preset={args.preset} device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} "
+            f"train batch={args.batch_size}x{args.seq_len} decode context={args.context} rounds={args.rounds} "
+            f"torch={torch.__version__} compile={args.compile} peer={args.peer} clock={args.clock} "
+            f"warm-up+compile {setup_s:.0f} s train={args.train} "
+            f"load average (1 min) {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    return {"meta": meta, "rows": [list(r) for r in rows], "decode_batches": decode_batches,
+            "train_s": train_s if train else {}, "decode_s": decode_s,
+            "tokens_per_step": args.batch_size * args.seq_len,
+            "mem": {m: saved_activation_bytes(models[(m, "eager")].train(), ids) for m in methods},  # exact, not timed
+            "kv": {m: models[(m, "eager")].new_cache(1, 1).bytes_per_token() for m in methods}}
+
+
+def pool(raws: list[dict]) -> dict:
+    """One measurement from several processes' ``measure`` results: their per-round lists joined (rounds stay paired
+    within a process, so every per-round ratio still compares back-to-back timings)."""
+    out = dict(raws[0], meta=f"{raws[0]['meta']} | pooled over {len(raws)} processes")
+    for field in ("train_s", "decode_s"):
+        out[field] = {k: [x for raw in raws for x in raw[field][k]] for k in raws[0][field]}
+    return out
+
+
+def comparisons(raw: dict) -> list[tuple[str, str, str]]:
+    """The paired ratios the report states: (label, numerator key, denominator key) for the train step and every
+    decode batch (decode only for the HF-vs-compiled speed-up)."""
+    rows = [tuple(r) for r in raw["rows"]]
+    compiled = [m for m, v in rows if v == "compiled" and m != "none"]
+    van, hf, cv = ("none", "eager"), (PEER, "peer"), ("none", "compiled")
+    pairs = []  # (label, a, b, decode only)
+    if hf in rows:
+        pairs.append(("our eager vanilla / HF Qwen3 eager (target <= 1)", van, hf, False))
+    if cv in rows:
+        if hf in rows:
+            pairs.append((SPEEDUP, hf, cv, True))
+        pairs += [(f"compiled {m} / compiled vanilla (target <= 1.02 for depth_attention)", (m, "compiled"), cv,
+                   False) for m in compiled]
+        pairs.append(("compiled vanilla / eager vanilla", cv, van, False))
+    out = []
+    for label, a, b, decode_only in pairs:
+        if raw["train_s"] and not decode_only:
+            out.append((label, rkey(a), rkey(b)))
+        out += [(label, rkey(a, d), rkey(b, d)) for d in raw["decode_batches"]]
+    return out
+
+
+def ratio_name(key: str) -> str:
+    """"train" or "decode B=8" for a ``rkey``."""
+    parts = key.split("/")
+    return "train" if len(parts) == 2 else f"decode B={parts[2]}"
+
+
+def print_report(raw: dict) -> None:
+    """The markdown table and the paired median ratios of one measurement (one process's, or ``pool``'s)."""
+    print(raw["meta"])
+    rows = [tuple(r) for r in raw["rows"]]
+    train_s, decode_s, batches = raw["train_s"], raw["decode_s"], raw["decode_batches"]
     columns = ["method", "variant", "train tok/s", "train time ratio"]
-    for b in decode_batches:
+    for b in batches:
         columns += [f"decode tok/s (B={b})", f"decode time ratio (B={b})"]
     columns += ["saved activations MiB", "activation ratio", "KV bytes/token", "KV ratio"]
     head = "| " + " | ".join(columns) + " |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
+    mem, kv = raw["mem"], raw["kv"]
     for r in rows:
         m, variant = r
         base = ("none", "eager") if variant == "peer" else ("none", variant)
-        cells = [m, variant] + ([f"{ntok / statistics.median(train_s[r]):,.0f}", f"{paired(train_s[r], train_s[base]):.3f}"]
-                                if train else ["", ""])
-        for b in decode_batches:
-            d = statistics.median(decode_s[(r, b)])
-            cells += [f"{b / d:,.1f}", f"{paired(decode_s[(r, b)], decode_s[(base, b)]):.3f}"]
+        cells = [m, variant] + ([f"{raw['tokens_per_step'] / statistics.median(train_s[rkey(r)]):,.0f}",
+                                 f"{paired(train_s[rkey(r)], train_s[rkey(base)]):.3f}"] if train_s else ["", ""])
+        for b in batches:
+            d = statistics.median(decode_s[rkey(r, b)])
+            cells += [f"{b / d:,.1f}", f"{paired(decode_s[rkey(r, b)], decode_s[rkey(base, b)]):.3f}"]
         if variant == "peer":
             cells += ["", "", "", ""]
         else:
-            kv, kv0 = (models[(x, "eager")].new_cache(1, 1).bytes_per_token() for x in (m, "none"))
-            cells += [f"{mem[m] / 2**20:,.1f}", f"{mem[m] / mem['none']:.3f}", f"{kv:,}", f"{kv / kv0:.3f}"]
+            cells += [f"{mem[m] / 2**20:,.1f}", f"{mem[m] / mem['none']:.3f}",
+                      f"{kv[m]:,}", f"{kv[m] / kv['none']:.3f}"]
         print("| " + " | ".join(cells) + " |")
     print()
     print("Paired median time ratios (per round, then the median over rounds):")
-    van = ("none", "eager")
-    if args.peer == "on":
-        hf = (PEER, "peer")
-        parts = ([f"train {paired(train_s[van], train_s[hf]):.3f}"] if train else []) + [
-            f"decode B={b} {paired(decode_s[(van, b)], decode_s[(hf, b)]):.3f}" for b in decode_batches]
-        print("- our eager vanilla / HF Qwen3 eager (target <= 1): " + ", ".join(parts))
-    if args.compile:
-        cv = ("none", "compiled")
-        if args.peer == "on":
-            parts = [f"B={b} {paired(decode_s[(hf, b)], decode_s[(cv, b)]):.2f}x" for b in decode_batches]
-            print("- HF Qwen3 eager decode / our compiled vanilla decode (target >= 2 at B=1): " + ", ".join(parts))
-        for m in methods[1:]:
-            cm = (m, "compiled")
-            parts = ([f"train {paired(train_s[cm], train_s[cv]):.3f}"] if train else []) + [
-                f"decode B={b} {paired(decode_s[(cm, b)], decode_s[(cv, b)]):.3f}" for b in decode_batches]
-            print(f"- compiled {m} / compiled vanilla (target <= 1.02 for depth_attention): " + ", ".join(parts))
-        parts = ([f"train {paired(train_s[cv], train_s[van]):.3f}"] if train else []) + [
-            f"decode B={b} {paired(decode_s[(cv, b)], decode_s[(van, b)]):.3f}" for b in decode_batches]
-        print("- compiled vanilla / eager vanilla: " + ", ".join(parts))
+    lines: dict[str, list[str]] = {}
+    for label, a, b in comparisons(raw):
+        times = train_s if ratio_name(a) == "train" else decode_s
+        value = paired(times[a], times[b])
+        text = f"{value:.2f}x" if label == SPEEDUP else f"{value:.3f}"
+        lines.setdefault(label, []).append(f"{ratio_name(a)} {text}")
+    for label, parts in lines.items():
+        print(f"- {label}: " + ", ".join(parts))
+
+
+def across_processes(raws: list[dict]) -> list[dict]:
+    """Every ``comparisons`` ratio per process (its paired median over rounds) and across processes: the median and
+    a 95 % t-interval of the geometric mean (t-interval of the mean log ratio, exponentiated; None for one process).
+    Returns ``[{"label", "name", "per_process", "median", "geomean", "ci95"}]``."""
+    out = []
+    for label, a, b in comparisons(raws[0]):
+        field = "train_s" if ratio_name(a) == "train" else "decode_s"
+        per = [paired(raw[field][a], raw[field][b]) for raw in raws]
+        logs = [math.log(x) for x in per]
+        mean = statistics.fmean(logs)
+        ci = None
+        if len(logs) > 1:
+            half = t_quantile_975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+            ci = [math.exp(mean - half), math.exp(mean + half)]
+        out.append({"label": label, "name": ratio_name(a), "per_process": per, "median": statistics.median(per),
+                    "geomean": math.exp(mean), "ci95": ci})
+    return out
+
+
+def print_across_processes(raws: list[dict]) -> None:
+    print()
+    print(f"Across the {len(raws)} processes (each process's paired median; then their median, geometric mean and "
+          "its 95 % t-interval):")
+    for c in across_processes(raws):
+        per = ", ".join(f"{x:.3f}" for x in c["per_process"])
+        ci = "n/a" if c["ci95"] is None else f"{c['ci95'][0]:.3f}–{c['ci95'][1]:.3f}"
+        print(f"- {c['label']}, {c['name']}: per process {per}; median {c['median']:.3f}, "
+              f"geometric mean {c['geomean']:.3f} (95 % interval {ci})")
+
+
+def run_processes(argv: list[str], n: int) -> list[dict]:
+    """Run this script ``n`` times in fresh processes with ``argv`` (``--processes`` and ``--raw-out`` stripped) and
+    return their ``measure`` results."""
+    keep, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--processes", "--raw-out"):
+            skip = True
+        elif not a.startswith(("--processes=", "--raw-out=")):
+            keep.append(a)
+    raws = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(n):
+            path = Path(tmp) / f"raw{i}.json"
+            print(f"== process {i + 1}/{n}", file=sys.stderr, flush=True)
+            done = subprocess.run([sys.executable, __file__, *keep, "--raw-out", str(path)],
+                                  stdout=subprocess.DEVNULL)
+            if done.returncode:
+                raise SystemExit(f"bench.py: process {i + 1}/{n} failed with exit status {done.returncode}")
+            raws += json.loads(path.read_text())
+    return raws
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.processes > 1:
+        raws = run_processes(argv, args.processes)
+        raw = pool(raws)
+    else:
+        raws, raw = None, measure(args)
+    if args.raw_out:  # always a list: one measurement per process
+        atomic_write_text(args.raw_out, json.dumps(raws or [raw]))
+    print_report(raw)
+    if raws:
+        print_across_processes(raws)
 
 
 if __name__ == "__main__":

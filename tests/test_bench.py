@@ -1,0 +1,75 @@
+"""scripts/bench.py: pooling of several processes' interleaved measurements, and the script run end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def raw(train_none, train_da, dec_none, dec_da):
+    """A hand-made ``measure`` result: compiled none and depth_attention, decode at B = 1, no peer."""
+    return {"meta": "hand-made", "rows": [["none", "eager"], ["none", "compiled"], ["depth_attention", "compiled"]],
+            "decode_batches": [1], "tokens_per_step": 8,
+            "train_s": {"none/eager": [1.0] * len(train_none), "none/compiled": train_none,
+                        "depth_attention/compiled": train_da},
+            "decode_s": {"none/eager/1": [1.0] * len(dec_none), "none/compiled/1": dec_none,
+                         "depth_attention/compiled/1": dec_da},
+            "mem": {"none": 1, "depth_attention": 1}, "kv": {"none": 1, "depth_attention": 1}}
+
+
+def test_processes_pool_their_rounds_and_give_an_interval_across_processes(bench):
+    # process 1: per-round decode ratios 1.1, 1.3, 1.0 -> median 1.1; process 2: 0.9, 0.95, 1.0 -> 0.95
+    a = raw([1.0, 2.0, 4.0], [1.0, 2.0, 4.0], [1.0, 2.0, 4.0], [1.1, 2.6, 4.0])
+    b = raw([2.0, 2.0, 2.0], [2.2, 2.2, 2.2], [2.0, 2.0, 2.0], [1.8, 1.9, 2.0])
+    pooled = bench.pool([a, b])
+    assert pooled["decode_s"]["depth_attention/compiled/1"] == [1.1, 2.6, 4.0, 1.8, 1.9, 2.0]
+    assert pooled["train_s"]["none/compiled"] == [1.0, 2.0, 4.0, 2.0, 2.0, 2.0]
+    assert a["decode_s"]["depth_attention/compiled/1"] == [1.1, 2.6, 4.0]  # inputs untouched
+    stats = {(c["label"].split(" (")[0], c["name"]): c for c in bench.across_processes([a, b])}
+    dec = stats[("compiled depth_attention / compiled vanilla", "decode B=1")]
+    assert dec["per_process"] == pytest.approx([1.1, 0.95])
+    assert dec["median"] == pytest.approx(1.025)
+    assert dec["geomean"] == pytest.approx(math.sqrt(1.1 * 0.95))
+    half = 12.7062047 * abs(math.log(1.1) - math.log(0.95)) / math.sqrt(2) / math.sqrt(2)  # t(0.975, 1) * s / sqrt(n)
+    mid = (math.log(1.1) + math.log(0.95)) / 2
+    assert dec["ci95"] == pytest.approx([math.exp(mid - half), math.exp(mid + half)], rel=1e-5)
+    train = stats[("compiled depth_attention / compiled vanilla", "train")]
+    assert train["per_process"] == pytest.approx([1.0, 1.1])
+    assert bench.across_processes([a])[0]["ci95"] is None  # one process: no interval, never a zero-width one
+
+
+def test_several_processes_end_to_end(tmp_path):
+    out = tmp_path / "raw.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--preset", "tiny", "--peer", "off",
+                           "--rounds", "1", "--decode-steps", "1", "--context", "8", "--decode-batches", "2",
+                           "--batch-size", "1", "--seq-len", "8", "--processes", "2", "--raw-out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    raws = json.loads(out.read_text())
+    assert len(raws) == 2 and all(len(r["decode_s"]["depth_attention/eager/2"]) == 1 for r in raws)
+    assert "pooled over 2 processes" in done.stdout
+    assert "| depth_attention | eager |" in done.stdout
+
+
+@pytest.mark.parametrize("argv, message", [(["--processes", "0"], "--processes must be at least 1, got 0"),
+                                           (["--methods", "depth_attention"], "--methods must start with none")])
+def test_bad_arguments_get_one_line(argv, message):
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), *argv], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
