@@ -13,9 +13,9 @@ the weights of our ``none`` model: train step, and decode with its own ``Dynamic
 
 ``--processes N`` repeats the whole measurement in N fresh processes, one after the other, and pools them: the
 table's medians and ratios then run over all rounds of all processes, and a last section gives each ratio per
-process with the median, the geometric mean and its 95 % t-interval across processes. On a CPU one process's
-memory placement moves all its rounds together (two processes of the same command have differed by 5–15 % in a
-ratio whose FLOPs differ by 0.05 %), so a claim of a few per cent needs several processes.
+process with the median, the geometric mean and its 95 % t-interval across processes. Rounds within one process
+are not independent samples of the machine (single runs of this script have disagreed by up to 18 % on a compiled
+decode ratio, docs/benchmarks.md), so a claim of a few per cent needs several processes and their interval.
 
     python scripts/bench.py --preset small --methods none,depth_attention --compile
     python scripts/bench.py --preset small --methods none,depth_attention --compile --processes 6 --rounds 10
