@@ -272,12 +272,16 @@ def aggregate(publish: Path, out: Path) -> str:
                     if seeds:
                         d = paired_difference([mine[x]["val_loss"] for x in seeds],
                                               [base[x]["val_loss"] for x in seeds])
-                        cells.append(f"{_fmt_pm(d['mean'], d['std'])} ({d['n']} seeds)")
+                        cells.append(f"{_fmt_pm(d['mean'], d['std'])} ({d['n']} seed{'s' if d['n'] > 1 else ''})")
                     else:
                         cells.append("—")
                 lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
             lines.append("")
-        lines += ["## Parts", "", "| part | wall time (s, all invocations) | command |", "|---|---:|---|"]
+        lines += ["## Parts", "",
+                  "Wall time sums the part's finished `compare` invocations; one killed mid-run (a session's end) "
+                  "left no record and is missing from it, while its training steps are still counted in the runs' "
+                  "own train time (the per-step log survives).", "",
+                  "| part | wall time (s, finished invocations) | command |", "|---|---:|---|"]
         for res in published:
             wall = sum(h.get("wall_seconds", 0.0) for h in res.get("history", [])) or res.get("wall_seconds", 0.0)
             link = Path(os.path.relpath(publish, out.parent)) / res["study"]["part"] / "report.md"
