@@ -40,6 +40,8 @@ import torch
 CLOCK = time.perf_counter  # --clock cpu switches to process CPU time (all threads)
 
 from depthattn import DecoderLM, ModelConfig
+from depthattn.config import PRESETS
+from depthattn.cross_layer.registry import names as method_names
 from depthattn.fileio import atomic_write_text
 from depthattn.generate import CompiledDecoder, decode_one_token, prefill
 from depthattn.stats import t_quantile_975
@@ -151,8 +153,9 @@ def paired(xs, base) -> float:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="small")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)  # the parent strips --processes by name before a child sees it
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
     p.add_argument("--methods", default="none,depth_attention")
     p.add_argument("--batch-size", type=int, default=4, help="training micro-batch")
     p.add_argument("--seq-len", type=int, default=256, help="training sequence length")
@@ -180,11 +183,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall: elapsed time; cpu: process CPU time of all threads (less sensitive to other load)")
     args = p.parse_args(argv)
-    if args.methods.split(",")[0] != "none":
+    methods = args.methods.split(",")
+    if methods[0] != "none":
         p.error("--methods must start with none (the baseline of the ratios)")
-    for name in ("rounds", "processes"):
+    unknown = [m for m in methods if m not in method_names()]
+    if unknown:
+        p.error(f"--methods: unknown method {unknown[0]!r}; choose from {', '.join(method_names())}")
+    for name in ("rounds", "processes", "decode_steps", "batch_size", "seq_len", "context"):
         if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    try:
+        batches = [int(b) for b in args.decode_batches.split(",") if b]
+    except ValueError:
+        p.error(f"--decode-batches must be comma-separated integers, got {args.decode_batches!r}")
+    if any(b < 1 for b in batches):
+        p.error(f"--decode-batches must be at least 1 each, got {args.decode_batches!r}")
+    if args.raw_out is not None and (args.raw_out.is_dir() or not args.raw_out.parent.is_dir()):
+        p.error(f"--raw-out {str(args.raw_out)!r}: must name a file in an existing folder")
     return args
 
 
@@ -272,7 +287,8 @@ def measure(args: argparse.Namespace) -> dict:
 def pool(raws: list[dict]) -> dict:
     """One measurement from several processes' ``measure`` results: their per-round lists joined (rounds stay paired
     within a process, so every per-round ratio still compares back-to-back timings)."""
-    out = dict(raws[0], meta=f"{raws[0]['meta']} | pooled over {len(raws)} processes")
+    meta = "\n".join(f"process {i + 1}: {raw['meta']}" for i, raw in enumerate(raws))
+    out = dict(raws[0], meta=f"{meta}\npooled over {len(raws)} processes ({len(raws)} × the rounds above)")
     for field in ("train_s", "decode_s"):
         out[field] = {k: [x for raw in raws for x in raw[field][k]] for k in raws[0][field]}
     return out
@@ -301,10 +317,16 @@ def comparisons(raw: dict) -> list[tuple[str, str, str]]:
     return out
 
 
-def ratio_name(key: str) -> str:
-    """"train" or "decode B=8" for a ``rkey``."""
+def ratio_name(key: str, label: str = "") -> str:
+    """"train" or "decode B=8" for a ``rkey`` ("B=8" on the decode-only speed-up line)."""
     parts = key.split("/")
-    return "train" if len(parts) == 2 else f"decode B={parts[2]}"
+    if len(parts) == 2:
+        return "train"
+    return f"B={parts[2]}" if label == SPEEDUP else f"decode B={parts[2]}"
+
+
+def fmt_ratio(value: float, label: str) -> str:
+    return f"{value:.2f}x" if label == SPEEDUP else f"{value:.3f}"
 
 
 def print_report(raw: dict) -> None:
@@ -339,9 +361,7 @@ def print_report(raw: dict) -> None:
     lines: dict[str, list[str]] = {}
     for label, a, b in comparisons(raw):
         times = train_s if ratio_name(a) == "train" else decode_s
-        value = paired(times[a], times[b])
-        text = f"{value:.2f}x" if label == SPEEDUP else f"{value:.3f}"
-        lines.setdefault(label, []).append(f"{ratio_name(a)} {text}")
+        lines.setdefault(label, []).append(f"{ratio_name(a, label)} {fmt_ratio(paired(times[a], times[b]), label)}")
     for label, parts in lines.items():
         print(f"- {label}: " + ", ".join(parts))
 
@@ -360,7 +380,7 @@ def across_processes(raws: list[dict]) -> list[dict]:
         if len(logs) > 1:
             half = t_quantile_975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
             ci = [math.exp(mean - half), math.exp(mean + half)]
-        out.append({"label": label, "name": ratio_name(a), "per_process": per, "median": statistics.median(per),
+        out.append({"label": label, "name": ratio_name(a, label), "per_process": per, "median": statistics.median(per),
                     "geomean": math.exp(mean), "ci95": ci})
     return out
 
@@ -370,15 +390,16 @@ def print_across_processes(raws: list[dict]) -> None:
     print(f"Across the {len(raws)} processes (each process's paired median; then their median, geometric mean and "
           "its 95 % t-interval):")
     for c in across_processes(raws):
-        per = ", ".join(f"{x:.3f}" for x in c["per_process"])
-        ci = "n/a" if c["ci95"] is None else f"{c['ci95'][0]:.3f}–{c['ci95'][1]:.3f}"
-        print(f"- {c['label']}, {c['name']}: per process {per}; median {c['median']:.3f}, "
-              f"geometric mean {c['geomean']:.3f} (95 % interval {ci})")
+        f = lambda x: fmt_ratio(x, c["label"])  # noqa: E731
+        per = ", ".join(f(x) for x in c["per_process"])
+        ci = "n/a" if c["ci95"] is None else f"{f(c['ci95'][0])}–{f(c['ci95'][1])}"
+        print(f"- {c['label']}, {c['name']}: per process {per}; median {f(c['median'])}, "
+              f"geometric mean {f(c['geomean'])} (95 % interval {ci})")
 
 
-def run_processes(argv: list[str], n: int) -> list[dict]:
-    """Run this script ``n`` times in fresh processes with ``argv`` (``--processes`` and ``--raw-out`` stripped) and
-    return their ``measure`` results."""
+def child_argv(argv: list[str], raw_out: Path) -> list[str]:
+    """``argv`` for one child process: ``--processes`` and ``--raw-out`` (either form) replaced by ``--processes 1``
+    and the child's own ``--raw-out`` (given last, so they win even over a form this missed)."""
     keep, skip = [], False
     for a in argv:
         if skip:
@@ -387,13 +408,17 @@ def run_processes(argv: list[str], n: int) -> list[dict]:
             skip = True
         elif not a.startswith(("--processes=", "--raw-out=")):
             keep.append(a)
+    return keep + ["--processes", "1", "--raw-out", str(raw_out)]
+
+
+def run_processes(argv: list[str], n: int) -> list[dict]:
+    """Run this script ``n`` times in fresh processes with ``child_argv`` and return their ``measure`` results."""
     raws = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):
             path = Path(tmp) / f"raw{i}.json"
             print(f"== process {i + 1}/{n}", file=sys.stderr, flush=True)
-            done = subprocess.run([sys.executable, __file__, *keep, "--raw-out", str(path)],
-                                  stdout=subprocess.DEVNULL)
+            done = subprocess.run([sys.executable, __file__, *child_argv(argv, path)], stdout=subprocess.DEVNULL)
             if done.returncode:
                 raise SystemExit(f"bench.py: process {i + 1}/{n} failed with exit status {done.returncode}")
             raws += json.loads(path.read_text())
@@ -408,11 +433,14 @@ def main(argv: list[str] | None = None) -> None:
         raw = pool(raws)
     else:
         raws, raw = None, measure(args)
-    if args.raw_out:  # always a list: one measurement per process
-        atomic_write_text(args.raw_out, json.dumps(raws or [raw]))
     print_report(raw)
     if raws:
         print_across_processes(raws)
+    if args.raw_out:  # always a list: one measurement per process; written after the report, which is never lost
+        try:
+            atomic_write_text(args.raw_out, json.dumps(raws or [raw]))
+        except OSError as e:
+            raise SystemExit(f"bench.py: --raw-out {str(args.raw_out)!r}: {e.strerror or e}")
 
 
 if __name__ == "__main__":

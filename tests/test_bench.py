@@ -54,11 +54,44 @@ def test_processes_pool_their_rounds_and_give_an_interval_across_processes(bench
     assert bench.across_processes([a])[0]["ci95"] is None  # one process: no interval, never a zero-width one
 
 
+def full_raw():
+    """Every row kind, constant per-round times, so each ratio is known exactly."""
+    times = {"none/eager": (1.0, 0.01), "depth_attention/eager": (1.2, 0.012), "none/compiled": (0.8, 0.005),
+             "depth_attention/compiled": (0.88, 0.00525), "hf_qwen3/peer": (1.25, 0.01)}
+    return {"meta": "hand-made", "rows": [k.split("/") for k in times], "decode_batches": [1], "tokens_per_step": 8,
+            "train_s": {k: [t, t] for k, (t, _) in times.items()},
+            "decode_s": {f"{k}/1": [d, d] for k, (_, d) in times.items()},
+            "mem": {"none": 2**20, "depth_attention": 2**21}, "kv": {"none": 64, "depth_attention": 64}}
+
+
+def test_report_states_every_ratio_against_the_right_baseline(bench, capsys):
+    bench.print_report(full_raw())
+    out = capsys.readouterr().out.splitlines()
+    assert "| depth_attention | compiled | 9 | 1.100 | 190.5 | 1.050 | 2.0 | 2.000 | 64 | 1.000 |" in out  # vs compiled none
+    assert "| depth_attention | eager | 7 | 1.200 | 83.3 | 1.200 | 2.0 | 2.000 | 64 | 1.000 |" in out
+    assert "| hf_qwen3 | peer | 6 | 1.250 | 100.0 | 1.000 |  |  |  |  |" in out  # vs our eager none
+    assert "- our eager vanilla / HF Qwen3 eager (target <= 1): train 0.800, decode B=1 1.000" in out
+    assert "- HF Qwen3 eager decode / our compiled vanilla decode (target >= 2 at B=1): B=1 2.00x" in out
+    assert ("- compiled depth_attention / compiled vanilla (target <= 1.02 for depth_attention): train 1.100, "
+            "decode B=1 1.050") in out
+    assert "- compiled vanilla / eager vanilla: train 0.800, decode B=1 0.500" in out
+    bench.print_across_processes([full_raw(), full_raw()])
+    out = capsys.readouterr().out
+    assert ("- HF Qwen3 eager decode / our compiled vanilla decode (target >= 2 at B=1), B=1: per process 2.00x, "
+            "2.00x; median 2.00x, geometric mean 2.00x (95 % interval 2.00x–2.00x)") in out
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "2", "--processes", "3", "--raw-out", "a.json"],
+                                  ["--processes=3", "--rounds", "2", "--raw-out=a.json"]])
+def test_a_child_never_spawns_children_of_its_own(bench, argv):
+    assert bench.child_argv(argv, Path("c.json")) == ["--rounds", "2", "--processes", "1", "--raw-out", "c.json"]
+
+
 def test_several_processes_end_to_end(tmp_path):
     out = tmp_path / "raw.json"
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--preset", "tiny", "--peer", "off",
                            "--rounds", "1", "--decode-steps", "1", "--context", "8", "--decode-batches", "2",
-                           "--batch-size", "1", "--seq-len", "8", "--processes", "2", "--raw-out", str(out)],
+                           "--batch-size", "1", "--seq-len", "8", "--processes=2", "--raw-out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     raws = json.loads(out.read_text())
@@ -67,8 +100,14 @@ def test_several_processes_end_to_end(tmp_path):
     assert "| depth_attention | eager |" in done.stdout
 
 
-@pytest.mark.parametrize("argv, message", [(["--processes", "0"], "--processes must be at least 1, got 0"),
-                                           (["--methods", "depth_attention"], "--methods must start with none")])
+@pytest.mark.parametrize("argv, message", [
+    (["--processes", "0"], "--processes must be at least 1, got 0"),
+    (["--proc", "2"], "unrecognized arguments: --proc 2"),  # no abbreviations: a child would spawn children
+    (["--decode-steps", "0"], "--decode-steps must be at least 1, got 0"),
+    (["--decode-batches", "1,x"], "--decode-batches must be comma-separated integers, got '1,x'"),
+    (["--methods", "depth_attention"], "--methods must start with none"),
+    (["--methods", "none,nosuch"], "--methods: unknown method 'nosuch'"),
+    (["--raw-out", "/nonexistent-folder/x.json"], "must name a file in an existing folder")])
 def test_bad_arguments_get_one_line(argv, message):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), *argv], capture_output=True, text=True,
                           timeout=120)
