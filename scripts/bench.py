@@ -44,7 +44,7 @@ from depthattn.config import PRESETS
 from depthattn.cross_layer.registry import names as method_names
 from depthattn.fileio import atomic_write_text
 from depthattn.generate import CompiledDecoder, decode_one_token, prefill
-from depthattn.stats import t_quantile_975
+from depthattn.stats import paired_difference
 
 PEER = "hf_qwen3"
 SPEEDUP = "HF Qwen3 eager decode / our compiled vanilla decode (target >= 2 at B=1)"
@@ -165,8 +165,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=40, help="interleaved rounds (per process)")
     p.add_argument("--processes", type=int, default=1,
                    help="run the whole measurement in this many fresh processes, one after the other, and pool "
-                        "them: a process's memory placement moves all of its ratios together, so one process "
-                        "can be off by a few %% however many rounds it times")
+                        "them, with each ratio's 95 %% interval across processes (rounds within one process are "
+                        "not independent samples of the machine)")
     p.add_argument("--raw-out", type=Path,
                    help="also write the per-round times here (JSON: a list of one measurement per process)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -183,7 +183,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall: elapsed time; cpu: process CPU time of all threads (less sensitive to other load)")
     args = p.parse_args(argv)
-    methods = args.methods.split(",")
+    methods = args.methods = args.methods.split(",")  # parsed once: measure reads the lists
     if methods[0] != "none":
         p.error("--methods must start with none (the baseline of the ratios)")
     unknown = [m for m in methods if m not in method_names()]
@@ -198,6 +198,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--decode-batches must be comma-separated integers, got {args.decode_batches!r}")
     if any(b < 1 for b in batches):
         p.error(f"--decode-batches must be at least 1 each, got {args.decode_batches!r}")
+    args.decode_batches = batches
     if args.raw_out is not None and (args.raw_out.is_dir() or not args.raw_out.parent.is_dir()):
         p.error(f"--raw-out {str(args.raw_out)!r}: must name a file in an existing folder")
     return args
@@ -216,7 +217,7 @@ def measure(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    methods = args.methods.split(",")
+    methods, decode_batches = args.methods, args.decode_batches
     if args.compile:
         from depthattn.generate import CompileUnavailable, check_compile_works
         try:
@@ -225,7 +226,7 @@ def measure(args: argparse.Namespace) -> dict:
             raise SystemExit(f"bench.py: --compile: {e}")
         # one decode graph per (method, batch size) of the same step function: more than dynamo's default of 8
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                                   4 * len(methods) * (len(args.decode_batches.split(",")) + 1))
+                                                   4 * len(methods) * (len(decode_batches) + 1))
     autocast = torch.bfloat16 if args.dtype == "bfloat16" else None
     # rows: (name, variant); variant "eager" / "compiled" for our methods, "peer" for transformers
     rows = [(m, "eager") for m in methods] + ([(m, "compiled") for m in methods] if args.compile else [])
@@ -244,7 +245,6 @@ def measure(args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(0)
     vocab = models[("none", "eager")].config.vocab_size
     ids = torch.randint(0, vocab, (args.batch_size, args.seq_len), generator=g).to(device)
-    decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
     train_s = {rkey(r): [] for r in rows}
     decode_s = {rkey(r, b): [] for r in rows for b in decode_batches}
     load_start = os.getloadavg()[0]
@@ -374,14 +374,9 @@ def across_processes(raws: list[dict]) -> list[dict]:
     for label, a, b in comparisons(raws[0]):
         field = "train_s" if ratio_name(a) == "train" else "decode_s"
         per = [paired(raw[field][a], raw[field][b]) for raw in raws]
-        logs = [math.log(x) for x in per]
-        mean = statistics.fmean(logs)
-        ci = None
-        if len(logs) > 1:
-            half = t_quantile_975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-            ci = [math.exp(mean - half), math.exp(mean + half)]
+        d = paired_difference([math.log(x) for x in per], [0.0] * len(per))  # mean log ratio and its t-interval
         out.append({"label": label, "name": ratio_name(a, label), "per_process": per, "median": statistics.median(per),
-                    "geomean": math.exp(mean), "ci95": ci})
+                    "geomean": math.exp(d["mean"]), "ci95": d["ci95"] and [math.exp(x) for x in d["ci95"]]})
     return out
 
 

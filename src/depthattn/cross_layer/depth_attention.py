@@ -172,8 +172,8 @@ def _mix_inference(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tens
     Under ``torch.compile`` the per-candidate form (``_mix_forward``) is traced instead: inductor fuses its N dot
     products into one loop nest and the softmax with the weighted sum into another, where the stacked form costs a
     copy into the stack and two more parallel regions (one interleaved measurement, compiled decode, ``small``,
-    context 512: Depth-Attention / vanilla 1.004 → 0.977 at B = 8 and 1.034 → 1.000 at B = 1; later runs within
-    noise of both: docs/benchmarks.md)."""
+    context 512: Depth-Attention / vanilla 1.004 → 0.977 at B = 8 and 1.034 → 1.000 at B = 1, not confirmed by later
+    runs; six processes of the current code give 1.040 at B = 1 and 1.014 at B = 8: docs/benchmarks.md)."""
     if torch.compiler.is_compiling():
         return _mix_forward(q_BHTD, keys, values)[0]
     K, G, D = keys[0].shape[1], q_BHTD.shape[1] // keys[0].shape[1], q_BHTD.shape[-1]
