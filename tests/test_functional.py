@@ -29,6 +29,25 @@ def test_depth_mix_matches_loop_reference(H, K, n):
     torch.testing.assert_close(trained.detach().double(), ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("H,K,n", [(4, 2, 3), (6, 2, 5), (4, 1, 1)])
+def test_unrolled_inference_mix_matches_loop_reference_even_for_large_logits(H, K, n):
+    """``_mix_unrolled`` (what compiled decode traces) against the float64 twin, run eagerly here; logits of
+    order 1e3 would overflow exp without the running max."""
+    from depthattn.cross_layer.depth_attention import _mix_unrolled
+
+    for scale in (1.0, 30.0):
+        q, keys, values = _inputs(H=H, K=K, n=n, D=16)
+        q = q * scale
+        keys = [k * scale for k in keys]
+        out = _mix_unrolled(q, keys, values)
+        assert out.shape == (2, K, 3, 16) and out.dtype == torch.float32 and torch.isfinite(out).all()
+        torch.testing.assert_close(out.double(), depth_mix_ref(q, keys, values), atol=1e-5, rtol=0)
+    qb, kb, vb = q.bfloat16(), [k.bfloat16() for k in keys], [v.bfloat16() for v in values]
+    out_b = _mix_unrolled(qb, kb, vb)
+    assert out_b.dtype == torch.bfloat16  # rounded once from float32, like the eager path
+    torch.testing.assert_close(out_b, depth_mix_ref(qb, kb, vb).to(torch.bfloat16), atol=0, rtol=0)
+
+
 def test_depth_weights_sum_to_one_and_equal_values_are_fixed_point():
     q, keys, values = _inputs(n=4)
     w = depth_weights(q, keys)

@@ -169,19 +169,41 @@ def _mix_inference(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tens
     """Same math as ``_mix_forward`` in the fewest eager kernels (stacked candidates, one small matmul): no autograd
     memory to save here, and a decode step's tensors are so small that the kernel count is its cost.
 
-    Under ``torch.compile`` the per-candidate form (``_mix_forward``) is traced instead: inductor fuses its N dot
-    products into one loop nest and the softmax with the weighted sum into another, where the stacked form costs a
-    copy into the stack and two more parallel regions (one interleaved measurement, compiled decode, ``small``,
-    context 512: Depth-Attention / vanilla 1.004 → 0.977 at B = 8 and 1.034 → 1.000 at B = 1, not confirmed by later
-    runs; six processes of the current code give 1.040 at B = 1 and 1.014 at B = 8: docs/benchmarks.md)."""
+    Under ``torch.compile`` ``_mix_unrolled`` is traced instead (see there for why and what it measured)."""
     if torch.compiler.is_compiling():
-        return _mix_forward(q_BHTD, keys, values)[0]
+        return _mix_unrolled(q_BHTD, keys, values)
     K, G, D = keys[0].shape[1], q_BHTD.shape[1] // keys[0].shape[1], q_BHTD.shape[-1]
     k_BKTND = _acc(torch.stack(keys, dim=-2))
     v_BKTND = _acc(torch.stack(values, dim=-2))
     logits_BKTN1 = k_BKTND @ _query_sum(q_BHTD, K).unsqueeze(-1)
     w_BKTN1 = (logits_BKTN1 * (1.0 / (G * math.sqrt(D)))).softmax(-2)
     return (v_BKTND * w_BKTN1).sum(-2).to(values[-1].dtype)
+
+
+def _mix_unrolled(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) -> Tensor:
+    """The inference mix written for inductor: one reduction over D for all N logits, then the softmax over N
+    unrolled into N-term elementwise max / exp / sum, and the weighted sum as N multiply-adds, normalised once.
+
+    N is a compile-time constant. In isolation both this and ``_mix_forward`` compile to one fused C++ kernel
+    (B = 1, T = 1, N = 3), this one with 4 buffer allocations where ``_mix_forward`` has 6; at decode batch 1 on CPU
+    the wrapper's per-kernel Python, not the arithmetic, is the overhead. Measured (compiled decode, ``small``,
+    B = 1, one process, 10 interleaved rounds, docs/bench/cpu_small_decode_b1_mix_variants.txt): Depth-Attention /
+    vanilla 1.042 with ``_mix_forward``, 1.019 with this form; six processes: docs/benchmarks.md. Equal to the
+    float64 twin within float32 rounding; a bf16 result is rounded once from float32 (tests/test_functional.py)."""
+    K, G, D = keys[0].shape[1], q_BHTD.shape[1] // keys[0].shape[1], q_BHTD.shape[-1]
+    qsum_BKTD = _query_sum(q_BHTD, K) * (1.0 / (G * math.sqrt(D)))
+    logits_BKTN = (_acc(torch.stack(keys, dim=-2)) * qsum_BKTD.unsqueeze(-2)).sum(-1)
+    n = len(keys)
+    top_BKT = logits_BKTN[..., 0]
+    for i in range(1, n):
+        top_BKT = torch.maximum(top_BKT, logits_BKTN[..., i])
+    e_BKTN = (logits_BKTN - top_BKT.unsqueeze(-1)).exp()
+    total_BKT = e_BKTN[..., 0]
+    out_BKTD = e_BKTN[..., 0, None] * _acc(values[0])
+    for i in range(1, n):
+        total_BKT = total_BKT + e_BKTN[..., i]
+        out_BKTD = out_BKTD + e_BKTN[..., i, None] * _acc(values[i])
+    return (out_BKTD / total_BKT.unsqueeze(-1)).to(values[-1].dtype)
 
 
 def depth_mix_ref(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor]) -> Tensor:
