@@ -102,7 +102,7 @@ def to_peer(model: DecoderLM, device):
 class Decoder:
     """One way of decoding (ours eager, ours compiled, or the peer) over a prefilled cache it can crop back."""
 
-    def __init__(self, model, kind: str, batch: int, context: int, steps: int, device):
+    def __init__(self, model, kind: str, batch: int, context: int, steps: int, device, cpp_wrapper: bool = True):
         self.model, self.kind, self.context = model, kind, context
         g = torch.Generator().manual_seed(0)
         vocab = model.config.vocab_size
@@ -116,7 +116,7 @@ class Decoder:
             else:
                 self.cache = model.new_cache(batch, context + max(steps, 2))  # the warm-up decodes 2 tokens
                 self.token = prefill(model, ids, None, self.cache).argmax(-1)
-                self.steps = CompiledDecoder() if kind == "compiled" else None
+                self.steps = CompiledDecoder(cpp_wrapper=cpp_wrapper) if kind == "compiled" else None
             self.step(self.token)  # warm-up (and compilation)
             self.step(self.token)
 
@@ -176,6 +176,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true",
                    help="add a compiled variant of every method (whole-model torch.compile for the train step, "
                         "generate.CompiledDecoder for decode)")
+    p.add_argument("--decode-wrapper", choices=["cpp", "python"], default="cpp",
+                   help="inductor's wrapper for the compiled CPU decode step (generate.CompiledDecoder's "
+                        "cpp_wrapper; default cpp, as generate uses; python: the older, slower wrapper)")
     p.add_argument("--peer", choices=["on", "off"], default="on",
                    help="add transformers.Qwen3ForCausalLM with the weights of none (default on)")
     p.add_argument("--train", choices=["on", "off"], default="on",
@@ -260,7 +263,8 @@ def measure(args: argparse.Namespace) -> dict:
         dec_model = (copy.deepcopy(m).to(torch.bfloat16) if args.dtype == "bfloat16" else m).eval()
         for b in decode_batches:
             kind = "peer" if r[1] == "peer" else r[1]
-            decoders[(r, b)] = Decoder(dec_model, kind, b, args.context, args.decode_steps, device)
+            decoders[(r, b)] = Decoder(dec_model, kind, b, args.context, args.decode_steps, device,
+                                        args.decode_wrapper == "cpp")
     setup_s = time.perf_counter() - t_setup
     print(f"warm-up and compilation took {setup_s:.0f} s; timing {args.rounds} rounds", file=sys.stderr, flush=True)
     for k in range(args.rounds):
@@ -274,7 +278,7 @@ def measure(args: argparse.Namespace) -> dict:
         print(f"round {k + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     meta = (f"preset={args.preset} device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} "
             f"train batch={args.batch_size}x{args.seq_len} decode context={args.context} rounds={args.rounds} "
-            f"torch={torch.__version__} compile={args.compile} peer={args.peer} clock={args.clock} "
+            f"torch={torch.__version__} compile={args.compile} decode wrapper={args.decode_wrapper} peer={args.peer} clock={args.clock} "
             f"warm-up+compile {setup_s:.0f} s train={args.train} "
             f"load average (1 min) {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
     return {"meta": meta, "rows": [list(r) for r in rows], "decode_batches": decode_batches,

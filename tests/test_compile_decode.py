@@ -64,8 +64,12 @@ def test_compiled_generation_equals_eager_for_every_method(name):
     assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]  # prefill + decode, full graphs
 
 
-def test_inductor_decode_equals_eager_decode():
-    """The real thing: inductor-generated code for the prefill and the decode step (Depth-Attention)."""
+@pytest.mark.parametrize("cpp_wrapper", [None, False])
+def test_inductor_decode_equals_eager_decode(cpp_wrapper):
+    """The real thing: inductor-generated code for the prefill and the decode step (Depth-Attention), with the
+    default C++ wrapper of the CPU decode step and with inductor's Python wrapper."""
+    from torch._inductor.utils import run_and_get_code
+
     try:
         check_compile_works("cpu")
     except CompileUnavailable as e:
@@ -74,10 +78,19 @@ def test_inductor_decode_equals_eager_decode():
     model = make_model(num_hidden_layers=2, depth_attention_stride=1)
     ids, mask = left_padded_batch(512, [5, 2], seed=1)
     eager = _step_logits(model, ids, mask, 4)
-    compiled = _step_logits(model, ids, mask, 4, CompiledDecoder())
+    decoder = CompiledDecoder(cpp_wrapper=cpp_wrapper)
+    compiled, code = run_and_get_code(_step_logits, model, ids, mask, 4, decoder)
     torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
     assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
     assert not counters["graph_break"]
+    assert len(code) == 2  # prefill (Python wrapper: dynamic shapes) and decode step
+    assert ["def call(" in c for c in code] == [True, cpp_wrapper is False]  # the decode step's wrapper
+
+
+def test_cpp_wrapper_needs_inductor():
+    with pytest.raises(ValueError, match="cpp_wrapper=True needs the inductor backend, got backend='eager'"):
+        CompiledDecoder("eager", cpp_wrapper=True)
+    assert CompiledDecoder("eager").cpp_wrapper is False and CompiledDecoder().cpp_wrapper is True
 
 
 def test_64_token_generation_compiles_the_decode_step_once():

@@ -12,9 +12,9 @@ synchronises except to hand its tokens to the caller.
 
 ``compile=True`` runs the gpt-fast recipe (``CompiledDecoder``): the cache is switched to its static path (fixed
 shapes, slot offsets on the device), ``decode_one_token`` is compiled once per (batch size, cache capacity) with
-``torch.compile(fullgraph=True)`` (``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA) and reused for every
-token, and the prefill is compiled separately with a dynamic prompt length. Eager decode is its twin in the tests.
-``stream_text`` / ``generate_text`` continue a text prompt with a ``tokenizers``
+``torch.compile(fullgraph=True)`` (``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA; inductor's C++ wrapper
+on CPU) and reused for every token, and the prefill is compiled separately with a dynamic prompt length. Eager
+decode is its twin in the tests. ``stream_text`` / ``generate_text`` continue a text prompt with a ``tokenizers``
 tokenizer (``generate`` and ``compare`` use them).
 """
 
@@ -144,17 +144,28 @@ class CompiledDecoder:
     outside the graph. The prefill is compiled with ``dynamic=True`` (one graph for any prompt length). A static
     cache also works with the eager functions and ``DecoderLM.forward``.
 
+    On CPU the decode step uses inductor's C++ wrapper (``cpp_wrapper=True``): the generated step's
+    bookkeeping (buffer allocations, views, frees: several hundred statements for the ``small`` preset) runs as
+    compiled C++ instead of Python. At decode batch 1 that bookkeeping, not arithmetic, was the largest cost of
+    the step, and Depth-Attention's mix adds about 10 such statements per mixing layer (docs/benchmarks.md).
+
     Args:
         backend: a ``torch.compile`` backend, by name or callable (default inductor; ``"eager"`` or
             ``"aot_eager"`` check capture only), or None to run the static path uncompiled (the twin that
             separates the static math from compilation).
+        cpp_wrapper: inductor's C++ wrapper for the decode step on CPU; default (None) on with inductor. False
+            keeps inductor's Python wrapper (the slower twin; easier to read with ``TORCH_LOGS=output_code``).
     Raises:
+        ValueError: ``cpp_wrapper=True`` with a backend other than inductor.
         CompileUnavailable: on the first call, if the backend fails to compile (one line naming the cause).
         CompileLimitReached: when dynamo's recompile limit stops a new graph (one line naming the limits).
     """
 
-    def __init__(self, backend=DEFAULT_BACKEND):
+    def __init__(self, backend=DEFAULT_BACKEND, cpp_wrapper: bool | None = None):
+        if cpp_wrapper and backend != "inductor":
+            raise ValueError(f"cpp_wrapper=True needs the inductor backend, got backend={backend!r}")
         self.backend = backend
+        self.cpp_wrapper = backend == "inductor" if cpp_wrapper is None else cpp_wrapper
         self._decode = self._prefill = None
 
     def _compiled(self, fn, dynamic: bool, device: torch.device):
@@ -163,6 +174,8 @@ class CompiledDecoder:
         opts = {}
         if self.backend == "inductor" and device.type == "cuda" and not dynamic:
             opts["mode"] = "reduce-overhead"  # CUDA graphs for the launch-bound decode step
+        elif self.cpp_wrapper and device.type == "cpu" and not dynamic:
+            opts["options"] = {"cpp_wrapper": True}  # the step's bookkeeping in C++, not Python
         return torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=self.backend, **opts)
 
     def _run(self, phase: str, fn, *args):
