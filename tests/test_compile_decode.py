@@ -64,10 +64,10 @@ def test_compiled_generation_equals_eager_for_every_method(name):
     assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]  # prefill + decode, full graphs
 
 
-@pytest.mark.parametrize("cpp_wrapper", [None, False])
-def test_inductor_decode_equals_eager_decode(cpp_wrapper):
-    """The real thing: inductor-generated code for the prefill and the decode step (Depth-Attention), with the
-    default C++ wrapper of the CPU decode step and with inductor's Python wrapper."""
+@pytest.mark.parametrize("cpp_wrapper,loops", [(None, 1), (False, 1), (None, 2)])
+def test_inductor_decode_equals_eager_decode(cpp_wrapper, loops):
+    """The real thing: inductor-generated code for the prefill and the decode step (Depth-Attention, plain and
+    looped), with the default C++ wrapper of the CPU decode step and with inductor's Python wrapper."""
     from torch._inductor.utils import run_and_get_code
 
     try:
@@ -75,7 +75,7 @@ def test_inductor_decode_equals_eager_decode(cpp_wrapper):
     except CompileUnavailable as e:
         pytest.skip(str(e))
     counters.clear()  # the probe's graph
-    model = make_model(num_hidden_layers=2, depth_attention_stride=1)
+    model = make_model(num_hidden_layers=2, depth_attention_stride=1, num_loops=loops)
     ids, mask = left_padded_batch(512, [5, 2], seed=1)
     eager = _step_logits(model, ids, mask, 4)
     decoder = CompiledDecoder(cpp_wrapper=cpp_wrapper)

@@ -93,6 +93,11 @@ def decode_one_token(model: DecoderLM, token_B: Tensor, cache: KVCache) -> Tenso
 #: The ``torch.compile`` backend ``compile=True`` means.
 DEFAULT_BACKEND = "inductor"
 
+#: Inductor options of the compiled CPU decode step (``CompiledDecoder(cpp_wrapper=True)``): the C++ wrapper, and
+#: concatenations (RoPE's halves, Depth-Attention's stacked candidate keys) computed inside their consumer's loop
+#: instead of into a buffer of their own, which saves the wrapper an allocation and a view per input.
+CPU_DECODE_OPTIONS = {"cpp_wrapper": True, "force_pointwise_cat": True}
+
 
 class CompileUnavailable(RuntimeError):
     """``torch.compile``'s backend failed on this machine (e.g. no working C/C++ compiler for inductor on CPU)."""
@@ -175,7 +180,7 @@ class CompiledDecoder:
         if self.backend == "inductor" and device.type == "cuda" and not dynamic:
             opts["mode"] = "reduce-overhead"  # CUDA graphs for the launch-bound decode step
         elif self.cpp_wrapper and device.type == "cpu" and not dynamic:
-            opts["options"] = {"cpp_wrapper": True}  # the step's bookkeeping in C++, not Python
+            opts["options"] = CPU_DECODE_OPTIONS
         return torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=self.backend, **opts)
 
     def _run(self, phase: str, fn, *args):

@@ -184,12 +184,14 @@ def _mix_unrolled(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tenso
     """The inference mix written for inductor: one reduction over D for all N logits, then the softmax over N
     unrolled into N-term elementwise max / exp / sum, and the weighted sum as N multiply-adds, normalised once.
 
-    N is a compile-time constant. In isolation both this and ``_mix_forward`` compile to one fused C++ kernel
-    (B = 1, T = 1, N = 3), this one with 4 buffer allocations where ``_mix_forward`` has 6; at decode batch 1 on CPU
-    the wrapper's per-kernel Python, not the arithmetic, is the overhead. Measured (compiled decode, ``small``,
-    B = 1, one process, 10 interleaved rounds, docs/bench/cpu_small_decode_b1_mix_variants.txt): Depth-Attention /
-    vanilla 1.042 with ``_mix_forward``, 1.019 with this form; six processes: docs/benchmarks.md. Equal to the
-    float64 twin within float32 rounding; a bf16 result is rounded once from float32 (tests/test_functional.py)."""
+    N is a compile-time constant. In the compiled CPU decode step of the ``small`` preset at B = 1 (inductor's C++
+    wrapper, ``generate.CPU_DECODE_OPTIONS``) this form needs 25 buffer allocations per step where ``_mix_forward``
+    needs 28 and vanilla 20, with the same 200 tensor views; at decode batch 1 on CPU that bookkeeping, not the
+    arithmetic, is Depth-Attention's overhead. Timing: a one-process scratch measurement with the Python wrapper
+    gave 1.019 × vanilla against ``_mix_forward``'s 1.042, but six processes of ``scripts/bench.py`` then gave
+    1.044 (1.033–1.055), so the form alone is not a measured gain; the decode step of this form with the C++
+    wrapper measures 1.015 (1.007–1.022) × vanilla (docs/benchmarks.md). Equal to the float64 twin within float32
+    rounding; a bf16 result is rounded once from float32 (tests/test_functional.py)."""
     K, G, D = keys[0].shape[1], q_BHTD.shape[1] // keys[0].shape[1], q_BHTD.shape[-1]
     qsum_BKTD = _query_sum(q_BHTD, K) * (1.0 / (G * math.sqrt(D)))
     logits_BKTN = (_acc(torch.stack(keys, dim=-2)) * qsum_BKTD.unsqueeze(-2)).sum(-1)
