@@ -278,7 +278,8 @@ def measure(args: argparse.Namespace) -> dict:
         print(f"round {k + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     meta = (f"preset={args.preset} device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} "
             f"train batch={args.batch_size}x{args.seq_len} decode context={args.context} rounds={args.rounds} "
-            f"torch={torch.__version__} compile={args.compile} decode wrapper={args.decode_wrapper} peer={args.peer} clock={args.clock} "
+            f"torch={torch.__version__} compile={args.compile} decode wrapper={args.decode_wrapper} "
+            f"peer={args.peer} clock={args.clock} "
             f"warm-up+compile {setup_s:.0f} s train={args.train} "
             f"load average (1 min) {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
     return {"meta": meta, "rows": [list(r) for r in rows], "decode_batches": decode_batches,

@@ -1,8 +1,11 @@
 """Compiled decode (gpt-fast style) against its eager twin: same greedy tokens, close logits, one graph per shape.
 
 Most tests use dynamo's ``eager`` backend (capture with ``fullgraph=True`` on the static cache path, no code
-generation) so that CI on 2 cores stays fast; one test runs inductor end to end.
+generation) so that CI on 2 cores stays fast; a few run inductor end to end (both wrappers, a looped model, the
+C++ wrapper's fallback).
 """
+
+import importlib
 
 import pytest
 import torch
@@ -85,6 +88,26 @@ def test_inductor_decode_equals_eager_decode(cpp_wrapper, loops):
     assert not counters["graph_break"]
     assert len(code) == 2  # prefill (Python wrapper: dynamic shapes) and decode step
     assert ["def call(" in c for c in code] == [True, cpp_wrapper is False]  # the decode step's wrapper
+
+
+def test_a_cpp_wrapper_that_fails_to_build_falls_back_to_the_python_wrapper(monkeypatch):
+    """A broken C++ toolchain for the wrapper (here: a compiler that does not exist, for this graph only) costs
+    one warning, and the decode step still equals eager decode."""
+    gen = importlib.import_module("depthattn.generate")  # the module (the package's ``generate`` is the function)
+
+    try:
+        check_compile_works("cpu")
+    except CompileUnavailable as e:
+        pytest.skip(str(e))
+    monkeypatch.setattr(gen, "CPU_DECODE_OPTIONS", {"cpp_wrapper": True, "cpp.cxx": (None, "/nonexistent/c++")})
+    model = make_model(num_hidden_layers=2, depth_attention_stride=1)
+    ids, mask = left_padded_batch(512, [4, 2], seed=2)
+    eager = _step_logits(model, ids, mask, 3)
+    decoder = CompiledDecoder()
+    with pytest.warns(RuntimeWarning, match=r"C\+\+ wrapper failed .*; using its Python wrapper") as record:
+        compiled = _step_logits(model, ids, mask, 3, decoder)
+    assert len(record) == 1 and decoder.cpp_wrapper is False
+    torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
 
 
 def test_cpp_wrapper_needs_inductor():

@@ -21,6 +21,7 @@ tokenizer (``generate`` and ``compare`` use them).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Iterator
 
 import torch
@@ -149,10 +150,13 @@ class CompiledDecoder:
     outside the graph. The prefill is compiled with ``dynamic=True`` (one graph for any prompt length). A static
     cache also works with the eager functions and ``DecoderLM.forward``.
 
-    On CPU the decode step uses inductor's C++ wrapper (``cpp_wrapper=True``): the generated step's
-    bookkeeping (buffer allocations, views, frees: several hundred statements for the ``small`` preset) runs as
-    compiled C++ instead of Python. At decode batch 1 that bookkeeping, not arithmetic, was the largest cost of
-    the step, and Depth-Attention's mix adds about 10 such statements per mixing layer (docs/benchmarks.md).
+    On CPU the decode step is compiled with ``CPU_DECODE_OPTIONS``: inductor's C++ wrapper, so the generated
+    step's bookkeeping (buffer allocations, views, frees: several hundred for the ``small`` preset) runs as
+    compiled C++ instead of Python, and concatenations computed in their consumers' loops, so there is less of
+    it. At decode batch 1 that bookkeeping, not arithmetic, was the largest cost of the step, and Depth-Attention's
+    mix adds about 10 such statements per mixing layer (docs/benchmarks.md). If the C++ wrapper fails to build
+    (it compiles a Python extension, so it needs Python's headers) the step falls back to the Python wrapper
+    with one warning.
 
     Args:
         backend: a ``torch.compile`` backend, by name or callable (default inductor; ``"eager"`` or
@@ -180,8 +184,22 @@ class CompiledDecoder:
         if self.backend == "inductor" and device.type == "cuda" and not dynamic:
             opts["mode"] = "reduce-overhead"  # CUDA graphs for the launch-bound decode step
         elif self.cpp_wrapper and device.type == "cpu" and not dynamic:
-            opts["options"] = CPU_DECODE_OPTIONS
+            opts["options"] = dict(CPU_DECODE_OPTIONS)
         return torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=self.backend, **opts)
+
+    def _decode_step(self, model: DecoderLM, token_B: Tensor, cache: KVCache) -> Tensor:
+        """The compiled step; the first call compiles it, falling back to the Python wrapper if the C++ one fails."""
+        if self._decode is None:
+            self._decode = self._compiled(_static_decode, False, token_B.device)
+            if self.cpp_wrapper and token_B.device.type == "cpu":
+                try:
+                    return self._run("decode step", self._decode, model, token_B, cache)
+                except CompileUnavailable as e:
+                    warnings.warn(f"compiled decode: inductor's C++ wrapper failed ({e}); using its Python "
+                                  f"wrapper", RuntimeWarning, stacklevel=3)
+                    self.cpp_wrapper = False
+                    self._decode = self._compiled(_static_decode, False, token_B.device)
+        return self._run("decode step", self._decode, model, token_B, cache)
 
     def _run(self, phase: str, fn, *args):
         try:
@@ -228,9 +246,7 @@ class CompiledDecoder:
         """``decode_one_token`` on the static path, compiled once per shape; logits ``[B, V]``."""
         cache.check_room(1)
         self.prepare(cache)
-        if self._decode is None:
-            self._decode = self._compiled(_static_decode, False, token_B.device)
-        logits = self._run("decode step", self._decode, model, token_B, cache)
+        logits = self._decode_step(model, token_B, cache)
         self._advance_host(cache, 1)
         return logits.clone() if logits.device.type == "cuda" else logits  # CUDA graphs reuse the output buffer
 
