@@ -189,17 +189,19 @@ class CompiledDecoder:
 
     def _decode_step(self, model: DecoderLM, token_B: Tensor, cache: KVCache) -> Tensor:
         """The compiled step; the first call compiles it, falling back to the Python wrapper if the C++ one fails."""
-        if self._decode is None:
+        first = self._decode is None
+        if first:
             self._decode = self._compiled(_static_decode, False, token_B.device)
-            if self.cpp_wrapper and token_B.device.type == "cpu":
-                try:
-                    return self._run("decode step", self._decode, model, token_B, cache)
-                except CompileUnavailable as e:
-                    warnings.warn(f"compiled decode: inductor's C++ wrapper failed ({e}); using its Python "
-                                  f"wrapper", RuntimeWarning, stacklevel=3)
-                    self.cpp_wrapper = False
-                    self._decode = self._compiled(_static_decode, False, token_B.device)
-        return self._run("decode step", self._decode, model, token_B, cache)
+        try:
+            return self._run("decode step", self._decode, model, token_B, cache)
+        except CompileUnavailable as e:
+            if not (first and self.cpp_wrapper and token_B.device.type == "cpu"):
+                raise
+            warnings.warn(f"compiled decode: inductor's C++ wrapper failed ({e}); using its Python wrapper",
+                          RuntimeWarning, stacklevel=3)
+            self.cpp_wrapper = False
+            self._decode = self._compiled(_static_decode, False, token_B.device)
+            return self._run("decode step", self._decode, model, token_B, cache)
 
     def _run(self, phase: str, fn, *args):
         try:
