@@ -1,0 +1,35 @@
+"""Old artefacts keep working: a run and a ``compare`` folder written by the previous release (97f8652) resume and
+compare unchanged, and the resumed run repeats the old release's uninterrupted run bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+from depthattn.cli import main
+from depthattn.training import read_metrics
+
+from release_fixtures import copy_release_fixture, reference_losses
+
+
+def test_an_old_release_run_resumes_bit_exactly(tmp_path, capsys):
+    run = copy_release_fixture("run", tmp_path)
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert "trained 8 steps" in capsys.readouterr().out
+    assert [r["loss"] for r in read_metrics(run)] == reference_losses()
+
+
+def test_an_old_release_compare_folder_is_reused_unchanged(tmp_path, capsys):
+    out = copy_release_fixture("compare", tmp_path)
+    before = json.loads((out / "results.json").read_text())
+    args = ["compare", "--preset", "tiny", "--set", "hidden_size=32", "--set", "intermediate_size=64",
+            "--set", "num_attention_heads=2", "--set", "num_key_value_heads=1", "--set", "num_hidden_layers=3",
+            "--set", "depth_attention_stride=1", "--steps", "6", "--set", "batch_size=2", "--set", "seq_len=32",
+            "--set", "eval_every=3", "--set", "eval_windows=2", "--set", "eval_batch_size=2", "--set", "save_every=3",
+            "--set", "tensorboard=false", "--data", str(tmp_path / "data"), "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    after = json.loads((out / "results.json").read_text())
+    for m in ("none", "depth_attention"):
+        old, new = before["methods"][m], after["methods"][m]
+        assert new["runs"][0]["val_loss"] == old["runs"][0]["val_loss"]
+        assert new["runs"][0]["curve"] == old["runs"][0]["curve"]
+    assert len(after["history"]) == len(before["history"]) + 1
