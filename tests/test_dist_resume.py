@@ -231,7 +231,7 @@ def test_disk_full_during_metrics_rewrite_keeps_the_old_file_whole(stopped, tmp_
 
 
 # ---------------------------------------------------------------------------------------------------- torchrun
-def torchrun(args: list[str], cwd: Path, timeout_s: float = 180) -> subprocess.CompletedProcess:
+def torchrun(args: list[str], cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc_per_node=2 ARGS`` (one thread per process); the completed process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DEPTHATTN_CACHE": str(cwd / "cache"), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]

@@ -113,8 +113,8 @@ RESUME_FIXED = (("config", "--config"), ("preset", "--preset"), ("set", "--set")
                 ("loops", "--loops"), ("data", "--data"), ("out", "--out"))
 
 
-#: ``--set`` keys that ``--resume`` accepts: how the resumed run is spread over the ranks (``runs.resumed_data_parallel``
-#: says what it means when not given).
+#: ``--set`` keys that ``--resume`` accepts: how the resumed run is spread over the ranks
+#: (``runs.resumed_data_parallel`` says what it means when not given).
 RESUME_SETTABLE = ("data_parallel",)
 
 

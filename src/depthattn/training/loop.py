@@ -105,7 +105,8 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     """Train ``model_cfg`` on the prepared data folder ``data_dir`` into ``run_dir``.
 
     ``resume``: continue from the newest checkpoint of ``run_dir`` (configs must match the recorded ones, except
-    ``RESUMABLE_KEYS``). ``init_from``: start from a checkpoint's weights (``init_from_checkpoint``).
+    ``RESUMABLE_KEYS``; ``grad_accum`` and ``data_parallel`` as ``runs.resume_point`` says). ``init_from``: start
+    from a checkpoint's weights (``init_from_checkpoint``), or a run folder's newest checkpoint.
     ``stop_after``: return after this global step (as if interrupted; the last checkpoint stays resumable).
     ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished;
     an unreadable newest checkpoint skipped, a torn metrics line dropped, leftovers of interrupted writes removed).
