@@ -273,7 +273,9 @@ def test_one_process_run_resumes_under_torchrun_with_ddp(model_cfg, data_dir, tm
     run_quiet(twin, model_cfg, data_dir, resume=True, batch_size=2 * BATCH, grad_accum=1)
     ddp = weights(run)
     near, far = max_diff(ddp, weights(twin)), max_diff(ddp, weights(uninterrupted.run_dir))
-    assert near < 1e-4 and far > 30 * near, (near, far)  # AdamW amplifies reduction-order noise: not bitwise
+    # measured: near 6e-8, far 3.1e-3 (the other windows of steps 3-4). AdamW amplifies reduction-order noise: not
+    # bitwise
+    assert near < 1e-4 and far > 1e-4 and far > 30 * near, (near, far)
 
 
 @pytest.mark.dist
