@@ -278,11 +278,6 @@ def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainCon
     return train_cfg.replace(grad_accum=accum)
 
 
-#: ``TrainConfig.data_parallel`` settings whose checkpoints are full (``model.safetensors`` and the optimizer in
-#: ``trainer_state.pt``): they resume each other's checkpoints. ``"fsdp"`` writes sharded ones (``training.dcp``).
-FULL_CHECKPOINT_MODES = (None, "ddp")
-
-
 def resumed_data_parallel(recorded: str | None, environ: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
     """The ``data_parallel`` a resumed run takes when none is requested (``depthattn train --resume`` without
     ``--set data_parallel=...``), and a line saying the change (empty: none). The rule: the recorded value, except
@@ -302,7 +297,9 @@ def resumed_data_parallel(recorded: str | None, environ: Mapping[str, str] = os.
 
 def check_checkpoint_kind(checkpoint: Path, data_parallel: str | None) -> None:
     """Refuse to resume ``checkpoint`` with a ``data_parallel`` that cannot read it: a sharded (FSDP) checkpoint
-    needs ``"fsdp"``; a full one needs ``null`` or ``"ddp"``. The ``ValueError`` gives a command that works."""
+    (``dcp/`` shards, ``training.dcp``) needs ``"fsdp"``; a full one (``model.safetensors``, the optimizer in
+    ``trainer_state.pt``) needs ``null`` or ``"ddp"``, which write the same. The ``ValueError`` gives commands that
+    work."""
     sharded = (checkpoint / SHARDED_DIR).is_dir()
     if sharded == (data_parallel == "fsdp"):
         return
