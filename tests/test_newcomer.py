@@ -56,3 +56,31 @@ def test_the_package_ships_py_typed():
     """pyproject.toml declares the marker as package data; the file must exist for the wheel to carry it."""
     assert importlib.resources.files("depthattn").joinpath("py.typed").is_file()
     assert '"py.typed"' in (Path(__file__).parents[1] / "pyproject.toml").read_text()
+
+
+def test_a_coarse_validation_split_is_said(tmp_path):
+    """Six equal documents cannot give 5 %: the one held out is 1/6 of the text, and prepare says so."""
+    import json
+
+    from depthattn.data import prepare_corpus
+    from depthattn.data.corpus import embedded_corpus_documents
+
+    src = tmp_path / "six.jsonl"
+    src.write_text("".join(json.dumps({"text": text[:6000]}) + "\n" for _, text in embedded_corpus_documents()[:6]),
+                   encoding="utf-8")
+    lines: list[str] = []
+    prepare_corpus(tmp_path / "data", [str(src)], vocab_size=300, val_fraction=0.05, progress=False,
+                   log=lines.append)
+    notes = [ln for ln in lines if ln.startswith("note: the validation split holds")]
+    assert len(notes) == 1 and "16.7% of the characters (1 of 6 documents)" in notes[0], lines
+    assert "--val-fraction 0.05 target (5.0%)" in notes[0]
+
+
+def test_a_close_validation_split_is_not_said():
+    import numpy as np
+
+    from depthattn.data.prepare import split_share_note
+
+    lengths = np.full(100, 1000, dtype=np.int64)
+    assert split_share_note(lengths, np.arange(100) < 5, 0.05) is None
+    assert "12.0%" in split_share_note(lengths, np.arange(100) < 12, 0.05)
