@@ -84,3 +84,49 @@ def test_a_close_validation_split_is_not_said():
     lengths = np.full(100, 1000, dtype=np.int64)
     assert split_share_note(lengths, np.arange(100) < 5, 0.05) is None
     assert "12.0%" in split_share_note(lengths, np.arange(100) < 12, 0.05)
+
+
+def test_the_documented_lm_eval_command_runs_offline_and_matches_the_native_scorer(tmp_path):
+    """`depthattn data lm-eval-tasks --out DIR`, then lm-eval's own CLI (`--model hf`, `--include_path DIR`) on a
+    checkpoint, offline: the accuracies equal depthattn's native scorer on the same documents."""
+    pytest.importorskip("lm_eval", reason="lm-eval==0.4.13 not installed (optional extra depthattn[lm-eval])")
+    import json
+    import os
+    import shutil
+
+    from depthattn.eval.inference import load_for_inference
+    from depthattn.eval.zero_shot import evaluate_task
+
+    from release_fixtures import FIXTURES
+
+    ckpt = FIXTURES / "run" / "checkpoints" / "step_00000004"
+    tasks = tmp_path / "tasks"
+    assert main(["data", "lm-eval-tasks", "--out", str(tasks), "--tasks", "arc_easy,winogrande"]) == 0
+    lm_eval = Path(sys.executable).with_name("lm_eval")
+    cmd = [str(lm_eval) if lm_eval.exists() else shutil.which("lm_eval"), "--model", "hf", "--model_args",
+           f"pretrained={ckpt},trust_remote_code=True", "--device", "cpu", "--include_path", str(tasks),
+           "--tasks", "depthattn_arc_easy,depthattn_winogrande", "--limit", "4", "--output_path",
+           str(tmp_path / "out")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["results"]
+    model, tok, _, _ = load_for_inference(ckpt, device="cpu")
+    for name in ("arc_easy", "winogrande"):
+        native = evaluate_task(model, tok, name, limit=4, progress=False)["metrics"]
+        assert results[f"depthattn_{name}"]["acc,none"] == pytest.approx(native["acc"], abs=1e-12)
+        if "acc_norm" in native:
+            assert results[f"depthattn_{name}"]["acc_norm,none"] == pytest.approx(native["acc_norm"], abs=1e-12)
+
+
+def test_lm_eval_tasks_never_writes_into_a_folder_it_did_not_write(tmp_path, capsys):
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "todo.txt").write_text("keep me", encoding="utf-8")
+    assert main(["data", "lm-eval-tasks", "--out", str(mine), "--tasks", "arc_easy"]) == 2
+    err = capsys.readouterr().err
+    assert "was not written by `depthattn data lm-eval-tasks` (1 entries: todo.txt)" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["todo.txt"]
+    assert main(["data", "lm-eval-tasks", "--out", str(tmp_path / "t"), "--tasks", "nope"]) == 2
+    assert "unknown task name(s) ['nope']" in capsys.readouterr().err
