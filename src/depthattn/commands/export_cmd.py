@@ -23,5 +23,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                              "checkpoint folder", description=run.__doc__)
     p.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="checkpoint folder, or run folder (its newest checkpoint)")
     p.add_argument("--out", required=True, help="the checkpoint folder to write (atomically)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out (only a model folder depthattn wrote)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out (only a model folder depthattn wrote)")
     p.set_defaults(func=run)

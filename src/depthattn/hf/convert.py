@@ -325,7 +325,7 @@ def convert_to_qwen3(ckpt: str | os.PathLike, out: str | os.PathLike,
                      overwrite: bool = False) -> tuple[DecoderLM, Path, list[str]]:
     """depthattn checkpoint (or run folder: its newest checkpoint; a Qwen3 folder is re-exported) → Hugging Face
     Qwen3 folder with the checkpoint's tokenizer; returns (model, checkpoint folder used, tokenizer files written). Raises
-    ``ValueError`` for a method Qwen3 cannot express, or if ``out`` exists and not ``overwrite``."""
+    ``ValueError`` for a method Qwen3 cannot express, or for an ``out`` :func:`_check_out` refuses."""
     from depthattn.checkpoint import latest_checkpoint
 
     folder = latest_checkpoint(ckpt)
@@ -337,8 +337,8 @@ def convert_to_qwen3(ckpt: str | os.PathLike, out: str | os.PathLike,
 def upgrade_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> tuple[DecoderLM, Path]:
     """Re-write a depthattn checkpoint (or a run folder's newest; any format this version reads, e.g. the flat
     ``config.json`` written before checkpoints were Hugging Face folders) as a Hugging Face model folder with its
-    ``tokenizer.json``; returns (model, checkpoint folder used). Raises ``ValueError`` if ``out`` exists and not
-    ``overwrite``."""
+    ``tokenizer.json``; returns (model, checkpoint folder used). Raises ``ValueError`` for an ``out``
+    :func:`_check_out` refuses."""
     from depthattn.checkpoint import TOKENIZER_NAME, latest_checkpoint, save_model
 
     folder = latest_checkpoint(ckpt)
