@@ -341,6 +341,47 @@ def test_partial_of_a_live_writer_is_left_alone(data_dir, tmp_path):
     assert staging.writer_state(partial)[0] == "gone"  # its writer let go
 
 
+_SLOW_WRITER = """
+import sys, time
+from depthattn.data import prepare as p
+real = p._encode_all
+def slow(*a, **k):
+    time.sleep(3)  # long enough for the test's process to find this one writing
+    return real(*a, **k)
+p._encode_all = slow
+p.prepare_corpus(sys.argv[1], [sys.argv[2]], tokenizer=sys.argv[3], val_fraction=0.2, progress=False, log=None,
+                 workers=1)
+"""
+
+
+def test_a_second_preparer_waits_for_the_first_and_uses_its_folder(data_dir, tmp_path):
+    """What a second node's LOCAL_RANK 0 does on a shared cache (here: a second process on this host)."""
+    out, src, tok = tmp_path / "out", data_dir.parent / "slice.jsonl", data_dir / "tokenizer.json"
+    writer = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(out), str(src), str(tok)])
+    partial = staging.partial_path(out)
+    deadline = time.time() + 120
+    while not (partial / staging.WRITER_FILE).is_file() and writer.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    lines: list[str] = []
+    meta = prepare_corpus(out, [str(src)], tokenizer=tok, val_fraction=0.2, seed=9, progress=False,
+                          log=lines.append, overwrite=True, wait_s=120, if_missing=True)
+    assert writer.wait(timeout=120) == 0
+    assert any(f"waiting for pid {writer.pid} on host" in line for line in lines), lines
+    assert meta["seed"] == 0 == load_prepared(out).meta["seed"]  # the first one's folder, not prepared again
+    assert not partial.exists()
+
+
+def test_ranks_that_do_not_prepare_wait_at_most_the_run_timeout(tmp_path, monkeypatch):
+    from depthattn.commands.train_cmd import ensure_data
+
+    monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"waited 0.5 s \(dist_timeout_s\) for LOCAL_RANK 0 to prepare"):
+        ensure_data(None, timeout_s=0.5)
+    assert time.monotonic() - t0 < 5 and not any(tmp_path.iterdir())  # waited, wrote nothing
+
+
 # ---------------------------------------------------------------------------------------------------- torchrun
 @pytest.mark.dist
 def test_torchrun_on_an_empty_cache_prepares_once(tmp_path):
