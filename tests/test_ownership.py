@@ -189,6 +189,23 @@ def test_convert_refuses_what_it_does_not_own(world, capsys):
     assert json.loads((hf / "config.json").read_text())["model_type"] == "depthattn"
 
 
+# ---------------------------------------------------------------------------------------------------- eval --out
+def test_eval_out_replaces_only_an_earlier_result_file(world, capsys):
+    run, user, tmp, data_dir = world["run"], world["user"], world["tmp"], world["data"]
+    ck = run / "checkpoints" / "step_00000004"
+    ev = lambda out: ["eval", str(run), "--data", str(data_dir), "--max-tokens", "64", "--no-progress",  # noqa: E731
+                      "--out", str(out)]
+    refused(capsys, ev(ck / "model.safetensors"), tmp, "is not an eval result file", "not replaced")
+    refused(capsys, ev(ck / "config.json"), tmp, "is not an eval result file")
+    refused(capsys, ev(user / "notes-0.txt"), tmp, "is not an eval result file")
+    refused(capsys, ev(user), tmp, f"--out {user} is a folder")
+    refused(capsys, ev(run), tmp, f"--out {run} is the source {run}")
+    out = tmp / "results.json"
+    out.write_text(json.dumps({"checkpoint": "an earlier run", "loss": 1.0}))
+    assert main(ev(out)) == 0  # an earlier result file is replaced
+    assert json.loads(out.read_text())["checkpoint"] == str(ck)
+
+
 # ---------------------------------------------------------------------------------------------------- data prepare
 def _prepare(out: Path, src: Path, data_dir: Path, *extra: str) -> list[str]:
     return ["data", "prepare", "--input", str(src), "--tokenizer", str(data_dir / "tokenizer.json"),

@@ -9,6 +9,9 @@
   kind of artefact (:class:`OutputKind`: a model folder whose every file its ``checksums.json`` lists, a prepared
   data folder with ``meta.json``); anything else is refused with one line listing what is there.
 
+``eval --out FILE`` (one result file, no ``--overwrite``) goes through :func:`check_result_file`: it replaces only
+an earlier result file, never a file of what it reads or a folder.
+
 The replacement itself is :func:`depthattn.fileio.write_folder_atomically` (written beside, renamed in, the old one
 deleted last). A refused command has written nothing. Errors are ``ValueError`` (the CLI: exit 2, one line).
 """
@@ -16,6 +19,7 @@ deleted last). A refused command has written nothing. Errors are ``ValueError`` 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -126,3 +130,32 @@ def check_output(out: str | os.PathLike, sources: Iterable[str | os.PathLike], k
                          f"{why}; it holds {describe_entries(real)}; choose another {flag} (or move its files away "
                          f"yourself)")
     return real
+
+
+#: Result files larger than this are not read to see whether they are ours (a results JSON is a few KiB).
+MAX_RESULT_BYTES = 16 << 20
+
+
+def check_result_file(out: str | os.PathLike, sources: Iterable[str | os.PathLike], is_own: Callable[[object], bool],
+                      what: str, flag: str = "--out") -> None:
+    """Check that a command may write the one file ``out``: not one of ``sources``, not a folder, and, if it exists
+    (inside a source or anywhere else), a JSON document of its own (``is_own(parsed JSON)``; ``what`` names the
+    kind), so a checkpoint's or the user's file is never replaced. ``ValueError`` with one line otherwise; nothing
+    is touched."""
+    given = Path(os.fspath(out))
+    real = _real(given)
+    for source in sources:
+        if real == _real(source):
+            raise ValueError(f"{flag} {given} is the source {os.fspath(source)}; writing there would replace it: "
+                             f"choose another {flag}")
+    if not os.path.lexists(given):
+        return
+    if real.is_dir():
+        raise ValueError(f"{flag} {given} is a folder; give a file name (e.g. {given / 'results.json'})")
+    try:
+        own = real.stat().st_size <= MAX_RESULT_BYTES and is_own(json.loads(real.read_text(encoding="utf-8")))
+    except (OSError, ValueError, UnicodeDecodeError):
+        own = False
+    if not own:
+        raise ValueError(f"{flag} {given} exists and is not {what}, so it is not replaced; choose another {flag} (or "
+                         f"move it away yourself)")
