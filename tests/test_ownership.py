@@ -273,6 +273,12 @@ def test_kind_checks(tmp_path, data_dir):
     (old / "mine.txt").write_text("x")
     assert "mine.txt" in DATA_FOLDER.foreign(old)
     assert DATA_FOLDER.foreign(data_dir) is None
+    half = tmp_path / "half"  # the previous release failed between removing meta.json and installing the new one
+    half.mkdir()
+    (half / "tokenizer.json").write_text("{}")
+    assert DATA_FOLDER.foreign(half) == "it has no meta.json"  # a tokenizer folder alone is the user's
+    (half / "val-00000.bin").write_bytes(b"\0\0")
+    assert DATA_FOLDER.foreign(half) is None
     assert MODEL_FOLDER.foreign(data_dir).startswith("it has no checksums.json")
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -230,7 +230,10 @@ def write_folder_atomically(path: str | os.PathLike, fill: Callable[[str], None]
                 os.replace(old, path)  # put the old folder back: never neither
                 raise
             fsync_path(parent)
-            shutil.rmtree(old, ignore_errors=True)
+            if os.path.islink(old) or not os.path.isdir(old):
+                os.unlink(old)  # a symlink (or a file) was there: the link goes, never what it points to
+            else:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
             fsync_path(parent)

@@ -315,7 +315,8 @@ SHARD_NAME = re.compile(rf"({'|'.join(SPLITS)})(-\d+)?\.bin")
 
 def data_folder_foreign(folder: Path) -> str | None:
     """Why ``folder`` is not a prepared data folder (None: it is one, complete or left half-installed by an older
-    release): every entry is a name :func:`prepare_corpus` writes, and a ``meta.json`` there is ours."""
+    release): every entry is a name :func:`prepare_corpus` writes, and there is a ``meta.json`` of ours or else a
+    shard or the old ``.partial`` (a tokenizer folder alone is not one)."""
     meta = folder / "meta.json"
     if meta.is_file():
         try:
@@ -324,8 +325,8 @@ def data_folder_foreign(folder: Path) -> str | None:
             ok = False
         if not ok:
             return f"its meta.json is not a {META_FORMAT} meta.json"
-    elif LEGACY_STAGING not in os.listdir(folder):
-        return "it has no meta.json"
+    elif not any(n == LEGACY_STAGING or SHARD_NAME.fullmatch(n) for n in os.listdir(folder)):
+        return "it has no meta.json"  # (one an older release left half-installed has shards or its .partial)
     extra = [n for n in os.listdir(folder) if n not in DATA_NAMES and not SHARD_NAME.fullmatch(n)]
     if extra:
         return f"it holds files a prepared data folder does not: {describe_entries(folder, extra)}"
