@@ -405,6 +405,23 @@ def test_ranks_that_do_not_prepare_wait_at_most_the_run_timeout(tmp_path, monkey
     assert time.monotonic() - t0 < 5 and not any(tmp_path.iterdir())  # waited, wrote nothing
 
 
+def test_a_dead_writers_lock_held_by_its_exiting_workers_is_waited_out(data_dir, tmp_path):
+    import threading
+
+    out = tmp_path / "out"
+    partial = _stale_partial(out, socket.gethostname(), _dead_pid())
+    fd = os.open(partial / staging.WRITER_FILE, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as the killed writer's forked workers hold it until they have exited
+    threading.Timer(0.5, os.close, (fd,)).start()
+    lines: list[str] = []
+    t0 = time.monotonic()
+    with staging.claimed(out, lines.append, wait_s=0.0) as content:  # data prepare's: no waiting otherwise
+        assert content.is_dir() and not any(content.iterdir())
+    assert 0.4 < time.monotonic() - t0 < staging.EXIT_GRACE_S
+    assert len(lines) == 1 and "removed a stale" in lines[0], lines
+    assert not partial.exists()
+
+
 # ---------------------------------------------------------------------------------------------------- torchrun
 @pytest.mark.dist
 def test_torchrun_on_an_empty_cache_prepares_once(tmp_path):

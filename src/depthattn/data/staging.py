@@ -12,7 +12,8 @@ A process that finds a ``.partial`` asks :func:`writer_state` who wrote it:
   process dies, whatever happens to its pid afterwards), or, where the file system refuses ``flock``, no process has
   its pid. It is removed with one line and the claim is taken.
 * ``"alive"``: this host, lock held (or pid alive where there is no ``flock``). ``data prepare`` says who and stops;
-  ``train``'s default data waits for it (:func:`claimed` with ``wait_s``).
+  ``train``'s default data waits for it (:func:`claimed` with ``wait_s``). A lock still held after the writer's pid
+  died (its forked encoding workers, which share the lock, are exiting) is waited for up to ``EXIT_GRACE_S``.
 * ``"foreign"``: written on another host (or too damaged to say by whom): this host cannot check that process, so
   the ``.partial`` is never deleted. A waiter waits while it is being written (something in it changed within
   ``wait_s``) and otherwise reports host, pid and age, and what to do.
@@ -37,6 +38,9 @@ CONTENT_DIR = "folder"
 #: the record) rather than damaged.
 START_GRACE_S = 30.0
 POLL_S = 0.2
+#: How long a ``.partial`` whose writer's pid is dead may keep its lock held: its forked encoding workers (which
+#: share the lock) are exiting. Waited out even by ``data prepare``, which otherwise does not wait.
+EXIT_GRACE_S = 10.0
 #: errnos of a file system that does not do ``flock`` (Lustre mounted without ``flock``: ENOSYS).
 NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL}
 
@@ -169,7 +173,8 @@ def claimed(out: str | os.PathLike, log: Callable[[str], None] = print, wait_s: 
     ``wait_s`` seconds (for one on another host: while it is still being written), then ``ValueError`` naming it
     (host, pid, age) and what to do; the caller should check afterwards whether ``out`` is now complete."""
     partial = partial_path(out)
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
     said = False
     while (fd := _start(partial)) is None:
         state, record = writer_state(partial)
@@ -177,8 +182,11 @@ def claimed(out: str | os.PathLike, log: Callable[[str], None] = print, wait_s: 
             _remove_stale(partial, record, log)
             continue
         active = time.time() - _newest_mtime(partial) < max(wait_s, START_GRACE_S)
+        exiting = state == "alive" and record is not None and not _pid_alive(record["pid"])
+        if exiting:
+            deadline = max(deadline, started + EXIT_GRACE_S)
         if time.monotonic() < deadline and (state == "alive" or active):
-            if not said:
+            if not said and not exiting:
                 log(f"waiting for {describe_writer(record, partial)}, which is writing {out} ({partial})")
                 said = True
             time.sleep(POLL_S)
