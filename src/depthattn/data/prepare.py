@@ -35,9 +35,9 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
+from depthattn.data.corpus import EMBEDDED_DIR
 from depthattn.data.document import Document
 from depthattn.data.encode import PIECE_CHARS, ShardWriter, encode_pieces, parallel_encode
-from depthattn.data.corpus import EMBEDDED_DIR
 from depthattn.data.inputs import TXT_PIECE_CHARS, InputSource, resolve_inputs
 from depthattn.data.integrity import VERIFY_CACHE
 from depthattn.data.shards import DTYPES, META_FORMAT, SPLITS
