@@ -35,7 +35,9 @@ VARIABLES = {
     "TINY": TINY_FLAGS,  # a 60k-parameter model, 2 steps: the command's path, not its result
     "DATA": "fixture/data",  # a prepared data folder (tests/fixtures/release-97f8652/data)
     "RUN": "fixture/run",  # a run folder with checkpoints (the old-release fixture, resumable)
-    "CKPT": "fixture/run/checkpoints/step_00000004",  # a checkpoint folder
+    "CKPT": "fixture/run/checkpoints/step_00000004",  # a checkpoint folder (depth_attention)
+    "NONE_RUN": "fixture/compare/runs/none-seed0",  # a finished run folder of a vanilla (cross_layer none) model
+    "NONE_CKPT": "fixture/compare/runs/none-seed0/checkpoints/step_00000006",  # its checkpoint
 }
 
 _FENCE = re.compile(r"^(\s*)```(.*)$")
@@ -58,15 +60,19 @@ class Block:
         return f"{self.file.relative_to(ROOT)}:{self.line}"
 
     def prepared(self) -> str:
-        """The code with the marker's substitutions applied (``$NAME`` in a replacement expanded)."""
-        code = self.code
+        """The code with the marker's substitutions applied at once (``$NAME`` in a replacement expanded)."""
+        table = {}
         for old, new in self.replacements:
-            if old not in code:
+            if old not in self.code:
                 raise AssertionError(f"{self.where}: the marker replaces {old!r}, which the block does not contain")
-            for name, value in VARIABLES.items():
+            for name, value in sorted(VARIABLES.items(), key=lambda kv: -len(kv[0])):
                 new = new.replace(f"${name}", value)
-            code = code.replace(old, new)
-        return code
+            table[old] = new
+        if not table:
+            return self.code
+        # one pass, longest match first: a replacement's text is never replaced again
+        pattern = re.compile("|".join(re.escape(o) for o in sorted(table, key=len, reverse=True)))
+        return pattern.sub(lambda m: table[m.group(0)], self.code)
 
 
 def _unescape(s: str) -> str:

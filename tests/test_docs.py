@@ -42,6 +42,7 @@ def _folder(tmp_path: Path) -> dict[str, str]:
     """Lay out the folder a file's blocks run in (fixtures, the repository's configs/ and scripts/) and return the
     environment: no network, a private cache, this interpreter's scripts first on PATH."""
     copy_release_fixture("run", tmp_path / "fixture")
+    copy_release_fixture("compare", tmp_path / "fixture")
     for name in ("configs", "scripts"):
         (tmp_path / name).symlink_to(ROOT / name)
     bin_dir = str(Path(sys.executable).parent)

@@ -130,3 +130,13 @@ def test_lm_eval_tasks_never_writes_into_a_folder_it_did_not_write(tmp_path, cap
     assert sorted(p.name for p in mine.iterdir()) == ["todo.txt"]
     assert main(["data", "lm-eval-tasks", "--out", str(tmp_path / "t"), "--tasks", "nope"]) == 2
     assert "unknown task name(s) ['nope']" in capsys.readouterr().err
+
+
+def test_set_cross_layer_none_is_the_vanilla_model(capsys):
+    """configs/tiny.toml documents `--set cross_layer=none`: 'none' is the method's name there, not 'unset'."""
+    tiny = Path(__file__).parents[1] / "configs" / "tiny.toml"
+    assert main(["train", "--config", str(tiny), "--set", "cross_layer=none", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("dry run: none,")
+    from depthattn.training.config import parse_value
+
+    assert parse_value("none") is None and parse_value("none", "cross_layer") == "none"

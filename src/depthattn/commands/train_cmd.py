@@ -129,7 +129,7 @@ def gather_settings(args: argparse.Namespace, extra_model: dict | None = None) -
         if "=" not in item:
             raise ValueError(f"--set {item!r} must look like KEY=VALUE")
         key, value = item.split("=", 1)
-        pairs[key.strip()] = parse_value(value.strip())
+        pairs[key.strip()] = parse_value(value.strip(), key.strip())
     m, t = split_overrides(pairs, "--set")
     model.update(m)
     train_kw.update(t)
@@ -163,7 +163,7 @@ def _resume_settings(args: argparse.Namespace) -> dict[str, Any]:
         if not sep or key.strip() not in RESUME_SETTABLE:
             raise ValueError(f"--resume continues {args.resume} with its recorded config; --set {item!r} would change "
                              f"it (with --resume, --set takes only {', '.join(RESUME_SETTABLE)}=...)")
-        pairs[key.strip()] = parse_value(value.strip())
+        pairs[key.strip()] = parse_value(value.strip(), key.strip())
     args.set = []
     return pairs
 

@@ -166,13 +166,17 @@ RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "keep_last", "log_e
                             "max_nonfinite_skips"})
 
 
-def parse_value(text: str) -> Any:
+#: Keys whose value ``none`` is the string (``cross_layer="none"``: vanilla), not "unset".
+NONE_IS_A_NAME = frozenset({"cross_layer"})
+
+
+def parse_value(text: str, key: str | None = None) -> Any:
     """A ``--set`` value as TOML (``3``, ``1e-3``, ``true``, ``"x"``); bare words stay strings; ``none``/``null``
-    is ``None``."""
+    is ``None``, except for ``key`` in ``NONE_IS_A_NAME`` (``--set cross_layer=none`` is the vanilla model)."""
     import tomllib
 
     if text.strip().lower() in ("none", "null"):
-        return None
+        return text.strip().lower() if key in NONE_IS_A_NAME and text.strip().lower() == "none" else None
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
