@@ -33,7 +33,7 @@ from . import checkpoint_files as files
 from .config import ModelConfig, read_json_object
 from .fileio import IntegrityError, verify_manifest, write_folder_atomically  # noqa: F401  (IntegrityError: re-export)
 from .model import DecoderLM
-from .run_layout import CHECKPOINT_DIR, checkpoint_dirs, lock_folder  # noqa: F401  (CHECKPOINT_DIR: re-export)
+from .run_layout import CHECKPOINT_DIR, checkpoint_dirs, lock_folder
 
 WEIGHTS_NAME = "model.safetensors"
 #: The folder of an FSDP run's sharded (DCP) weights inside a checkpoint folder (``depthattn.training.dcp``).

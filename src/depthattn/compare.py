@@ -128,9 +128,9 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     from .generate import generate_text
     from .training.runtime import autocast_dtype
 
-    folder = RunFolder(run_dir)
-    run = folder.read_run()
-    summary = json.loads(folder.summary_file.read_text(encoding="utf-8"))
+    files = RunFolder(run_dir)
+    run = files.read_run()
+    summary = json.loads(files.summary_file.read_text(encoding="utf-8"))
     cfg = ModelConfig.from_dict(run["model"])
     seq_len = run["train"]["seq_len"]
     model, tokenizer, folder, dev = load_for_inference(run_dir, run["train"].get("device", "auto"),
@@ -147,7 +147,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
                                   progress=progress, expected_bytes=data.num_bytes("val"))
         ev = res.to_dict()
         atomic_write_text(cache, json.dumps({"key": key, "result": ev}, indent=2) + "\n")
-    rows = folder.read_metrics()
+    rows = files.read_metrics()
     flops = num_flops(cfg, seq_len)
     out: dict[str, Any] = {
         "run_dir": str(run_dir), "method": cfg.cross_layer, "num_loops": cfg.num_loops,
