@@ -257,3 +257,23 @@ def test_eval_and_export_of_a_run_work_while_its_lock_is_held(finished_run, tmp_
         assert "perplexity" in capsys.readouterr().out
         assert main(["export", str(finished_run), "--out", str(tmp_path / "exported")]) == 0
     assert (tmp_path / "exported" / "model.safetensors").is_file()
+
+
+@pytest.mark.dist
+def test_under_torchrun_every_rank_gets_rank_0s_verdict_and_exits_2(tmp_path, data_dir):
+    """Rank 0 takes the lock and broadcasts its verdict: with the folder held, both ranks print the one line and
+    exit 2 together (none hangs in a collective, none writes)."""
+    folder = tmp_path / "run"
+    with RunLock(folder):
+        before = snapshot(folder)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "DEPTHATTN_CACHE": str(tmp_path / "cache")}
+        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                              "-m", "depthattn.cli", "train", *TRAIN_FLAGS, "--data", str(data_dir), "--out",
+                              str(folder), "--set", "data_parallel=ddp", "--set", "device=cpu"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert snapshot(folder) == before
+    lines = [line for line in (res.stdout + res.stderr).splitlines() if "in use by another trainer" in line]
+    assert res.returncode != 0 and len(lines) == 2, res.stdout + res.stderr
+    assert all(line.strip().endswith("choose another --out") and f"pid {os.getpid()} on host" in line
+               for line in lines), lines
+    assert "exitcode  : 2" in res.stdout + res.stderr or "exit code: 2" in res.stdout + res.stderr, res.stderr[-3000:]
