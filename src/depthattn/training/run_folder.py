@@ -436,7 +436,12 @@ class RunFolder:
     def truncate_metrics(self, last_step: int, log: Callable[[str], None], log_every: int = 1) -> None:
         """Drop logged rows past ``last_step`` (logged before a crash, after the checkpoint we resume from); a
         missing log restarts empty, and a log that ends a ``log_every`` or more before ``last_step`` (rows lost),
-        are said through ``log``."""
+        are said through ``log``.
+
+        The log is rewritten only when a row (or a torn last line) is dropped, and then through
+        ``fileio.atomic_write_text``: the rows are written to a temporary file beside it, fsync'd, and renamed over
+        it (the folder fsync'd after), so a reader, a kill or a full disk (``OSError``, the temporary removed) at any
+        moment leaves the old log whole or the new one, never no file or a part of one."""
         file = self.metrics_file
         if not file.is_file() and last_step > 0:
             log(f"{file} is missing: the metrics log restarts at step {last_step + 1} (rows of steps 1-{last_step} "
@@ -447,7 +452,13 @@ class RunFolder:
             log(f"{file} ends at step {last_logged}, before the checkpoint of step {last_step} (logging every "
                 f"{log_every}): the rows in between were lost in a crash before they reached the disk; the curve "
                 f"has a gap there")
-        atomic_write_text(file, "".join(json_line(r) for r in rows))
+        text = "".join(json_line(r) for r in rows)
+        try:
+            unchanged = file.read_text(encoding="utf-8") == text
+        except (OSError, ValueError):  # missing, or not UTF-8 (read_metrics dropped the torn line): rewrite
+            unchanged = False
+        if not unchanged:
+            atomic_write_text(file, text)
 
     # -- checkpoints
     def checkpoints(self) -> list[Path]:
