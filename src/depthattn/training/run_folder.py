@@ -173,7 +173,11 @@ class RunLock:
                                   datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                                   " ".join([os.path.basename(sys.argv[0] or "python"), *sys.argv[1:]])[:500],
                                   time.time(), self.mechanism or "flock")
-        self._write_holder()
+        try:
+            self._write_holder()
+        except BaseException:  # a full disk: hold nothing, leave nothing
+            self.release()
+            raise
         self._thread = threading.Thread(target=self._beat, name=f"depthattn-lock-{self.folder.name}", daemon=True)
         self._thread.start()
         return self
