@@ -65,12 +65,29 @@ def add_model_options(p: argparse.ArgumentParser, data_help: str = DATA_HELP) ->
                    help="skip the sha256 check of the data shards (TrainConfig.verify_data=false)")
 
 
+def check_file_values(path: str, preset: str, model: dict, train_kw: dict) -> None:
+    """Validate the [model] and [train] values of the config file ``path`` on their own, so that a bad value there
+    is named with the file: ``ValueError("PATH: [train] TrainConfig.steps='ten' is invalid: ...")``. An error about
+    a field the file does not set (a combination with the preset's values) is left for the full check."""
+    from ..config import ModelConfig
+
+    for table, keys, check in (("train", train_kw, lambda: TrainConfig.from_dict(dict(train_kw))),
+                               ("model", model, lambda: ModelConfig.from_preset(
+                                   preset, **{k: v for k, v in model.items() if k != "vocab_size"}))):
+        try:
+            check()
+        except ValueError as e:
+            if any(f"Config.{k}=" in str(e) for k in keys):
+                raise ValueError(f"{path}: [{table}] {e}") from None
+
+
 def gather_settings(args: argparse.Namespace, extra_model: dict | None = None) -> tuple[str, dict, dict, Any]:
     """(preset, model overrides, train overrides, data path) from config file, then flags, then ``--set``."""
     preset, data, model, train_kw = None, None, {}, {}
     if args.config:
         doc = load_toml(args.config)
         preset, data, model, train_kw = doc["preset"], doc["data"], doc["model"], doc["train"]
+        check_file_values(args.config, args.preset or preset or DEFAULT_PRESET, model, train_kw)
     preset = args.preset or preset or DEFAULT_PRESET
     data = args.data or data
     flags = {"steps": args.steps, "tokens": args.tokens, "seed": args.seed, "device": args.device}
