@@ -25,13 +25,13 @@ from typing import Any, Callable
 import torch
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
-from .checkpoint import checkpoint_dirs
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text
 from .stats import binomial_se, paired_difference, tokens_to_target, verdict
-from .training import TrainConfig, read_metrics, read_run, resolve_model_config, train
-from .training.runs import RUN_FILE, SUMMARY_FILE, config_differences
+from .training import TrainConfig, resolve_model_config, train
+from .training.run_folder import RunFolder, RunLock
+from .training.runs import config_differences
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
@@ -96,10 +96,11 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
                     progress: bool, log: Callable[[str], None]) -> str:
     """Train, resume (from the newest checkpoint), or reuse the run in ``run_dir`` (ValueError if it holds a
     different config). Returns what it did: "reused", "resumed at step N" or "trained"."""
-    if (run_dir / RUN_FILE).is_file():
+    folder = RunFolder(run_dir)
+    if folder.is_run():
         from .data import load_prepared
 
-        old = read_run(run_dir)
+        old = folder.read_run()
         want_train = train_cfg.replace(steps=train_cfg.total_steps()).to_dict()
         problems = config_differences(old, model_cfg.to_dict(), want_train)
         if old.get("data_fingerprint") not in (None, load_prepared(data_dir).fingerprint):
@@ -107,7 +108,7 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
         if problems or Path(old["data"]).resolve() != data_dir.resolve():
             raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(problems) or 'other data'}); "
                              f"use another --out or delete that folder")
-        if (run_dir / SUMMARY_FILE).is_file() and checkpoint_dirs(run_dir):
+        if folder.summary_file.is_file() and folder.checkpoints():
             log(f"reusing finished run {run_dir}")
             return "reused"
         res = train(run_dir, model_cfg, train_cfg, data_dir, resume=True, progress=progress, log=log)
@@ -127,8 +128,9 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     from .generate import generate_text
     from .training.runtime import autocast_dtype
 
-    run = read_run(run_dir)
-    summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+    files = RunFolder(run_dir)
+    run = files.read_run()
+    summary = json.loads(files.summary_file.read_text(encoding="utf-8"))
     cfg = ModelConfig.from_dict(run["model"])
     seq_len = run["train"]["seq_len"]
     model, tokenizer, folder, dev = load_for_inference(run_dir, run["train"].get("device", "auto"),
@@ -145,7 +147,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
                                   progress=progress, expected_bytes=data.num_bytes("val"))
         ev = res.to_dict()
         atomic_write_text(cache, json.dumps({"key": key, "result": ev}, indent=2) + "\n")
-    rows = read_metrics(run_dir)
+    rows = files.read_metrics()
     flops = num_flops(cfg, seq_len)
     out: dict[str, Any] = {
         "run_dir": str(run_dir), "method": cfg.cross_layer, "num_loops": cfg.num_loops,
@@ -216,7 +218,15 @@ class CompareSettings:
 def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike,
                 progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train and evaluate every (method, seed); write ``results.json``, ``report.md``, ``loss_curves.png`` under
-    ``out`` and return the results. Raises ``ValueError`` for bad settings before any training."""
+    ``out`` and return the results. Holds ``out``'s lock throughout (``run_folder.RunLock``; each run's trainer locks
+    its own folder too). Raises ``ValueError`` for bad settings before any training, ``RunFolderLocked`` (a
+    ``ValueError``) when another compare holds ``out``: nothing is written then."""
+    with RunLock(out, "compare"):
+        return _run_compare(out, settings, data_dir, progress, log)
+
+
+def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike, progress: bool,
+                 log: Callable[[str], None]) -> dict[str, Any]:
     from .data import load_prepared
 
     out, data_dir = Path(out), Path(data_dir)

@@ -7,7 +7,8 @@ states live under ``dcp/`` (DCP's ``.metadata`` plus one ``.distcp`` file per ra
 DCP) sit beside it. Every rank writes into ``.tmp-step_XXXXXXXX-dcp``; DCP writes its ``.metadata`` only after
 every rank finished its shard, then rank 0 adds its files and renames the folder into place after a barrier, so a
 checkpoint is visible only once complete (the caller has checked that every rank's weights are finite); older
-ones are pruned through ``runs.prune_checkpoints``. DCP reshards on load: a run resumes on any world size, and
+ones are pruned through ``runs.prune_checkpoints``. ``export_checkpoint`` reads under a shared lock
+(``checkpoint.open_checkpoint``), so a running trainer's pruning leaves the folder until the export is done. DCP reshards on load: a run resumes on any world size, and
 ``export`` gathers the full weights in one process (``export_checkpoint``).
 """
 
@@ -24,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from .. import checkpoint as ckpt
-from ..checkpoint import CHECKPOINT_DIR
 from ..config import ModelConfig
 from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
 from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
+from .run_folder import RunFolder
 from .runs import prune_checkpoints
 
 DCP_DIR = ckpt.SHARDED_DIR
@@ -57,7 +58,7 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
     folder visible; the newest ``keep_last`` are kept. Returns the checkpoint folder (on every rank)."""
     import torch.distributed.checkpoint as dcp
 
-    target = run_dir / CHECKPOINT_DIR / f"step_{state['step']:08d}"
+    target = RunFolder(run_dir).checkpoint_path(state["step"])
     tmp = target.parent / f".tmp-{target.name}-dcp"
     main = dist.get_rank() == 0
     if main:
@@ -131,20 +132,21 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike, overwri
     ``from_pretrained``. One process, no process group. Returns the folder it read. Raises ``ValueError`` /
     ``FileNotFoundError`` naming the folder (nothing is written under ``out`` then), also for an ``out`` that is,
     contains or lies inside ``source``, or that exists (only with ``overwrite``, and only a model folder we wrote,
-    is it replaced: :func:`depthattn.outputs.check_output`)."""
-    src = ckpt.latest_checkpoint(source)
-    out = check_output(out, [source, src], MODEL_FOLDER, overwrite)
-    # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
-    model = DecoderLM(ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src))
-    if is_sharded(src):
-        load_sharded(src, model, None)
-    else:
-        ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
+    is it replaced: :func:`depthattn.outputs.check_output`). The checkpoint is read under a shared lock
+    (``checkpoint.open_checkpoint``): a running trainer's pruning leaves it in place until the export is done."""
+    with ckpt.open_checkpoint(source) as src:
+        out = check_output(out, [source, src], MODEL_FOLDER, overwrite)
+        # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
+        model = DecoderLM(ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src))
+        if is_sharded(src):
+            load_sharded(src, model, None)
+        else:
+            ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
 
-    tokenizer = src / TOKENIZER_FILE
+        tokenizer = src / TOKENIZER_FILE
 
-    def fill(tmp: str) -> None:  # the Hugging Face files (config, generation and tokenizer configs) with the weights
-        ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.is_file() else None)
+        def fill(tmp: str) -> None:  # the Hugging Face files (config, generation, tokenizer configs) and weights
+            ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.is_file() else None)
 
-    write_folder_atomically(out, fill)
+        write_folder_atomically(out, fill)
     return src

@@ -4,11 +4,11 @@ followed by validation, logging and a checkpoint when due, and writes the run's 
 Legend: B micro-batch rows, T sequence length, V vocab.
 
 The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`` parsing), ``runtime`` (device,
-precision, seeding, the torchrun process group), ``runs`` (the run folder, its checkpoints and trainer state, the
-resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation checkpointing, compile, DDP); the
-loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows come from ``data.TokenBatches``,
-a pure function of ``(seed, step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run
-repeats an uninterrupted one bit for bit on float32 CPU.
+precision, seeding, the torchrun process group), ``run_folder`` (the run folder's files and its lock), ``runs`` (its
+checkpoints and trainer state, the resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation
+checkpointing, compile, DDP); the loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows
+come from ``data.TokenBatches``, a pure function of ``(seed, step, micro_step)``; with the RNG, optimizer and
+scheduler states restored, a resumed run repeats an uninterrupted one bit for bit on float32 CPU.
 
 Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
 checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
@@ -41,11 +41,10 @@ from .build import build_on_meta, materialize
 from .dcp import is_sharded, load_sharded, save_sharded
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
-from .runs import (CHECKPOINT_DIR, METRICS_FILE, TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind,
-                   checkpoint_dirs, environment,
-                   fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights, read_metrics,
-                   read_resume_checkpoint, read_summary, restore_trainer_state, resume_point, run_tokens_per_s,
-                   save_checkpoint, set_aside, start_run_files, trainer_state, write_summary)
+from .run_folder import RunFolder
+from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, environment, fault_point,
+                   init_from_checkpoint, keep_tokens_per_step, load_resume_weights, read_resume_checkpoint,
+                   restore_trainer_state, resume_point, run_tokens_per_s, save_checkpoint, set_aside, trainer_state)
 from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
                       seed_everything, start_distributed)
 
@@ -81,6 +80,7 @@ class _Trainer:
     device: torch.device
     amp: torch.dtype | None
     run_dir: Path
+    folder: RunFolder  # ``run_dir``'s files (rank 0 holds its lock)
     data_dir: Path
     is_main: bool
     throughput: Throughput
@@ -118,29 +118,35 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
         ValueError: vocabulary mismatch with the data's tokenizer, a budget shorter than one step, a run folder that
             already holds checkpoints (without ``resume``), a config that differs from the checkpoint's on resume,
             a truncated checkpoint file (named), or any invalid setting. Nothing already written is modified.
+        RunFolderLocked: (a ``ValueError``) another trainer holds ``run_dir``'s lock (``run_folder.RunLock``);
+            nothing was written.
     """
     run_dir, data_dir = Path(run_dir), Path(data_dir).resolve()
-    t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log)
-    last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
-    t.net.train()
-    with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
-        while t.step < last:
-            row = _optimizer_step(t)
-            fault_point("step")
-            _maybe_validate(t, row)
-            _log_row(t, row, metrics, bar, last)
-            fault_point("logged")
-            _maybe_checkpoint(t, metrics)
-    return _finish(t)
+    with contextlib.ExitStack() as held:  # the run folder's lock, taken in _set_up, released however we leave
+        t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log, held)
+        last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
+        t.net.train()
+        with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
+            while t.step < last:
+                row = _optimizer_step(t)
+                fault_point("step")
+                _maybe_validate(t, row)
+                _log_row(t, row, metrics, bar, last)
+                fault_point("logged")
+                _maybe_checkpoint(t, metrics)
+        return _finish(t)
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
 def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path, resume: bool,
-            init_from: str | os.PathLike | None, log: Callable[[str], None]) -> _Trainer:
-    """Check everything, then build model, optimizer and data, restore the newest checkpoint on ``resume`` and
-    (rank 0) write the run folder's files."""
+            init_from: str | os.PathLike | None, log: Callable[[str], None], held: contextlib.ExitStack) -> _Trainer:
+    """Take the run folder's lock (into ``held``; rank 0, before anything is written), check everything, then build
+    model, optimizer and data, restore the newest checkpoint on ``resume`` and (rank 0) write the run folder's
+    files."""
     train_cfg = start_distributed(train_cfg)
     rank = process_rank()
+    folder = RunFolder(run_dir)
+    held.enter_context(folder.lock("trainer"))  # RunFolderLocked on every rank when another trainer holds it
     if resume:
         train_cfg = keep_tokens_per_step(run_dir, train_cfg, log if rank == 0 else lambda _: None)
     prepared, val_windows, train_cfg = _load_data(model_cfg, train_cfg, data_dir)
@@ -180,15 +186,16 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
         if found is not None:
             set_aside(found.unreadable, log)
         record.update(environment(train_cfg, device, amp))
-        start_run_files(run_dir, record, {**groups, "rule": DECAY_RULE}, resume, step,
-                        finished=step == train_cfg.total_steps(), log=log)
+        folder.start(record, {**groups, "rule": DECAY_RULE}, resume, step, finished=step == train_cfg.total_steps(),
+                     log=log)
     batches = data.TokenBatches(prepared.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed,
                                 rank=rank, world_size=train_cfg.world_size())  # ranks split one global draw
     throughput = Throughput(model_cfg, train_cfg.seq_len, train_cfg.world_size(), device, train_cfg.peak_flops)
     if rank == 0 and device.type == "cuda" and throughput.peak is None:
         log(throughput.note)  # an unknown GPU: said once
     return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
-                    val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, data_dir=data_dir,
+                    val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, folder=folder,
+                    data_dir=data_dir,
                     is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen, saved=resume_from,
                     start_step=step, nonfinite_skips=skips)
 
@@ -203,7 +210,8 @@ def _read_resume(run_dir: Path, newest: Path | None, model_cfg: ModelConfig,
     ``newest``). Under torchrun rank 0 chooses and the other ranks read its choice (an error there: on every rank)."""
     if newest is None:
         return None
-    dirs = [d for d in checkpoint_dirs(run_dir) if d <= newest]
+    folder = RunFolder(run_dir)
+    dirs = [d for d in folder.checkpoints() if d <= newest]
     if not _distributed():
         return read_resume_checkpoint(dirs, model_cfg, log)
     choice: list[Any] = [None]
@@ -219,7 +227,7 @@ def _read_resume(run_dir: Path, newest: Path | None, model_cfg: ModelConfig,
         raise ValueError(value)
     if torch.distributed.get_rank() == 0:
         return found
-    return read_resume_checkpoint([run_dir / CHECKPOINT_DIR / value], model_cfg, lambda _: None, fall_back=False)
+    return read_resume_checkpoint([folder.checkpoints_dir / value], model_cfg, lambda _: None, fall_back=False)
 
 
 def _load_prepared(data_dir: Path, verify: bool) -> data.PreparedData:
@@ -310,7 +318,7 @@ def _metrics_log(t: _Trainer) -> MetricsLogger:
     """Rank 0's metrics sinks (``metrics.jsonl``, TensorBoard, W&B when asked); a silent logger elsewhere. The
     TensorBoard events of steps after ``t.step`` (logged by an earlier session past the checkpoint it resumes from)
     are purged, as ``metrics.jsonl``'s rows are."""
-    return MetricsLogger(t.run_dir, METRICS_FILE, enabled=t.is_main, tensorboard=t.cfg.tensorboard,
+    return MetricsLogger(t.folder.path, t.folder.METRICS_FILE, enabled=t.is_main, tensorboard=t.cfg.tensorboard,
                          purge_step=t.step + 1,  # TensorBoard drops the steps after the checkpoint: they are redone
                          wandb_project=t.cfg.wandb_project, config={"train": t.cfg.to_dict(),
                                                                     "model": t.model.config.to_dict()})
@@ -460,19 +468,19 @@ def _finish(t: _Trainer) -> TrainResult:
     tps = t.train_tokens / t.train_time if t.train_time > 0 else None
     skipped = None
     if t.step == t.total_steps:
-        rows = read_metrics(t.run_dir) if t.is_main else None  # read once: skipped steps and, if needed, throughput
+        rows = t.folder.read_metrics() if t.is_main else None  # read once: skipped steps and, if needed, throughput
         skipped = sum(1 for r in rows or () if r.get("skipped"))
         if t.val_loss is None:
             t.val_loss = _final_val_loss(t)
-        old = read_summary(t.run_dir) if t.train_time == 0 else None
+        old = t.folder.read_summary() if t.train_time == 0 else None
         if tps is None:
             tps = (old or {}).get("train_tokens_per_s") or run_tokens_per_s(
-                rows if rows is not None else read_metrics(t.run_dir))
+                rows if rows is not None else t.folder.read_metrics())
         if t.is_main and not (old and old.get("steps") == t.step and old.get("final_val_loss") is not None):
-            write_summary(t.run_dir, {"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
-                                      "skipped_steps": skipped,
-                                      "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
-                                      "checkpoint": str(t.saved) if t.saved else None})
+            t.folder.write_summary({"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
+                                    "skipped_steps": skipped,
+                                    "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
+                                    "checkpoint": str(t.saved) if t.saved else None})
     return TrainResult(t.run_dir, t.step, t.tokens_seen, t.val_loss, tps, t.saved, t.step - t.start_step,
                        skipped or 0)
 
@@ -480,7 +488,7 @@ def _finish(t: _Trainer) -> TrainResult:
 def _final_val_loss(t: _Trainer) -> float:
     """The validation loss at the last step of a run resumed there: the one logged in ``metrics.jsonl`` at that
     step, else measured now on the restored weights."""
-    for row in read_metrics(t.run_dir):
+    for row in t.folder.read_metrics():
         if row.get("step") == t.step and row.get("val_loss") is not None:
             return float(row["val_loss"])
     return mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
