@@ -3,8 +3,9 @@ seeding), run folders and the resume policy (``runs``), AdamW and the schedule (
 wrappers (``parallelize``). See docs/training.md."""
 
 from .config import TrainConfig, load_toml, resolve_model_config
+from .guard import DivergenceError
 from .loop import NonFiniteError, TrainResult, train
 from .runs import init_from_checkpoint, read_metrics, read_run, read_summary
 
-__all__ = ["NonFiniteError", "TrainConfig", "TrainResult", "init_from_checkpoint", "load_toml", "read_metrics",
+__all__ = ["DivergenceError", "NonFiniteError", "TrainConfig", "TrainResult", "init_from_checkpoint", "load_toml", "read_metrics",
            "read_run", "read_summary", "resolve_model_config", "train"]

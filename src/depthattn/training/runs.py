@@ -9,10 +9,13 @@ A *run folder* holds::
     metrics.jsonl       one JSON object per logged step: step, tokens, loss, lr, grad_norm, tokens_per_s,
                         and val_loss when measured
     summary.json        written when the run reaches its last step (strict JSON: an unknown number is null)
+    diverged.json       written when the divergence guard or a non-finite value stopped the run: the step, the
+                        value, ln V, the best checkpoint kept (``write_divergence``); removed when the run restarts
     checkpoints/step_XXXXXXXX/   a Hugging Face model folder (checkpoint.save_model_files: model.safetensors,
                                  config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
                                  configuration.py, modeling.py), plus train_config.json and trainer_state.pt
-                                 (optimizer, scheduler, RNG states, step, tokens seen, data position)
+                                 (optimizer, scheduler, RNG states, step, tokens seen, data position) and
+                                 val_loss.json (the validation loss of the step: ``training.retention``)
                                  (an FSDP run's: dcp/ shards of model and optimizer instead, see ``training.dcp``)
 
 Every file is written atomically and every checkpoint folder is assembled under a temporary name
@@ -49,6 +52,8 @@ from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig
 from .metrics import finite_or_none, json_line
+from .retention import (VAL_LOSS_FILE, best_checkpoint, best_leaves_the_newest, checkpoints_to_prune, read_val_loss,
+                        val_loss_record, val_losses_from_rows)
 from .runtime import rng_state, set_rng_state
 
 RUN_FILE = "run.json"
@@ -58,6 +63,7 @@ PARAM_GROUPS_FILE = "param_groups.json"
 STATE_FILE = "trainer_state.pt"
 TRAIN_CONFIG_FILE = "train_config.json"
 TOKENIZER_FILE = "tokenizer.json"
+DIVERGED_FILE = "diverged.json"
 
 
 # ---------------------------------------------------------------------------------------------------- environment
@@ -203,11 +209,28 @@ def remove_debris(run_dir: Path, log: Callable[[str], None]) -> list[str]:
     return removed
 
 
-def prune_checkpoints(run_dir: Path, keep_last: int, newest: Path) -> None:
-    """Keep ``newest`` (the checkpoint just written) and the ``keep_last - 1`` newest others; each older folder is
-    renamed to ``.trash-step_XXXXXXXX`` first, then deleted, so no half-deleted folder keeps a checkpoint's name."""
-    others = [d for d in checkpoint_dirs(run_dir) if d != newest]
-    for old in others[:max(0, len(others) - (keep_last - 1))]:
+def checkpoint_val_losses(run_dir: Path, dirs: list[Path]) -> dict[Path, float | None]:
+    """``{folder: validation loss}``: each checkpoint's ``val_loss.json``, else its step's ``metrics.jsonl`` row
+    (checkpoints of older releases), else None (unknown)."""
+    losses = {d: read_val_loss(d) for d in dirs}
+    missing = [d for d, v in losses.items() if v is None]
+    if missing:
+        losses.update(val_losses_from_rows(missing, read_metrics(run_dir, log=lambda _: None)))
+    return losses
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, newest: Path, log: Callable[[str], None] | None = None) -> None:
+    """Keep ``newest`` (the checkpoint just written), the ``keep_last - 1`` newest others and the best one (lowest
+    recorded validation loss: ``retention.checkpoints_to_prune``), saying in one line through ``log`` when the best
+    first stays only for being the best; each other folder is renamed to ``.trash-step_XXXXXXXX`` first, then
+    deleted, so no half-deleted folder keeps a checkpoint's name."""
+    dirs = checkpoint_dirs(run_dir)
+    losses = checkpoint_val_losses(run_dir, dirs)
+    kept = best_leaves_the_newest(dirs, keep_last, newest, losses)
+    if kept is not None and log is not None:
+        log(f"keeping {kept} (val loss {losses[kept]:.4f}, the lowest of the run) besides the {keep_last} newest "
+            f"checkpoint(s)")
+    for old in checkpoints_to_prune(dirs, keep_last, newest, losses):
         trash = old.with_name(f".trash-{old.name}")
         shutil.rmtree(trash, ignore_errors=True)
         os.replace(old, trash)
@@ -383,11 +406,14 @@ def load_resume_weights(model: DecoderLM, model_cfg: ModelConfig, checkpoint_dir
 
 # ---------------------------------------------------------------------------------------------------- state
 def trainer_state(optimizer: torch.optim.Optimizer, scheduler: Any, step: int, tokens_seen: int,
-                  nonfinite_skips: int = 0) -> dict[str, Any]:
-    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position, and
-    the number of consecutive non-finite steps skipped up to ``step`` (``TrainConfig.on_nonfinite="skip"``)."""
+                  nonfinite_skips: int = 0, val_loss: float | None = None,
+                  guard: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position, the
+    number of consecutive non-finite steps skipped up to ``step`` (``TrainConfig.on_nonfinite="skip"``), the
+    validation loss of ``step`` (also in ``val_loss.json``) and the divergence guard's state (``guard.Guard``)."""
     return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-            "step": step, "tokens_seen": tokens_seen, "data_position": step, "nonfinite_skips": nonfinite_skips}
+            "step": step, "tokens_seen": tokens_seen, "data_position": step, "nonfinite_skips": nonfinite_skips,
+            "val_loss": val_loss, "guard": dict(guard or {})}
 
 
 def restore_trainer_state(state: Mapping[str, Any], optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -433,10 +459,11 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict) -> Path:
-    """Write ``checkpoints/step_XXXXXXXX/`` atomically, then keep only the newest ``keep_last``
-    (``prune_checkpoints``; never the one just written); return its path. The caller checks that the weights are
-    finite (``loop._check_weights_finite``)."""
+def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict,
+                    log: Callable[[str], None] | None = None) -> Path:
+    """Write ``checkpoints/step_XXXXXXXX/`` atomically (with ``val_loss.json`` from ``state["val_loss"]``), then
+    keep only the newest ``keep_last`` and the best (``prune_checkpoints``; never the one just written); return its
+    path. The caller checks that the weights are finite (``loop._check_weights_finite``)."""
     step = state["step"]
     target = run_dir / CHECKPOINT_DIR / f"step_{step:08d}"
 
@@ -445,10 +472,11 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, dat
         fault_point("save")
         atomic_write_text(os.path.join(tmp, TRAIN_CONFIG_FILE), json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         torch.save(state, os.path.join(tmp, STATE_FILE))
+        atomic_write_text(os.path.join(tmp, VAL_LOSS_FILE), val_loss_record(step, state.get("val_loss")))
 
     write_folder_atomically(target, fill)
     fault_point("saved")
-    prune_checkpoints(run_dir, train_cfg.keep_last, target)
+    prune_checkpoints(run_dir, train_cfg.keep_last, target, log)
     return target
 
 
@@ -467,6 +495,22 @@ def start_run_files(run_dir: Path, record: Mapping[str, Any], groups: Any, resum
     atomic_write_text(run_dir / PARAM_GROUPS_FILE, json.dumps(groups, indent=2) + "\n")
     if not finished:
         (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+    (run_dir / DIVERGED_FILE).unlink(missing_ok=True)  # this session judges again
+
+
+def write_divergence(run_dir: Path, record: Mapping[str, Any]) -> None:
+    """Write ``diverged.json`` (strict JSON): why the run stopped (step, reason, value, ln V, best checkpoint)."""
+    atomic_write_text(run_dir / DIVERGED_FILE, json.dumps(finite_or_none(record), indent=2, allow_nan=False) + "\n")
+
+
+def read_divergence(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The run's ``diverged.json`` (a run the divergence guard or a non-finite value stopped), or None without a
+    readable one."""
+    try:
+        record = json.loads((Path(run_dir) / DIVERGED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
 
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
