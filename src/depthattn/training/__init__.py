@@ -7,5 +7,5 @@ from .guard import DivergenceError
 from .loop import NonFiniteError, TrainResult, train
 from .runs import init_from_checkpoint, read_metrics, read_run, read_summary
 
-__all__ = ["DivergenceError", "NonFiniteError", "TrainConfig", "TrainResult", "init_from_checkpoint", "load_toml", "read_metrics",
-           "read_run", "read_summary", "resolve_model_config", "train"]
+__all__ = ["DivergenceError", "NonFiniteError", "TrainConfig", "TrainResult", "init_from_checkpoint", "load_toml",
+           "read_metrics", "read_run", "read_summary", "resolve_model_config", "train"]
