@@ -150,7 +150,7 @@ def diverged_run(run_dir: Path, model_cfg: ModelConfig, seed: int) -> dict[str, 
 def _why(d: dict) -> str:
     """Why a diverged run stopped, in words."""
     if d.get("reason") == "val_loss" and d.get("val_loss") is not None:
-        return f"validation loss {d['val_loss']:.4f} above ln V = {d['ln_vocab']:.4f}"
+        return f"validation loss {d['val_loss']:.4f}, more than 1 nat above ln V = {d['ln_vocab']:.4f}"
     return "a non-finite loss, gradient norm or weight"
 
 

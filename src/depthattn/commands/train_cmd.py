@@ -219,8 +219,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a NaN/inf loss or gradient norm stops the run (stop, the default) or skips that step "
                         "(skip; TrainConfig.on_nonfinite; may be given with --resume)")
     p.add_argument("--on-divergence", choices=("stop", "warn"), default=None,
-                   help="a validation loss above ln V (V = vocab size) after the run was below it or past warm-up "
-                        "stops the run (stop, the default) or warns once and continues (warn; "
+                   help="a validation loss more than 1 nat above ln V (V = vocab size), once the run was below ln V "
+                        "or past warm-up, stops the run (stop, the default) or warns once and continues (warn; "
                         "TrainConfig.on_divergence; may be given with --resume)")
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
                    help="start from this checkpoint's weights (its cross_layer may differ)")

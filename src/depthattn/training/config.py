@@ -31,7 +31,8 @@ class TrainConfig:
 
     Finite divergence (``training.guard``): ``on_divergence="stop"`` (default) raises ``training.DivergenceError``
     when a validation loss (periodic, or the one measured for a checkpoint) exceeds ln V (V = vocab size: the loss
-    of a uniform prediction, where a fresh model starts), once the run has been below ln V or past warm-up;
+    of a uniform prediction, where a fresh model starts) by more than 1 nat, once the run has been below ln V or past
+    warm-up;
     ``"warn"`` says so in one line and continues. A smoothed training loss (EMA, ``guard.LOSS_EMA_DECAY`` per step)
     that stays more than ``loss_rise_margin`` nats above its running minimum at ``loss_rise_patience`` consecutive
     evaluations warns in one line (0 turns that warning off); it never stops a run. A recorded config without

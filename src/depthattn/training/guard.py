@@ -3,11 +3,14 @@
 Two rules, with these defaults (``TrainConfig.on_divergence``, ``loss_rise_margin``, ``loss_rise_patience``):
 
 * **Above ln V** (V = vocab size; ln V is the cross-entropy of a uniform prediction, about where a freshly
-  initialised model starts): a validation loss above ln V — the periodic one (``eval_every``) or the one measured for
-  a checkpoint — means the model predicts worse than knowing nothing. It counts once the guard is *armed*: after a
-  validation loss below ln V, or past warm-up, whichever comes first (a fresh model's first losses sit slightly above
-  ln V). ``on_divergence="stop"`` raises ``DivergenceError`` (nothing of that step is saved; the best checkpoint
-  stays); ``"warn"`` says so in one line, once until the loss is back below ln V. Only validation losses count: one
+  initialised model starts: ln V plus about half the variance of its initial logits, under 0.5 nats for the presets):
+  a validation loss more than ``LN_VOCAB_MARGIN`` (1 nat) above ln V — the periodic one (``eval_every``) or the one
+  measured for a checkpoint — means the model predicts clearly worse than knowing nothing. It counts once the guard
+  is *armed*: after a validation loss below ln V, or past warm-up, whichever comes first. The margin keeps short runs
+  whose loss still hovers at ln V (a few steps in CI) from stopping; a real divergence goes far beyond it (at a
+  too-high learning rate the tiny preset goes 6.04 → 7.52 at V = 512, the issue's run 12 → 90 at V = 151,936).
+  ``on_divergence="stop"`` raises ``DivergenceError`` (nothing of that step is saved; the best checkpoint stays);
+  ``"warn"`` says so in one line, once until the loss is back under the threshold. Only validation losses count: one
   bad training batch cannot stop a run.
 * **Sustained rise**: the training loss smoothed by an exponential moving average (``LOSS_EMA_DECAY`` per step),
   sampled at each periodic evaluation, that stays more than ``loss_rise_margin`` nats above its running minimum at
@@ -27,12 +30,15 @@ from typing import Any, Mapping
 #: Weight of the previous average in the smoothed training loss (per optimizer step): ``ema = 0.9 · ema + 0.1 ·
 #: loss``, a half-life of about 6.6 steps; the first finite loss starts it.
 LOSS_EMA_DECAY = 0.9
+#: Nats above ln V at which a validation loss counts as divergence.
+LN_VOCAB_MARGIN = 1.0
 
 
 class DivergenceError(FloatingPointError):
-    """The validation loss rose above ln V (``TrainConfig.on_divergence="stop"``). The message is one line: the step,
-    the value, ln V, the best checkpoint kept (with its validation loss) and what to do. ``step``, ``val_loss``,
-    ``ln_vocab``, ``best_checkpoint`` (a path or None) and ``best_val_loss`` say the same as attributes."""
+    """The validation loss rose more than ``LN_VOCAB_MARGIN`` above ln V (``TrainConfig.on_divergence="stop"``). The
+    message is one line: the step, the value, ln V, the best checkpoint kept (with its validation loss) and what to
+    do. ``step``, ``val_loss``, ``ln_vocab``, ``best_checkpoint`` (a path or None) and ``best_val_loss`` say the same
+    as attributes."""
 
     def __init__(self, message: str, *, step: int, val_loss: float, ln_vocab: float,
                  best_checkpoint: str | None = None, best_val_loss: float | None = None):
@@ -78,11 +84,16 @@ class Guard:
         if math.isfinite(loss):
             self.ema = loss if self.ema is None else LOSS_EMA_DECAY * self.ema + (1 - LOSS_EMA_DECAY) * loss
 
+    @property
+    def threshold(self) -> float:
+        """ln V + ``LN_VOCAB_MARGIN``: the validation loss above which an armed guard sees divergence."""
+        return self.ln_vocab + LN_VOCAB_MARGIN
+
     def above_ln_vocab(self, step: int, val_loss: float) -> bool:
         """Whether ``val_loss`` (measured after ``step``) counts as divergence; arms the guard on the way."""
         if val_loss < self.ln_vocab or step > self.warmup_steps:
             self.armed = True
-        return self.armed and val_loss > self.ln_vocab
+        return self.armed and val_loss > self.threshold
 
     def first_above(self, diverged: bool) -> bool:
         """With ``"warn"``: whether to say it now (the first evaluation of an episode above ln V)."""

@@ -13,7 +13,7 @@ repeats an uninterrupted one bit for bit on float32 CPU.
 Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
 checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
 (``TrainConfig.on_nonfinite``), so no update with a NaN and no checkpoint with a non-finite weight is ever written.
-A finite divergence (a validation loss above ln V) stops the run with ``DivergenceError`` or warns
+A finite divergence (a validation loss more than 1 nat above ln V) stops the run with ``DivergenceError`` or warns
 (``TrainConfig.on_divergence``; ``training.guard``). Every checkpoint records the validation loss of its step
 (measured for it when the step had no periodic validation: no RNG is drawn, so the trajectory is unchanged), and
 pruning keeps the best checkpoint besides the ``keep_last`` newest (``training.retention``). A run stopped by either
@@ -43,7 +43,7 @@ from .config import TrainConfig
 from .optim import DECAY_RULE, build_optimizer, build_scheduler
 from .build import build_on_meta, materialize
 from .dcp import is_sharded, load_sharded, save_sharded
-from .guard import DivergenceError, Guard
+from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
 from .retention import best_checkpoint
@@ -128,7 +128,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
         NonFiniteError: (a ``FloatingPointError``) a non-finite loss or gradient norm with ``on_nonfinite="stop"``
             or after more than ``max_nonfinite_skips`` consecutive skips, or non-finite weights at a checkpoint;
             the checkpoints already written are finite and stay.
-        DivergenceError: (a ``FloatingPointError``) a validation loss above ln V with ``on_divergence="stop"``
+        DivergenceError: (a ``FloatingPointError``) a validation loss > ln V + 1 with ``on_divergence="stop"``
             (``training.guard``); nothing of that step is saved and the best checkpoint stays. Either error is
             recorded in the run folder's ``diverged.json``.
         ValueError: vocabulary mismatch with the data's tokenizer, a budget shorter than one step, a run folder that
@@ -461,7 +461,7 @@ def _watch(t: _Trainer, row: dict[str, Any]) -> None:
 
 
 def _check_val_loss(t: _Trainer, val_loss: float) -> None:
-    """A validation loss above ln V (``Guard.above_ln_vocab``, agreed by every rank): ``DivergenceError`` with
+    """A validation loss above ln V + 1 (``Guard.above_ln_vocab``, agreed by every rank): ``DivergenceError`` with
     ``on_divergence="stop"``, else one warning line at the first evaluation of such an episode."""
     diverged = _any_rank(t.guard.above_ln_vocab(t.step, val_loss), t.device)
     if t.cfg.on_divergence == "stop" and diverged:
@@ -471,15 +471,17 @@ def _check_val_loss(t: _Trainer, val_loss: float) -> None:
                 "no checkpoint was written")
         start = f" (its weights: --init-from {best[0]})" if best else ""
         raise DivergenceError(
-            f"training diverged at step {t.step}: validation loss {val_loss:.4f} is above ln V = "
-            f"{t.guard.ln_vocab:.4f} (V = {t.model.config.vocab_size}: the loss of a uniform prediction); {kept}; "
+            f"training diverged at step {t.step}: validation loss {val_loss:.4f} is more than {LN_VOCAB_MARGIN:g} nat "
+            f"above ln V = {t.guard.ln_vocab:.4f} (V = {t.model.config.vocab_size}: the loss of a uniform "
+            f"prediction); {kept}; "
             f"lower TrainConfig.lr (now {t.cfg.lr:g}) and train again{start}, or continue this run anyway: "
             f"depthattn train --resume {t.run_dir} --on-divergence warn",
             step=t.step, val_loss=val_loss, ln_vocab=t.guard.ln_vocab, best_checkpoint=str(best[0]) if best else None,
             best_val_loss=best[1] if best else None)
     if t.guard.first_above(diverged):
-        t.log(f"warning: at step {t.step} the validation loss {val_loss:.4f} is above ln V = {t.guard.ln_vocab:.4f} "
-              f"(a uniform prediction): the run diverged; it continues (on_divergence=warn)")
+        t.log(f"warning: at step {t.step} the validation loss {val_loss:.4f} is more than {LN_VOCAB_MARGIN:g} nat "
+              f"above ln V = {t.guard.ln_vocab:.4f} (a uniform prediction): the run diverged; it continues "
+              f"(on_divergence=warn)")
 
 
 def _best_checkpoint(t: _Trainer) -> tuple[Path, float] | None:
