@@ -213,7 +213,8 @@ def test_old_release_checkpoints_take_their_val_loss_from_the_metrics_rows(tmp_p
 # ------------------------------------------------------------------------------------------------ compare
 def test_compare_reports_a_diverged_method_and_finishes_the_others(tmp_path, data_dir, monkeypatch):
     """depth_attention's periodic validation is made to read 100 nats (the guard then stops it for real, at step 3);
-    none trains, is evaluated and reported; a re-run reuses the verdict instead of training again."""
+    none trains, is evaluated and reported; a re-run reuses the verdict instead of training again, and a re-run with
+    on_divergence=warn trains it on to the end."""
     real = loop_module.mean_loss
 
     def injected(model, *args):
@@ -248,3 +249,8 @@ def test_compare_reports_a_diverged_method_and_finishes_the_others(tmp_path, dat
     assert (out / "runs/depth_attention-seed0/metrics.jsonl").read_bytes() == log_before  # not trained again
     again = json.loads((out / "results.json").read_text())
     assert again["methods"]["depth_attention"]["diverged"][0]["step"] == 3 and len(again["history"]) == 2
+    code, stdout, _ = cli(args + ["--set", "on_divergence=warn"])  # the retry the reuse line names
+    assert code == 0 and "reusing the verdict" not in stdout
+    retried = json.loads((out / "results.json").read_text())["methods"]["depth_attention"]
+    assert retried["diverged"] == [] and retried["runs"][0]["steps"] == 6
+    assert not (out / "runs/depth_attention-seed0/diverged.json").exists()

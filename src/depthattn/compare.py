@@ -8,8 +8,8 @@ Outputs: ``OUT/report.md``, ``OUT/results.json``, ``OUT/loss_curves.png``.
 A run the divergence guard (or a non-finite loss) stopped is reported as *diverged* with its step (``results.json``:
 ``methods[m]["diverged"]``; the report's conclusion and table, the terminal table) and left out of the means and
 the paired statistics; the other runs go on. A re-run reuses that verdict from the run's ``diverged.json`` instead
-of training the run again; ``--set on_divergence=warn`` continues it past the divergence, deleting its folder
-trains it afresh.
+of training the run again; ``--set on_divergence=warn`` (``on_nonfinite=skip`` for a non-finite stop) continues it
+past the divergence, deleting its folder trains it afresh.
 
 The report opens with its conclusion: for every method, the paired difference from ``none`` over seeds (mean,
 standard deviation, 95 % t-interval, seeds favouring; ``depthattn.stats``), what the run cannot show (scale, tokens),
@@ -116,9 +116,10 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
             raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(problems) or 'other data'}); "
                              f"use another --out or delete that folder")
         verdict = read_divergence(run_dir)
-        if verdict is not None and train_cfg.on_divergence == "stop":
+        setting = "on_nonfinite=skip" if verdict and verdict.get("reason") == "nonfinite" else "on_divergence=warn"
+        if verdict is not None and getattr(train_cfg, setting.split("=")[0]) == "stop":  # the same rule would stop it
             log(f"reusing the verdict of {run_dir}: diverged at step {verdict['step']} (to try again: delete that "
-                f"folder, or continue it past the divergence with --set on_divergence=warn)")
+                f"folder, or continue it past the divergence with --set {setting})")
             return f"diverged at step {verdict['step']}"
         if (run_dir / SUMMARY_FILE).is_file() and checkpoint_dirs(run_dir):
             log(f"reusing finished run {run_dir}")
