@@ -620,6 +620,7 @@ def plot_curves(results: dict, path: Path) -> None:
     base = results["methods"].get(BASELINE)
     base_by_seed = _by_seed(base) if base else {}
     finished: list[float] = []  # the finished runs' losses: the y-range a diverged curve may leave
+    finished_train: list[float] = []
     for name, m in results["methods"].items():
         for d in m.get("diverged", []):  # the curve up to the stop, dashed, ending in a cross
             label = f"{name} (seed {d['seed']}: diverged at step {d['step']})"
@@ -653,10 +654,13 @@ def plot_curves(results: dict, path: Path) -> None:
         xs = [r["tokens"] for r in tc][k - 1:]
         ys = [statistics.fmean(r["loss"] for r in tc[i - k + 1:i + 1]) for i in range(k - 1, len(tc))]
         ax2.plot(xs, ys, label=name)
+        finished_train += ys
     axd.axhline(0.0, color="black", linewidth=0.8)
-    if finished and any(d for m in results["methods"].values() for d in m.get("diverged", [])):
-        lo, hi = min(finished), max(finished)  # a diverged curve leaves the top of the panel
-        ax.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.25 * (hi - lo + 0.1))
+    if any(d for m in results["methods"].values() for d in m.get("diverged", [])):
+        for a, values in ((ax, finished), (ax2, finished_train)):
+            if values:  # the finished runs' range: a diverged curve leaves the top of the panel
+                lo, hi = min(values), max(values)
+                a.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.25 * (hi - lo + 0.1))
     for a, title, ylabel in ((ax, "validation loss (mean, min–max over seeds)", "loss (nats/token)"),
                              (axd, "validation loss − none's (same seed)", "Δ loss (nats/token)"),
                              (ax2, "training loss (moving mean, seed 0)", "loss (nats/token)")):
