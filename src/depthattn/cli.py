@@ -14,7 +14,7 @@ bad input (``ValueError``: a bad file, a decoding error,    2          ``depthat
 incl. ``UnicodeError``, JSON and TOML errors), missing                 file, flag or field>``
 file (``FileNotFoundError``)
 divergence (``FloatingPointError``: non-finite loss or      1          ``depthattn CMD: error: <message>``
-gradients, a NaN evaluation)
+gradients, a NaN evaluation, a validation loss above ln V)
 the system refused (``OSError``: disk full, read-only       1          ``depthattn CMD: error: <strerror> [ENAME]:
 file system, no permission)                                            <file, else the command's output flag>``
 interrupted (Ctrl-C)                                        130        ``depthattn CMD: interrupted``

@@ -9,6 +9,8 @@ training layer spell them once. A run folder holds::
     param_groups.json   which parameters get weight decay
     metrics.jsonl       one JSON object per logged step
     summary.json        written when the run reaches its last step
+    diverged.json       written when the divergence guard or a non-finite value stopped the run (removed when it
+                        restarts)
     depthattn.lock      the trainer's lock: host, pid, start time, command, heartbeat (only while it runs, or
                         after a kill; ``RunFolder`` / ``depthattn unlock``)
     checkpoints/step_XXXXXXXX/   one checkpoint folder per saved step
@@ -34,6 +36,7 @@ except ImportError:  # not POSIX: no flock, every lock is the fallback
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+DIVERGED_FILE = "diverged.json"
 PARAM_GROUPS_FILE = "param_groups.json"
 LOCK_FILE = "depthattn.lock"
 CHECKPOINT_DIR = "checkpoints"

@@ -3,10 +3,11 @@ seeding), the run folder's files and lock (``run_folder``), checkpoints and the 
 wrappers (``parallelize``). See docs/training.md."""
 
 from .config import TrainConfig, load_toml, resolve_model_config
+from .guard import DivergenceError
 from .loop import NonFiniteError, TrainResult, train
 from .run_folder import RunFolder, RunFolderLocked, RunLock
 from .runs import init_from_checkpoint, read_metrics, read_run, read_summary
 
-__all__ = ["NonFiniteError", "RunFolder", "RunFolderLocked", "RunLock", "TrainConfig", "TrainResult",
-           "init_from_checkpoint", "load_toml", "read_metrics", "read_run", "read_summary", "resolve_model_config",
-           "train"]
+__all__ = ["DivergenceError", "NonFiniteError", "RunFolder", "RunFolderLocked", "RunLock", "TrainConfig",
+           "TrainResult", "init_from_checkpoint", "load_toml", "read_metrics", "read_run", "read_summary",
+           "resolve_model_config", "train"]

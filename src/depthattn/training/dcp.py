@@ -29,6 +29,7 @@ from ..config import ModelConfig
 from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
 from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
+from .retention import VAL_LOSS_FILE, val_loss_record
 from .run_folder import RunFolder
 from .runs import prune_checkpoints
 
@@ -53,9 +54,10 @@ def _states(model: DecoderLM, optimizer: torch.optim.Optimizer | None) -> dict[s
 
 
 def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimizer, train_cfg: Any, data_dir: Path,
-                 state: dict[str, Any]) -> Path:
-    """Collective: every rank writes its shards of the model and optimizer; rank 0 writes the rest and makes the
-    folder visible; the newest ``keep_last`` are kept. Returns the checkpoint folder (on every rank)."""
+                 state: dict[str, Any], log: Any = None) -> Path:
+    """Collective: every rank writes its shards of the model and optimizer; rank 0 writes the rest (with
+    ``val_loss.json`` from ``state["val_loss"]``) and makes the folder visible; the newest ``keep_last`` and the best
+    are kept (``runs.prune_checkpoints``, saying so through ``log``). Returns the checkpoint folder (on every rank)."""
     import torch.distributed.checkpoint as dcp
 
     target = RunFolder(run_dir).checkpoint_path(state["step"])
@@ -72,6 +74,7 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
         ckpt.save_config_files(model.config, tmp, str(master).removeprefix("torch."), data_dir / TOKENIZER_FILE)
         atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         torch.save(state, tmp / STATE_FILE)
+        atomic_write_text(tmp / VAL_LOSS_FILE, val_loss_record(state["step"], state.get("val_loss")))
         # durable before it is visible: umask modes, every file and folder fsync'd (DCP fsyncs its own shards too);
         # checksums.json covers rank 0's files (trainer state, configs, tokenizer), not the dcp/ shards (hashing
         # every rank's shards on rank 0 would cost ~3 s per GiB per checkpoint)
@@ -80,7 +83,7 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
             shutil.rmtree(target)
         os.replace(tmp, target)
         fsync_path(target.parent)
-        prune_checkpoints(run_dir, train_cfg.keep_last, target)  # via .trash-step_*, never the newest
+        prune_checkpoints(run_dir, train_cfg.keep_last, target, log)  # via .trash-step_*, never the newest
     dist.barrier()
     return target
 

@@ -13,6 +13,11 @@ scheduler states restored, a resumed run repeats an uninterrupted one bit for bi
 Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
 checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
 (``TrainConfig.on_nonfinite``), so no update with a NaN and no checkpoint with a non-finite weight is ever written.
+A finite divergence (a validation loss more than 1 nat above ln V) stops the run with ``DivergenceError`` or warns
+(``TrainConfig.on_divergence``; ``training.guard``). Every checkpoint records the validation loss of its step
+(measured for it when the step had no periodic validation: no RNG is drawn, so the trajectory is unchanged), and
+pruning keeps the best checkpoint besides the ``keep_last`` newest (``training.retention``). A run stopped by either
+error records why in ``diverged.json`` (``RunFolder.write_divergence``).
 """
 
 from __future__ import annotations
@@ -39,19 +44,27 @@ from .config import TrainConfig
 from .optim import DECAY_RULE, build_optimizer, build_scheduler
 from .build import build_on_meta, materialize
 from .dcp import is_sharded, load_sharded, save_sharded
+from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
+from .retention import best_checkpoint
 from .run_folder import RunFolder
-from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, environment, fault_point,
-                   init_from_checkpoint, keep_tokens_per_step, load_resume_weights, read_resume_checkpoint,
-                   restore_trainer_state, resume_point, run_tokens_per_s, save_checkpoint, set_aside, trainer_state)
+from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, environment,
+                   fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights,
+                   read_resume_checkpoint, restore_trainer_state, resume_point, run_tokens_per_s, save_checkpoint,
+                   set_aside, trainer_state)
 from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
                       seed_everything, start_distributed)
 
 
 class NonFiniteError(FloatingPointError):
     """A NaN or ±inf loss, gradient norm or weight stopped the run (``TrainConfig.on_nonfinite``). The message is
-    one line: the step, which value, and what to do. Nothing non-finite was applied or saved."""
+    one line: the step, which value, and what to do. Nothing non-finite was applied or saved. ``step``: the step
+    that failed (None when not known)."""
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
 
 
 @dataclass
@@ -92,6 +105,9 @@ class _Trainer:
     saved: Path | None = None
     start_step: int = 0  # the step this session started from
     nonfinite_skips: int = 0  # consecutive steps skipped for a non-finite loss or gradient norm (saved, resumed)
+    guard: Guard | None = None  # the divergence guard (saved, resumed)
+    val_step: int = -1  # the step ``val_loss`` was measured at
+    log: Callable[[str], None] = print  # rank 0's one-line messages (other ranks: silent)
 
     @property
     def total_steps(self) -> int:
@@ -115,6 +131,9 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
         NonFiniteError: (a ``FloatingPointError``) a non-finite loss or gradient norm with ``on_nonfinite="stop"``
             or after more than ``max_nonfinite_skips`` consecutive skips, or non-finite weights at a checkpoint;
             the checkpoints already written are finite and stay.
+        DivergenceError: (a ``FloatingPointError``) a validation loss > ln V + 1 with ``on_divergence="stop"``
+            (``training.guard``); nothing of that step is saved and the best checkpoint stays. Either error is
+            recorded in the run folder's ``diverged.json``.
         ValueError: vocabulary mismatch with the data's tokenizer, a budget shorter than one step, a run folder that
             already holds checkpoints (without ``resume``), a config that differs from the checkpoint's on resume,
             a truncated checkpoint file (named), or any invalid setting. Nothing already written is modified.
@@ -127,13 +146,19 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
         last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
         t.net.train()
         with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
-            while t.step < last:
-                row = _optimizer_step(t)
-                fault_point("step")
-                _maybe_validate(t, row)
-                _log_row(t, row, metrics, bar, last)
-                fault_point("logged")
-                _maybe_checkpoint(t, metrics)
+            try:
+                while t.step < last:
+                    row = _optimizer_step(t)
+                    fault_point("step")
+                    _maybe_validate(t, row)
+                    _log_row(t, row, metrics, bar, last)
+                    fault_point("logged")
+                    _watch(t, row)
+                    _maybe_checkpoint(t, metrics)
+            except (DivergenceError, NonFiniteError) as e:
+                if t.is_main:
+                    t.folder.write_divergence(_stop_record(t, e))
+                raise
         return _finish(t)
 
 
@@ -193,11 +218,13 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     throughput = Throughput(model_cfg, train_cfg.seq_len, train_cfg.world_size(), device, train_cfg.peak_flops)
     if rank == 0 and device.type == "cuda" and throughput.peak is None:
         log(throughput.note)  # an unknown GPU: said once
+    guard = Guard.for_run(model_cfg.vocab_size, train_cfg.warmup_steps(), train_cfg.loss_rise_margin,
+                          train_cfg.loss_rise_patience, step, found.state.get("guard") if found else None)
     return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
                     val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, folder=folder,
                     data_dir=data_dir,
                     is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen, saved=resume_from,
-                    start_step=step, nonfinite_skips=skips)
+                    start_step=step, nonfinite_skips=skips, guard=guard, log=say)
 
 
 def _distributed() -> bool:
@@ -361,7 +388,7 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     else:
         t.nonfinite_skips += 1
         if t.cfg.on_nonfinite == "stop" or t.nonfinite_skips > t.cfg.max_nonfinite_skips:
-            raise NonFiniteError(_nonfinite_message(t, bad, train_loss, grad_norm))
+            raise NonFiniteError(_nonfinite_message(t, bad, train_loss, grad_norm), step=t.step + 1)
     with warnings.catch_warnings():  # a skipped first step: "lr_scheduler.step() before optimizer.step()" is meant
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         t.scheduler.step()
@@ -418,7 +445,8 @@ def _check_weights_finite(t: _Trainer) -> None:
         saved = f"the newest checkpoint {t.saved} stays" if t.saved else "no checkpoint was written"
         raise NonFiniteError(f"training diverged by step {t.step}: non-finite weights "
                              f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''}); the "
-                             f"checkpoint was not written and {saved}; lower TrainConfig.lr (now {t.cfg.lr:g})")
+                             f"checkpoint was not written and {saved}; lower TrainConfig.lr (now {t.cfg.lr:g})",
+                             step=t.step)
 
 
 # ---------------------------------------------------------------------------------------------------- periodic work
@@ -426,6 +454,7 @@ def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
     """Every ``eval_every`` steps and at the last step: measure ``val_loss`` into ``t`` and ``row``."""
     if (t.cfg.eval_every and t.step % t.cfg.eval_every == 0) or t.step == t.total_steps:
         t.val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
+        t.val_step = t.step
         row["val_loss"] = t.val_loss
 
 
@@ -438,24 +467,94 @@ def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last
     bar.set_postfix(**progress_postfix(row, t.val_loss))
 
 
+def _watch(t: _Trainer, row: dict[str, Any]) -> None:
+    """The divergence guard after a logged step: the training loss into its moving average; at a periodic
+    validation, the ln V rule (``_check_val_loss``: may raise ``DivergenceError``) and the sustained-rise warning."""
+    if not row.get("skipped"):
+        t.guard.observe_train_loss(row["loss"])
+    if "val_loss" in row:
+        _check_val_loss(t, row["val_loss"])
+        note = t.guard.rise_warning(t.step)
+        if note:
+            t.log(note)
+
+
+def _check_val_loss(t: _Trainer, val_loss: float) -> None:
+    """A validation loss above ln V + 1 (``Guard.above_ln_vocab``, agreed by every rank): ``DivergenceError`` with
+    ``on_divergence="stop"``, else one warning line at the first evaluation of such an episode."""
+    diverged = _any_rank(t.guard.above_ln_vocab(t.step, val_loss), t.device)
+    if t.cfg.on_divergence == "stop" and diverged:
+        best = _best_checkpoint(t)
+        kept = (f"the best checkpoint {best[0]} (val loss {best[1]:.4f}) is kept" if best else
+                f"the newest checkpoint {t.saved} is kept (no validation loss recorded)" if t.saved else
+                "no checkpoint was written")
+        start = f" (its weights: --init-from {best[0]})" if best else ""
+        raise DivergenceError(
+            f"training diverged at step {t.step}: validation loss {val_loss:.4f} is more than {LN_VOCAB_MARGIN:g} nat "
+            f"above ln V = {t.guard.ln_vocab:.4f} (V = {t.model.config.vocab_size}: the loss of a uniform "
+            f"prediction); {kept}; "
+            f"lower TrainConfig.lr (now {t.cfg.lr:g}) and train again{start}, or continue this run anyway: "
+            f"depthattn train --resume {t.run_dir} --on-divergence warn",
+            step=t.step, val_loss=val_loss, ln_vocab=t.guard.ln_vocab, best_checkpoint=str(best[0]) if best else None,
+            best_val_loss=best[1] if best else None)
+    if t.guard.first_above(diverged):
+        t.log(f"warning: at step {t.step} the validation loss {val_loss:.4f} is more than {LN_VOCAB_MARGIN:g} nat "
+              f"above ln V = {t.guard.ln_vocab:.4f} (a uniform prediction): the run diverged; it continues "
+              f"(on_divergence=warn)")
+
+
+def _best_checkpoint(t: _Trainer) -> tuple[Path, float] | None:
+    """The run's checkpoint with the lowest recorded validation loss, and that loss (None if none is known)."""
+    dirs = t.folder.checkpoints()
+    losses = checkpoint_val_losses(t.run_dir, dirs)
+    best = best_checkpoint(dirs, losses)
+    return (best, losses[best]) if best is not None else None
+
+
+def _stop_record(t: _Trainer, e: FloatingPointError) -> dict[str, Any]:
+    """What ``diverged.json`` says about a run stopped by ``e``."""
+    if isinstance(e, DivergenceError):
+        return {"step": e.step, "reason": "val_loss", "val_loss": e.val_loss, "ln_vocab": e.ln_vocab,
+                "best_checkpoint": e.best_checkpoint, "best_val_loss": e.best_val_loss, "message": str(e)}
+    best = _best_checkpoint(t)
+    return {"step": e.step if e.step is not None else t.step, "reason": "nonfinite", "val_loss": None,
+            "ln_vocab": t.guard.ln_vocab, "best_checkpoint": str(best[0]) if best else None,
+            "best_val_loss": best[1] if best else None, "message": str(e)}
+
+
+def _checkpoint_val_loss(t: _Trainer) -> float:
+    """The validation loss of the step about to be saved: the periodic one, else measured now (every rank; no RNG
+    is drawn and no row is logged, so the trajectory and the curve are those of a run that never saves) and put
+    through the ln V rule before anything is written."""
+    if t.val_step == t.step and t.val_loss is not None:
+        return t.val_loss
+    val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
+    _check_val_loss(t, val_loss)
+    return val_loss
+
+
 def _maybe_checkpoint(t: _Trainer, metrics: MetricsLogger | None = None) -> None:
-    """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint; ranks meet after periodic ones.
-    The metrics rows up to the checkpoint are made durable first, so a checkpoint never outlives its rows."""
+    """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint (with the validation loss of its
+    step); ranks meet after periodic ones. The metrics rows up to the checkpoint are made durable first, so a
+    checkpoint never outlives its rows."""
     periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0)
-    if periodic or t.step == t.total_steps:
-        _check_weights_finite(t)  # collective: every rank raises, or none
-        if metrics is not None:
-            metrics.sync()
-    if t.cfg.data_parallel == "fsdp":
-        if periodic or t.step == t.total_steps:
-            state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
-                     "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
-                     "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips}
-            t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state)
+    if not (periodic or t.step == t.total_steps):
         return
-    if t.is_main and (periodic or t.step == t.total_steps):
-        state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips)
-        t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state)
+    _check_weights_finite(t)  # collective: every rank raises, or none
+    val_loss = _checkpoint_val_loss(t)  # every rank (FSDP: a collective forward)
+    if metrics is not None:
+        metrics.sync()
+    if t.cfg.data_parallel == "fsdp":
+        state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
+                 "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
+                 "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips,
+                 "val_loss": val_loss, "guard": t.guard.state()}
+        t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state, log=t.log)
+        return
+    if t.is_main:
+        state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips, val_loss,
+                              t.guard.state())
+        t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state, log=t.log)
     if t.cfg.world_size() > 1 and periodic:
         torch.distributed.barrier()
 

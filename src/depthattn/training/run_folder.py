@@ -323,6 +323,7 @@ class RunFolder:
     RUN_FILE = layout.RUN_FILE
     METRICS_FILE = layout.METRICS_FILE
     SUMMARY_FILE = layout.SUMMARY_FILE
+    DIVERGED_FILE = layout.DIVERGED_FILE
     PARAM_GROUPS_FILE = layout.PARAM_GROUPS_FILE
     LOCK_FILE = layout.LOCK_FILE
     CHECKPOINT_DIR = layout.CHECKPOINT_DIR
@@ -406,6 +407,21 @@ class RunFolder:
 
     def drop_summary(self) -> None:
         self.summary_file.unlink(missing_ok=True)
+
+    # -- diverged.json
+    def write_divergence(self, record: Mapping[str, Any]) -> None:
+        """Write ``diverged.json`` (strict JSON): why the run stopped (step, reason, value, ln V, best checkpoint)."""
+        atomic_write_text(self.path / self.DIVERGED_FILE,
+                          json.dumps(finite_or_none(record), indent=2, allow_nan=False) + "\n")
+
+    def read_divergence(self) -> dict[str, Any] | None:
+        """The ``diverged.json`` of a run the divergence guard or a non-finite value stopped, or None without a
+        readable one."""
+        try:
+            record = json.loads((self.path / self.DIVERGED_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
 
     # -- metrics.jsonl
     def read_metrics(self, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
@@ -534,7 +550,7 @@ class RunFolder:
         and ``param_groups.json`` written; ``metrics.jsonl`` starts empty, or on ``resume`` keeps its rows up to
         ``step`` (a torn last line dropped, a missing log restarted: each said through ``log``). A stale
         ``summary.json`` is dropped, unless the run resumes at its last step (``finished``): then the summary
-        stays and the trainer checks or re-creates it at the end."""
+        stays and the trainer checks or re-creates it at the end; a ``diverged.json`` is dropped (judged again)."""
         self.remove_debris(log)
         if resume:
             self.truncate_metrics(step, log, int(record.get("train", {}).get("log_every", 1)))
@@ -544,3 +560,4 @@ class RunFolder:
         self.write_param_groups(groups)
         if not finished:
             self.drop_summary()
+        (self.path / self.DIVERGED_FILE).unlink(missing_ok=True)  # this session judges again

@@ -7,7 +7,8 @@ decides what goes into a checkpoint and what may change when a run resumes::
     checkpoints/step_XXXXXXXX/   a Hugging Face model folder (checkpoint.save_model_files: model.safetensors,
                                  config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
                                  configuration.py, modeling.py), plus train_config.json and trainer_state.pt
-                                 (optimizer, scheduler, RNG states, step, tokens seen, data position)
+                                 (optimizer, scheduler, RNG states, step, tokens seen, data position) and
+                                 val_loss.json (the validation loss of the step: ``training.retention``)
                                  (an FSDP run's: dcp/ shards of model and optimizer instead, see ``training.dcp``)
 
 Every checkpoint folder is assembled under a temporary name (``fileio.write_folder_atomically``), so a failure never
@@ -39,6 +40,8 @@ from ..config import ModelConfig
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig
+from .retention import (VAL_LOSS_FILE, best_checkpoint, best_leaves_the_newest, checkpoints_to_prune, read_val_loss,
+                        val_loss_record, val_losses_from_rows)
 from .run_folder import RunFolder
 from .runtime import rng_state, set_rng_state
 
@@ -124,13 +127,30 @@ def fault_point(phase: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def prune_checkpoints(run_dir: Path, keep_last: int, newest: Path, log: Callable[[str], None] = print) -> None:
-    """Keep ``newest`` (the checkpoint just written) and the ``keep_last - 1`` newest others; the older ones are
-    deleted by ``RunFolder.delete_checkpoints`` (through ``.trash-step_XXXXXXXX``; one being read is left for the next
-    prune, said through ``log``)."""
+def checkpoint_val_losses(run_dir: Path, dirs: list[Path]) -> dict[Path, float | None]:
+    """``{folder: validation loss}``: each checkpoint's ``val_loss.json``, else its step's ``metrics.jsonl`` row
+    (checkpoints of older releases), else None (unknown)."""
+    losses = {d: read_val_loss(d) for d in dirs}
+    missing = [d for d, v in losses.items() if v is None]
+    if missing:
+        losses.update(val_losses_from_rows(missing, RunFolder(run_dir).read_metrics(log=lambda _: None)))
+    return losses
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, newest: Path, log: Callable[[str], None] | None = None) -> None:
+    """Keep ``newest`` (the checkpoint just written), the ``keep_last - 1`` newest others and the best one (lowest
+    recorded validation loss: ``retention.checkpoints_to_prune``), saying in one line through ``log`` when the best
+    stays only for being the best; the others are deleted by ``RunFolder.delete_checkpoints`` (through
+    ``.trash-step_XXXXXXXX``; one being read is left for the next prune, said through ``log``)."""
     folder = RunFolder(run_dir)
-    others = [d for d in folder.checkpoints() if d != newest]
-    folder.delete_checkpoints(others[:max(0, len(others) - (keep_last - 1))], log, lambda: fault_point("prune"))
+    dirs = folder.checkpoints()
+    losses = checkpoint_val_losses(run_dir, dirs)
+    kept = best_leaves_the_newest(dirs, keep_last, newest, losses)
+    if kept is not None and log is not None:
+        log(f"keeping {kept} (val loss {losses[kept]:.4f}, the lowest of the run) besides the {keep_last} newest "
+            f"checkpoint(s)")
+    folder.delete_checkpoints(checkpoints_to_prune(dirs, keep_last, newest, losses), log or (lambda _: None),
+                              lambda: fault_point("prune"))
 
 
 # ---------------------------------------------------------------------------------------------------- resume policy
@@ -353,11 +373,14 @@ def load_resume_weights(model: DecoderLM, model_cfg: ModelConfig, checkpoint_dir
 
 # ---------------------------------------------------------------------------------------------------- state
 def trainer_state(optimizer: torch.optim.Optimizer, scheduler: Any, step: int, tokens_seen: int,
-                  nonfinite_skips: int = 0) -> dict[str, Any]:
-    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position, and
-    the number of consecutive non-finite steps skipped up to ``step`` (``TrainConfig.on_nonfinite="skip"``)."""
+                  nonfinite_skips: int = 0, val_loss: float | None = None,
+                  guard: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position, the
+    number of consecutive non-finite steps skipped up to ``step`` (``TrainConfig.on_nonfinite="skip"``), the
+    validation loss of ``step`` (also in ``val_loss.json``) and the divergence guard's state (``guard.Guard``)."""
     return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-            "step": step, "tokens_seen": tokens_seen, "data_position": step, "nonfinite_skips": nonfinite_skips}
+            "step": step, "tokens_seen": tokens_seen, "data_position": step, "nonfinite_skips": nonfinite_skips,
+            "val_loss": val_loss, "guard": dict(guard or {})}
 
 
 def restore_trainer_state(state: Mapping[str, Any], optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -403,10 +426,11 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict) -> Path:
-    """Write ``checkpoints/step_XXXXXXXX/`` atomically, then keep only the newest ``keep_last``
-    (``prune_checkpoints``; never the one just written); return its path. The caller checks that the weights are
-    finite (``loop._check_weights_finite``)."""
+def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict,
+                    log: Callable[[str], None] | None = None) -> Path:
+    """Write ``checkpoints/step_XXXXXXXX/`` atomically (with ``val_loss.json`` from ``state["val_loss"]``), then
+    keep only the newest ``keep_last`` and the best (``prune_checkpoints``; never the one just written); return its
+    path. The caller checks that the weights are finite (``loop._check_weights_finite``)."""
     step = state["step"]
     target = RunFolder(run_dir).checkpoint_path(step)
 
@@ -415,11 +439,22 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, dat
         fault_point("save")
         atomic_write_text(os.path.join(tmp, TRAIN_CONFIG_FILE), json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         torch.save(state, os.path.join(tmp, STATE_FILE))
+        atomic_write_text(os.path.join(tmp, VAL_LOSS_FILE), val_loss_record(step, state.get("val_loss")))
 
     write_folder_atomically(target, fill)
     fault_point("saved")
-    prune_checkpoints(run_dir, train_cfg.keep_last, target)
+    prune_checkpoints(run_dir, train_cfg.keep_last, target, log)
     return target
+
+
+def write_divergence(run_dir: Path, record: Mapping[str, Any]) -> None:
+    """``RunFolder.write_divergence``: ``diverged.json``, why the run stopped."""
+    RunFolder(run_dir).write_divergence(record)
+
+
+def read_divergence(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``RunFolder.read_divergence``: the run's ``diverged.json``, or None."""
+    return RunFolder(run_dir).read_divergence()
 
 
 def run_tokens_per_s(rows: list[Mapping[str, Any]]) -> float | None:
