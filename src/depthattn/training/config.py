@@ -24,6 +24,10 @@ class TrainConfig:
     ``steps`` wins when both are set. One step consumes ``batch_size × grad_accum × seq_len`` tokens (per
     data-parallel rank). ``warmup`` is a fraction of the steps (paper: 0.02), at least one step.
 
+    ``save_every_minutes``: also save when this many minutes (rank 0's monotonic clock) have passed since the
+    session started or last saved, at the end of the step where they ran out (0: off). Beside ``save_every``
+    (steps); a run recorded before this key existed reads it as 0 (``LEGACY_DEFAULTS``).
+
     ``on_nonfinite``: what a step whose loss or gradient norm is NaN/±inf does (checked before the optimizer
     step): ``"stop"`` raises ``training.NonFiniteError``; ``"skip"`` drops the step's gradients without an optimizer
     update (the step still counts: its batch is consumed and the lr schedule advances), logs ``"skipped": true``,
@@ -51,6 +55,7 @@ class TrainConfig:
     eval_windows: int = 16
     eval_batch_size: int = 8
     save_every: int = 0
+    save_every_minutes: float = 30.0
     keep_last: int = 2
     log_every: int = 1
     precision: str = "auto"
@@ -95,7 +100,7 @@ class TrainConfig:
                  "must be in [0, 1)")
         need(isinstance(self.warmup, (int, float)) and 0 <= self.warmup < 1, "warmup",
              "must be a fraction of the steps in [0, 1)")
-        for name in ("weight_decay", "grad_clip"):
+        for name in ("weight_decay", "grad_clip", "save_every_minutes"):
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and _finite(v) and v >= 0, name, "must be a finite number >= 0")
         need(self.precision in ("auto", "float32", "bfloat16"), "precision", "must be auto, float32 or bfloat16")
@@ -119,6 +124,13 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_recorded(cls, values: Mapping[str, Any]) -> "TrainConfig":
+        """``from_dict`` of a recorded config (``run.json``'s ``train``, a checkpoint's ``train_config.json``): a key
+        it lacks takes its ``LEGACY_DEFAULTS`` value (what runs written before that key existed did), not the
+        default of a new run."""
+        return cls.from_dict(with_legacy_defaults(values))
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
@@ -160,10 +172,20 @@ class TrainConfig:
 TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 #: Train keys that may change on ``--resume`` without changing the trajectory.
-RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "keep_last", "log_every", "device", "compile",
-                            "activation_checkpointing", "fsdp_replicate", "dist_timeout_s", "peak_flops",
-                            "tensorboard", "wandb_project", "verify_data", "on_nonfinite",
+RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes", "keep_last", "log_every",
+                            "device", "compile", "activation_checkpointing", "fsdp_replicate", "dist_timeout_s",
+                            "peak_flops", "tensorboard", "wandb_project", "verify_data", "on_nonfinite",
                             "max_nonfinite_skips"})
+
+#: The value of a train key that a recorded config written before the key existed must read as: the behaviour of
+#: the release that wrote it (a new run gets the dataclass default). Add a key here with every key added to
+#: ``TrainConfig`` whose default changes what a run does.
+LEGACY_DEFAULTS: dict[str, Any] = {"save_every_minutes": 0.0}
+
+
+def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded train config (as a dict) with every ``LEGACY_DEFAULTS`` key it lacks filled in."""
+    return {**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in recorded}, **recorded}
 
 
 def parse_value(text: str) -> Any:

@@ -28,7 +28,7 @@ from ..checkpoint import CHECKPOINT_DIR
 from ..config import ModelConfig
 from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
 from ..model import DecoderLM
-from .runs import prune_checkpoints
+from .runs import fault_point, prune_checkpoints
 
 DCP_DIR = ckpt.SHARDED_DIR
 TOKENIZER_FILE = "tokenizer.json"
@@ -64,6 +64,7 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
         (tmp / DCP_DIR).mkdir(parents=True)
     dist.barrier()
     dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / DCP_DIR))
+    fault_point("save")
     dist.barrier()  # every shard and the metadata are on disk
     if main:
         master = next(iter(model.parameters())).dtype  # the sharded master weights' dtype

@@ -13,6 +13,11 @@ repeats an uninterrupted one bit for bit on float32 CPU.
 Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
 checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
 (``TrainConfig.on_nonfinite``), so no update with a NaN and no checkpoint with a non-finite weight is ever written.
+
+Preemption (``preemption``): a SIGTERM, SIGINT or SIGUSR1 while ``train()`` runs is recorded; the current optimizer
+step finishes (an evaluation in flight is abandoned), the checkpoint of that step is written and ``train()`` raises
+``TrainingPreempted``. Ranks agree on the step, and on time-based saves (``save_every_minutes``, rank 0's clock),
+through the one all-reduce each step makes (``_step_verdict``), which also makes the logged loss the mean over ranks.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import time
 import warnings
 from dataclasses import dataclass
@@ -40,6 +46,7 @@ from .build import build_on_meta, materialize
 from .dcp import is_sharded, load_sharded, save_sharded
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
+from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
 from .runs import (CHECKPOINT_DIR, METRICS_FILE, TOKENIZER_FILE, ResumeCheckpoint, checkpoint_dirs, environment,
                    fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights, read_metrics,
                    read_resume_checkpoint, read_summary, restore_trainer_state, resume_point, run_tokens_per_s,
@@ -90,6 +97,10 @@ class _Trainer:
     saved: Path | None = None
     start_step: int = 0  # the step this session started from
     nonfinite_skips: int = 0  # consecutive steps skipped for a non-finite loss or gradient norm (saved, resumed)
+    stop: StopRequest | None = None  # this process's record of stop signals (``preemption.stop_signals``)
+    stopping: bool = False  # some rank got a stop signal: save this step and raise ``TrainingPreempted``
+    save_due: bool = False  # rank 0's clock says ``save_every_minutes`` ran out: save this step
+    last_save: float = 0.0  # ``preemption.clock()`` at the session's start or its last save
 
     @property
     def total_steps(self) -> int:
@@ -108,7 +119,12 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished;
     an unreadable newest checkpoint skipped, a torn metrics line dropped, leftovers of interrupted writes removed).
 
+    SIGTERM, SIGINT and SIGUSR1 are handled while it runs (the previous handlers come back after): the step in
+    progress finishes, its checkpoint is written, and ``TrainingPreempted`` is raised (see ``preemption``).
+
     Raises:
+        TrainingPreempted: (a ``BaseException``) a stop signal; ``.step`` and ``.checkpoint`` say where the run
+            resumes from bit for bit, ``.exit_status`` is 128 + the signal's number.
         NonFiniteError: (a ``FloatingPointError``) a non-finite loss or gradient norm with ``on_nonfinite="stop"``
             or after more than ``max_nonfinite_skips`` consecutive skips, or non-finite weights at a checkpoint;
             the checkpoints already written are finite and stay.
@@ -117,18 +133,22 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
             a truncated checkpoint file (named), or any invalid setting. Nothing already written is modified.
     """
     run_dir, data_dir = Path(run_dir), Path(data_dir).resolve()
-    t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log)
-    last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
-    t.net.train()
-    with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
-        while t.step < last:
-            row = _optimizer_step(t)
-            fault_point("step")
-            _maybe_validate(t, row)
-            _log_row(t, row, metrics, bar, last)
-            fault_point("logged")
-            _maybe_checkpoint(t, metrics)
-    return _finish(t)
+    with stop_signals() as stop:
+        t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log)
+        t.stop, t.last_save = stop, clock()
+        last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
+        t.net.train()
+        with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
+            while t.step < last:
+                row = _optimizer_step(t)
+                fault_point("step")
+                _maybe_validate(t, row)
+                _log_row(t, row, metrics, bar, last)
+                fault_point("logged")
+                _maybe_checkpoint(t, metrics)
+                if t.stopping:
+                    raise TrainingPreempted(t.run_dir, t.step, t.saved, t.stop.signum or signal.SIGTERM)
+        return _finish(t)
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
@@ -320,14 +340,16 @@ def _accumulate_gradients(t: _Trainer) -> float:
             loss = next_token_loss(t.net, w, t.device, t.amp)
             (loss / t.cfg.grad_accum).backward()
         loss_sum += float(loss.detach())
+        fault_point("micro")
     return loss_sum
 
 
 def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     """One optimizer step (gradient accumulation, clipping, scheduler); advances the counters and returns the
-    step's metrics row. A non-finite loss or gradient norm (checked on every rank before the update) raises
-    ``NonFiniteError``, or with ``on_nonfinite="skip"`` drops the gradients without an update: the step, its batch
-    and the lr schedule still advance, and the row says ``"skipped": true``."""
+    step's metrics row (``loss``: the mean over ranks). A non-finite loss or gradient norm (checked on every rank
+    before the update) raises ``NonFiniteError``, or with ``on_nonfinite="skip"`` drops the gradients without an
+    update: the step, its batch and the lr schedule still advance, and the row says ``"skipped": true``. Sets
+    ``t.stopping`` and ``t.save_due`` (``_step_verdict``)."""
     t0 = time.perf_counter()
     lr = t.scheduler.get_last_lr()[0]
     loss_sum = _accumulate_gradients(t)
@@ -335,7 +357,7 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     max_norm = t.cfg.grad_clip if t.cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), max_norm)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
-    bad = _nonfinite(t, train_loss, grad_norm)
+    bad, train_loss = _step_verdict(t, train_loss, grad_norm)
     if bad is None:
         t.optimizer.step()
         t.nonfinite_skips = 0
@@ -367,12 +389,24 @@ def _any_rank(flag: bool, device: torch.device) -> bool:
     return bool(x.item())
 
 
-def _nonfinite(t: _Trainer, loss: float, grad_norm: float) -> str | None:
-    """``"loss"`` or ``"grad_norm"`` when that value is not finite on some rank, else None (all ranks agree)."""
+def _step_verdict(t: _Trainer, loss: float, grad_norm: float) -> tuple[str | None, float]:
+    """What every rank must agree on after a step's backward pass, in one all-reduce of four float64s (none in
+    one process): [non-finite here, stop signal here, rank 0's clock says save, this rank's loss], summed. Returns
+    (``"loss"`` or ``"grad_norm"`` when that value is not finite on some rank, else None; the loss averaged over
+    the ranks, which all see the same number of tokens) and sets ``t.stopping`` (a stop signal on any rank) and
+    ``t.save_due`` (``save_every_minutes`` ran out on rank 0's clock)."""
     what = "loss" if not math.isfinite(loss) else "grad_norm" if not math.isfinite(grad_norm) else None
-    if _any_rank(what is not None, t.device) and what is None:
-        what = "loss"  # another rank's loss (gradient norms are global)
-    return what
+    stop = t.stop is not None and t.stop.requested
+    due = t.is_main and t.cfg.save_every_minutes > 0 and clock() - t.last_save >= 60 * t.cfg.save_every_minutes
+    if _distributed():
+        x = torch.tensor([what is not None, stop, due, loss], dtype=torch.float64, device=t.device)
+        torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.SUM)
+        any_bad, any_stop, any_due, loss_sum = x.tolist()
+        if any_bad and what is None:
+            what = "loss"  # another rank's loss (gradient norms are global)
+        stop, due, loss = any_stop > 0, any_due > 0, loss_sum / torch.distributed.get_world_size()
+    t.stopping, t.save_due = stop, due
+    return what, loss
 
 
 def _nonfinite_message(t: _Trainer, what: str, loss: float, grad_norm: float) -> str:
@@ -404,10 +438,25 @@ def _check_weights_finite(t: _Trainer) -> None:
 
 # ---------------------------------------------------------------------------------------------------- periodic work
 def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
-    """Every ``eval_every`` steps and at the last step: measure ``val_loss`` into ``t`` and ``row``."""
-    if (t.cfg.eval_every and t.step % t.cfg.eval_every == 0) or t.step == t.total_steps:
-        t.val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
-        row["val_loss"] = t.val_loss
+    """Every ``eval_every`` steps and at the last step: measure ``val_loss`` into ``t`` and ``row``. Not when the run
+    is stopping; a stop signal during the evaluation abandons it (``_stop_agreed`` between batches: every rank
+    stops at the same batch) and sets ``t.stopping``; the row then has no ``val_loss``."""
+    if t.stopping or not ((t.cfg.eval_every and t.step % t.cfg.eval_every == 0) or t.step == t.total_steps):
+        return
+    val = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp, abandon=lambda: _stop_agreed(
+        t, "eval"))
+    if val is None:
+        t.stopping = True
+        return
+    t.val_loss = row["val_loss"] = val
+
+
+def _stop_agreed(t: _Trainer, phase: str | None = None) -> bool:
+    """Whether a stop signal reached any rank (a one-float all-reduce under torchrun). ``phase``: the fault-injection
+    point passed first (``runs.fault_point``)."""
+    if phase is not None:
+        fault_point(phase)
+    return _any_rank(t.stop is not None and t.stop.requested, t.device)
 
 
 def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last: int) -> None:
@@ -420,25 +469,30 @@ def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last
 
 
 def _maybe_checkpoint(t: _Trainer, metrics: MetricsLogger | None = None) -> None:
-    """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint; ranks meet after periodic ones.
-    The metrics rows up to the checkpoint are made durable first, so a checkpoint never outlives its rows."""
-    periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0)
-    if periodic or t.step == t.total_steps:
-        _check_weights_finite(t)  # collective: every rank raises, or none
-        if metrics is not None:
-            metrics.sync()
-    if t.cfg.data_parallel == "fsdp":
-        if periodic or t.step == t.total_steps:
-            state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
-                     "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
-                     "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips}
-            t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state)
+    """Every ``save_every`` steps, when ``save_every_minutes`` ran out (``t.save_due``), when the run is stopping
+    (``t.stopping``) and at the last step, rank 0 saves a checkpoint (FSDP: every rank its shards); ranks meet after
+    every save but the last. The metrics rows up to the checkpoint are made durable first, so a checkpoint never
+    outlives its rows. A stop signal that arrived during a periodic save stops the run at this step."""
+    periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0) or t.save_due or t.stopping
+    if not (periodic or t.step == t.total_steps):
         return
-    if t.is_main and (periodic or t.step == t.total_steps):
-        state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips)
-        t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state)
-    if t.cfg.world_size() > 1 and periodic:
-        torch.distributed.barrier()
+    _check_weights_finite(t)  # collective: every rank raises, or none
+    if metrics is not None:
+        metrics.sync()
+    if t.cfg.data_parallel == "fsdp":
+        state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
+                 "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
+                 "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips}
+        t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state)
+    else:
+        if t.is_main:
+            state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips)
+            t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state)
+        if t.cfg.world_size() > 1 and periodic:
+            torch.distributed.barrier()
+    t.last_save = clock()
+    if periodic and not t.stopping:
+        t.stopping = _stop_agreed(t)
 
 
 # ---------------------------------------------------------------------------------------------------- the end

@@ -47,8 +47,9 @@ from ..checkpoint import CHECKPOINT_DIR, SHARDED_DIR, checkpoint_dirs
 from ..config import ModelConfig
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
-from .config import RESUMABLE_KEYS, TrainConfig
+from .config import RESUMABLE_KEYS, TrainConfig, with_legacy_defaults
 from .metrics import finite_or_none, json_line
+from .preemption import deliver_fault_signal
 from .runtime import rng_state, set_rng_state
 
 RUN_FILE = "run.json"
@@ -171,7 +172,10 @@ def fault_point(phase: str) -> None:
     """Test hook: with ``DEPTHATTN_FAULT_PHASE=<phase>:<n>`` set, SIGKILL this process the n-th time ``phase`` is
     reached (phases: ``step`` after an optimizer step, ``logged`` after its metrics row, ``save`` inside a
     checkpoint write, ``saved`` after the rename before pruning, ``prune`` after a folder moved to the trash).
-    Does nothing when the variable is unset."""
+    Does nothing when the variable is unset. ``DEPTHATTN_FAULT_SIGNAL`` sends a signal at a phase instead
+    (``preemption.deliver_fault_signal``; further phases: ``micro`` after each micro-batch's backward pass, ``eval``
+    between validation batches)."""
+    deliver_fault_signal(phase)
     spec = os.environ.get(FAULT_ENV)
     if not spec or spec.partition(":")[0] != phase:
         return
@@ -223,8 +227,9 @@ def _diff(a: Mapping[str, Any], b: Mapping[str, Any], ignore: frozenset = frozen
 
 def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], train: Mapping[str, Any]) -> list[str]:
     """``"key: recorded vs requested"`` for every field where a run's ``run.json`` differs from a requested model
-    and train config (as dicts), ignoring ``RESUMABLE_KEYS``: empty when the run may be resumed with them."""
-    return _diff(recorded["model"], model) + _diff(recorded["train"], train, RESUMABLE_KEYS)
+    and train config (as dicts), ignoring ``RESUMABLE_KEYS``; a key the recorded train config lacks compares as its
+    ``config.LEGACY_DEFAULTS`` value. Empty when the run may be resumed with them."""
+    return _diff(recorded["model"], model) + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS)
 
 
 def _recorded_precision(run: dict[str, Any]) -> str | None:
