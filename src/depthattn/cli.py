@@ -17,10 +17,10 @@ divergence (``FloatingPointError``: non-finite loss or      1          ``depthat
 gradients, a NaN evaluation)
 the system refused (``OSError``: disk full, read-only       1          ``depthattn CMD: error: <strerror> [ENAME]:
 file system, no permission)                                            <file, else the command's output flag>``
-preempted: SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 while         128 + the  ``depthattn CMD: preempted at step N
-training (``TrainingPreempted``: the checkpoint of that     signal:    (SIGTERM); checkpoint PATH; resume with: ...``
-step is written; 128 + n is what a shell reports for a      143, 130,
-process signal n ended: schedulers see "ended by a          138
+preempted: SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 while        128 + n:   ``depthattn CMD: preempted at step N
+training (``TrainingPreempted``: the checkpoint of that     143, 130,  (SIGTERM); checkpoint PATH; resume with:
+step is written; 128 + n is what a shell reports for a      138        ...``
+process signal n ended: schedulers see "ended by a
 signal", neither success nor the command's own failure)
 interrupted (Ctrl-C outside training)                       130        ``depthattn CMD: interrupted``
 anything else (a bug)                                       1          the exception and a pointer to ``--debug``
