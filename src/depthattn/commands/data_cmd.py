@@ -15,6 +15,7 @@ from ..data.prepare import SHARD_TOKENS, TOKENIZER_SAMPLE_BYTES, default_workers
 from ..data.sources.catalogue import PUBLIC_DOMAIN_MIX, SOURCES, source_documents
 from ..data.sources.registry import MissingToolError
 from .fetch_eval_cmd import register_data_subcommand
+from .lm_eval_tasks_cmd import register_data_subcommand as register_lm_eval_tasks
 
 MIXES = {"public-domain-mix": PUBLIC_DOMAIN_MIX}
 _TOOLS = {"debian": "apt-get", "npm": "npm", "pypi": "pip"}
@@ -121,3 +122,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--quiet", action="store_true", help="no progress bars")
     q.set_defaults(func=prepare)
     register_data_subcommand(sub)  # fetch-eval: the zero-shot benchmark files
+    register_lm_eval_tasks(sub)  # lm-eval-tasks: lm-eval task files over them

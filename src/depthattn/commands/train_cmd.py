@@ -9,7 +9,7 @@ from typing import Any
 
 from ..training import TrainConfig, load_toml, read_run, resolve_model_config, train
 from ..training.config import RESUMABLE_KEYS, parse_value, split_overrides
-from ..training.runs import DEBRIS_PREFIXES, METRICS_FILE, RUN_FILE, config_differences
+from ..training.runs import DEBRIS_PREFIXES, METRICS_FILE, RUN_FILE, config_differences, resumed_data_parallel
 from ..training.runtime import resolve_device
 
 DEFAULT_PRESET = "small"
@@ -65,12 +65,29 @@ def add_model_options(p: argparse.ArgumentParser, data_help: str = DATA_HELP) ->
                    help="skip the sha256 check of the data shards (TrainConfig.verify_data=false)")
 
 
+def check_file_values(path: str, preset: str, model: dict, train_kw: dict) -> None:
+    """Validate the [model] and [train] values of the config file ``path`` on their own, so that a bad value there
+    is named with the file: ``ValueError("PATH: [train] TrainConfig.steps='ten' is invalid: ...")``. An error about
+    a field the file does not set (a combination with the preset's values) is left for the full check."""
+    from ..config import ModelConfig
+
+    for table, keys, check in (("train", train_kw, lambda: TrainConfig.from_dict(dict(train_kw))),
+                               ("model", model, lambda: ModelConfig.from_preset(
+                                   preset, **{k: v for k, v in model.items() if k != "vocab_size"}))):
+        try:
+            check()
+        except ValueError as e:
+            if any(f"Config.{k}=" in str(e) for k in keys):
+                raise ValueError(f"{path}: [{table}] {e}") from None
+
+
 def gather_settings(args: argparse.Namespace, extra_model: dict | None = None) -> tuple[str, dict, dict, Any]:
     """(preset, model overrides, train overrides, data path) from config file, then flags, then ``--set``."""
     preset, data, model, train_kw = None, None, {}, {}
     if args.config:
         doc = load_toml(args.config)
         preset, data, model, train_kw = doc["preset"], doc["data"], doc["model"], doc["train"]
+        check_file_values(args.config, args.preset or preset or DEFAULT_PRESET, model, train_kw)
     preset = args.preset or preset or DEFAULT_PRESET
     data = args.data or data
     flags = {"steps": args.steps, "tokens": args.tokens, "seed": args.seed, "device": args.device}
@@ -113,6 +130,36 @@ RESUME_FIXED = (("config", "--config"), ("preset", "--preset"), ("set", "--set")
                 ("loops", "--loops"), ("data", "--data"), ("out", "--out"))
 
 
+#: ``--set`` keys that ``--resume`` accepts: how the resumed run is spread over the ranks
+#: (``runs.resumed_data_parallel`` says what it means when not given).
+RESUME_SETTABLE = ("data_parallel",)
+
+
+def _resume_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--set`` pairs given with ``--resume`` (only ``RESUME_SETTABLE`` keys: ``ValueError`` naming any other),
+    removed from ``args.set`` so ``RESUME_FIXED`` does not refuse them."""
+    pairs = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in RESUME_SETTABLE:
+            raise ValueError(f"--resume continues {args.resume} with its recorded config; --set {item!r} would change "
+                             f"it (with --resume, --set takes only {', '.join(RESUME_SETTABLE)}=...)")
+        pairs[key.strip()] = parse_value(value.strip())
+    args.set = []
+    return pairs
+
+
+def _resume_data_parallel(recorded: str | None, resume_sets: dict[str, Any]) -> str | None:
+    """``data_parallel`` of the resumed run: ``--set data_parallel=...`` when given, else the recorded one adapted
+    to the launch (``runs.resumed_data_parallel``; the change said once, by rank 0)."""
+    if "data_parallel" in resume_sets:
+        return resume_sets["data_parallel"]
+    value, line = resumed_data_parallel(recorded)
+    if line and int(os.environ.get("RANK", "0")) == 0:
+        print(line)
+    return value
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Train a model; writes a run folder (run.json, metrics.jsonl, checkpoints/) to --out. Without --data it trains
     on the embedded corpus, prepared once into the cache folder $DEPTHATTN_CACHE/data/embedded (default
@@ -126,16 +173,18 @@ def run_train(args: argparse.Namespace) -> int:
     if args.resume and args.resume_if_exists:
         raise ValueError("--resume-if-exists starts --out or continues it; drop --resume (or --resume-if-exists)")
     if args.resume:
+        resume_sets = _resume_settings(args)
         given = [flag for attr, flag in RESUME_FIXED if getattr(args, attr, None) not in (None, [])]
         if given:
             raise ValueError(f"--resume continues {args.resume} with its recorded config and data; drop "
                              f"{', '.join(given)} (only --device, --compile, --activation-checkpointing, "
-                             f"--no-verify, --on-nonfinite and --no-progress may be given)")
+                             f"--no-verify, --on-nonfinite, --no-progress and --set data_parallel=... may be given)")
         run = read_run(args.resume)
         from ..config import ModelConfig
 
         model_cfg = ModelConfig.from_dict(run["model"])
         overrides = {k: v for k, v in {"device": args.device}.items() if v is not None}
+        overrides["data_parallel"] = _resume_data_parallel(run["train"].get("data_parallel"), resume_sets)
         if args.compile:
             overrides["compile"] = True
         if args.activation_checkpointing:
@@ -259,7 +308,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue a run from its newest checkpoint, with its recorded config and data (only "
                         "--device, --compile, --activation-checkpointing, --no-verify, --on-nonfinite, "
-                        "--no-progress may be given)")
+                        "--no-progress and --set data_parallel=ddp|fsdp|null may be given; under torchrun a "
+                        "one-process run resumes with ddp, see docs/training-at-scale.md)")
     p.add_argument("--resume-if-exists", action="store_true",
                    help="continue --out if it holds a run (with its recorded settings: a command whose settings "
                         "differ is refused, naming them), else start it: one command for the first launch and every "
@@ -268,7 +318,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a NaN/inf loss or gradient norm stops the run (stop, the default) or skips that step "
                         "(skip; TrainConfig.on_nonfinite; may be given with --resume)")
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
-                   help="start from this checkpoint's weights (its cross_layer may differ)")
+                   help="start from this checkpoint's weights, or a run folder's newest checkpoint (its cross_layer "
+                        "may differ)")
     p.add_argument("--dry-run", action="store_true",
                    help="print parameters, FLOPs per token, per-GPU memory and the tokens/s needed; train nothing")
     p.add_argument("--nproc", type=int, default=None, help="--dry-run: data-parallel ranks to plan for (default 1)")

@@ -102,6 +102,18 @@ def split_by_lengths(lengths: np.ndarray, val_fraction: float, seed: int) -> np.
     return is_val
 
 
+def split_share_note(lengths: np.ndarray, is_val: np.ndarray, val_fraction: float) -> str | None:
+    """One line when the validation split's share of the characters is more than 25 % away from ``val_fraction``
+    (whole documents are held out, so a corpus of few or long documents splits coarsely), else None."""
+    share = float(lengths[is_val].sum()) / max(1, int(lengths.sum()))
+    if abs(share - val_fraction) <= 0.25 * val_fraction:
+        return None
+    return (f"note: the validation split holds {share:.1%} of the characters ({int(is_val.sum())} of {len(lengths)} "
+            f"documents), not the --val-fraction {val_fraction:g} target ({val_fraction:.1%}): whole documents are "
+            f"held out, and these are few or long; give more, shorter documents (a .txt input is cut into pieces of "
+            f"--txt-piece-chars) for a closer split")
+
+
 def split_documents(docs: list[Document], val_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:
     """:func:`split_by_lengths` on documents in memory: ``(train, val)``, input order kept within each."""
     if not 0.0 < val_fraction < 1.0:
@@ -375,6 +387,9 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
     sources = resolve_inputs(inputs, text_column, txt_piece_chars, log)
     lengths, records = _scan(sources)
     is_val = split_by_lengths(lengths, val_fraction, seed)
+    note = split_share_note(lengths, is_val, val_fraction)
+    if note:
+        log(note)
     if tok is None:
         tok = _train_tokenizer(sources, is_val, vocab_size, tokenizer_sample_bytes, special_tokens, progress, log)
     dtype = _resolve_dtype(dtype, tok.get_vocab_size(with_added_tokens=True))
