@@ -238,11 +238,32 @@ FINISH = textwrap.dedent("""
 
     root, data, sets, steps = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
     model = json.loads(sys.argv[5])
+    cfg = resolve_model_config("tiny", model, 512, "tokenizer.json")
     for dp in ("ddp", "fsdp"):
         run = read_run(root / dp)
-        cfg = resolve_model_config("tiny", model, 512, "tokenizer.json")
         train(root / dp, cfg, TrainConfig.from_recorded(run["train"]), data, resume=True, progress=False)
         train(root / f"{dp}_ref", cfg, TrainConfig(steps=steps, **sets, data_parallel=dp), data, progress=False)
+    import time
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    real = FileSystemWriter.write_data
+    def slow(self, plan, planner):  # the shards reach the disk only after the next step changed the weights
+        time.sleep(0.5)
+        return real(self, plan, planner)
+    FileSystemWriter.write_data = slow
+    fsdp = TrainConfig(steps=steps, **{**sets, "save_every": 1}, data_parallel="fsdp", async_save=True)
+    train(root / "fsdp_async", cfg, fsdp, data, progress=False)  # saves of steps 1-3 in the background
+    def full_disk_on_rank_1(self, plan, planner):
+        if dist.get_rank() == 1:
+            raise OSError(28, "No space left on device")
+        return real(self, plan, planner)
+    FileSystemWriter.write_data = full_disk_on_rank_1
+    try:
+        train(root / "fsdp_async_fails", cfg, fsdp.replace(save_every=2), data, progress=False)
+        outcome = "no error"
+    except (OSError, RuntimeError) as e:
+        outcome = f"{type(e).__name__}: {e}"
+    (root / f"async_fails_rank{dist.get_rank()}.txt").write_text(outcome)
 """)
 
 
@@ -278,6 +299,7 @@ def test_torchrun_ddp_and_fsdp_preempted_through_torchrun_resume_bit_exactly(tmp
     res = launch([str(script), str(tmp_path), str(data_dir), json.dumps(DIST_SETS), str(DIST_STEPS),
                   json.dumps(MODEL)], tmp_path, {})
     assert res.returncode == 0, res.stderr
+    _assert_async_saves(tmp_path)
     for dp in ("ddp", "fsdp"):
         run, ref = tmp_path / dp, tmp_path / f"{dp}_ref"
         assert curve(run) == curve(ref)
@@ -286,6 +308,25 @@ def test_torchrun_ddp_and_fsdp_preempted_through_torchrun_resume_bit_exactly(tmp
         a, b = _weights(last), _weights(ref / "checkpoints" / last.name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), dp
     _assert_global_mean_loss(tmp_path / "ddp_ref", data_dir)
+
+
+def _assert_async_saves(root: Path) -> None:
+    """``async_save``: the checkpoints written in the background while later steps changed the weights hold the
+    weights of their own step (step 2 equals the synchronous preemption save of step 2, step 4 the reference's);
+    a write that fails on one rank (ENOSPC) stops the run on every rank with one line, nothing made visible."""
+    run = root / "fsdp_async"
+    assert [p.name for p in checkpoint_dirs(run)] == ["step_00000002", "step_00000003", "step_00000004"]
+    assert curve(run) == curve(root / "fsdp_ref")
+    for step, other in ((2, root / "fsdp"), (4, root / "fsdp_ref")):
+        a, b = _weights(run / f"checkpoints/step_{step:08d}"), _weights(other / f"checkpoints/step_{step:08d}")
+        assert all(torch.equal(a[k], b[k]) for k in b), step
+        state = torch.load(run / f"checkpoints/step_{step:08d}/trainer_state.pt", weights_only=True)
+        assert state["step"] == step
+    for rank in (0, 1):
+        outcome = (root / f"async_fails_rank{rank}.txt").read_text()
+        assert outcome.startswith("OSError: [Errno 28] the asynchronous save of step 2 into "), outcome
+        assert "it was not made visible, the earlier checkpoints stay" in outcome
+    assert checkpoint_dirs(root / "fsdp_async_fails") == []
 
 
 def _weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:

@@ -26,7 +26,10 @@ class TrainConfig:
 
     ``save_every_minutes``: also save when this many minutes (rank 0's monotonic clock) have passed since the
     session started or last saved, at the end of the step where they ran out (0: off). Beside ``save_every``
-    (steps); a run recorded before this key existed reads it as 0 (``LEGACY_DEFAULTS``).
+    (steps); a run recorded before this key existed reads it as 0 (``LEGACY_DEFAULTS``). ``async_save`` (FSDP only):
+    periodic checkpoints are written in the background (``torch.distributed.checkpoint.async_save``) while the steps
+    go on, and made visible at the first step after the shards are on disk; the next save, a preemption save and
+    the last one wait for it first and are written synchronously.
 
     ``on_nonfinite``: what a step whose loss or gradient norm is NaN/±inf does (checked before the optimizer
     step): ``"stop"`` raises ``training.NonFiniteError``; ``"skip"`` drops the step's gradients without an optimizer
@@ -56,6 +59,7 @@ class TrainConfig:
     eval_batch_size: int = 8
     save_every: int = 0
     save_every_minutes: float = 30.0
+    async_save: bool = False
     keep_last: int = 2
     log_every: int = 1
     precision: str = "auto"
@@ -118,6 +122,9 @@ class TrainConfig:
              "must be a device's peak dense bf16 FLOP/s > 0 (e.g. 989e12 for an H100 SXM), or unset")
         need(isinstance(self.tensorboard, bool), "tensorboard", "must be true or false")
         need(isinstance(self.verify_data, bool), "verify_data", "must be true or false")
+        need(isinstance(self.async_save, bool), "async_save", "must be true or false")
+        need(not self.async_save or self.data_parallel == "fsdp", "async_save",
+             "applies to sharded checkpoints: set data_parallel='fsdp', or async_save=false")
         need(self.on_nonfinite in ("stop", "skip"), "on_nonfinite", "must be 'stop' or 'skip'")
         need(self.wandb_project is None or (isinstance(self.wandb_project, str) and bool(self.wandb_project)),
              "wandb_project", "must be a Weights & Biases project name, or unset")
@@ -172,7 +179,8 @@ class TrainConfig:
 TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 #: Train keys that may change on ``--resume`` without changing the trajectory.
-RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes", "keep_last", "log_every",
+RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes", "async_save", "keep_last",
+                            "log_every",
                             "device", "compile", "activation_checkpointing", "fsdp_replicate", "dist_timeout_s",
                             "peak_flops", "tensorboard", "wandb_project", "verify_data", "on_nonfinite",
                             "max_nonfinite_skips"})

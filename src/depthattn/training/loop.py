@@ -44,7 +44,7 @@ from ..model import DecoderLM
 from .config import TrainConfig
 from .optim import DECAY_RULE, build_optimizer, build_scheduler
 from .build import build_on_meta, materialize
-from .dcp import is_sharded, load_sharded, save_sharded
+from .dcp import PendingSave, finish_async_save, is_sharded, load_sharded, save_sharded, start_async_save
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
 from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
@@ -103,6 +103,8 @@ class _Trainer:
     stopping: bool = False  # some rank got a stop signal: save this step and raise ``TrainingPreempted``
     save_due: bool = False  # rank 0's clock says ``save_every_minutes`` ran out: save this step
     last_save: float = 0.0  # ``preemption.clock()`` at the session's start or its last save
+    pending: PendingSave | None = None  # an asynchronous save in flight (``TrainConfig.async_save``)
+    async_done: bool = False  # rank 0's part of ``pending`` is on disk (DCP's metadata too): make it visible
 
     @property
     def total_steps(self) -> int:
@@ -401,22 +403,25 @@ def _any_rank(flag: bool, device: torch.device) -> bool:
 
 
 def _step_verdict(t: _Trainer, loss: float, grad_norm: float) -> tuple[str | None, float]:
-    """What every rank must agree on after a step's backward pass, in one all-reduce of four float64s (none in
-    one process): [non-finite here, stop signal here, rank 0's clock says save, this rank's loss], summed. Returns
+    """What every rank must agree on after a step's backward pass, in one all-reduce of five float64s (none in
+    one process): [non-finite here, stop signal here, rank 0's clock says save, rank 0's asynchronous save is on
+    disk, this rank's loss], summed. Returns
     (``"loss"`` or ``"grad_norm"`` when that value is not finite on some rank, else None; the loss averaged over
-    the ranks, which all see the same number of tokens) and sets ``t.stopping`` (a stop signal on any rank) and
-    ``t.save_due`` (``save_every_minutes`` ran out on rank 0's clock)."""
+    the ranks, which all see the same number of tokens) and sets ``t.stopping`` (a stop signal on any rank),
+    ``t.save_due`` (``save_every_minutes`` ran out on rank 0's clock) and ``t.async_done``."""
     what = "loss" if not math.isfinite(loss) else "grad_norm" if not math.isfinite(grad_norm) else None
     stop = t.stop is not None and t.stop.requested
     due = t.is_main and t.cfg.save_every_minutes > 0 and clock() - t.last_save >= 60 * t.cfg.save_every_minutes
+    done = t.is_main and t.pending is not None and t.pending.upload.done()
     if _distributed():
-        x = torch.tensor([what is not None, stop, due, loss], dtype=torch.float64, device=t.device)
+        x = torch.tensor([what is not None, stop, due, done, loss], dtype=torch.float64, device=t.device)
         torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.SUM)
-        any_bad, any_stop, any_due, loss_sum = x.tolist()
+        any_bad, any_stop, any_due, any_done, loss_sum = x.tolist()
         if any_bad and what is None:
             what = "loss"  # another rank's loss (gradient norms are global)
-        stop, due, loss = any_stop > 0, any_due > 0, loss_sum / torch.distributed.get_world_size()
-    t.stopping, t.save_due = stop, due
+        stop, due, done = any_stop > 0, any_due > 0, any_done > 0
+        loss = loss_sum / torch.distributed.get_world_size()
+    t.stopping, t.save_due, t.async_done = stop, due, done
     return what, loss
 
 
@@ -483,9 +488,15 @@ def _maybe_checkpoint(t: _Trainer, metrics: MetricsLogger | None = None) -> None
     """Every ``save_every`` steps, when ``save_every_minutes`` ran out (``t.save_due``), when the run is stopping
     (``t.stopping``) and at the last step, rank 0 saves a checkpoint (FSDP: every rank its shards); ranks meet after
     every save but the last. The metrics rows up to the checkpoint are made durable first, so a checkpoint never
-    outlives its rows. A stop signal that arrived during a periodic save stops the run at this step."""
+    outlives its rows. A stop signal that arrived during a periodic save stops the run at this step. With
+    ``async_save`` (FSDP) a periodic save is started in the background (``dcp.start_async_save``) and made visible
+    at the first step where rank 0's shards are on disk, or before the next save, which is then synchronous if it
+    is a preemption's or the last."""
     periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0) or t.save_due or t.stopping
-    if not (periodic or t.step == t.total_steps):
+    final = t.step == t.total_steps
+    if t.pending is not None and (t.async_done or periodic or final):
+        t.saved, t.pending = finish_async_save(t.pending), None  # waits for the shards, then makes it visible
+    if not (periodic or final):
         return
     _check_weights_finite(t)  # collective: every rank raises, or none
     if metrics is not None:
@@ -494,7 +505,10 @@ def _maybe_checkpoint(t: _Trainer, metrics: MetricsLogger | None = None) -> None
         state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
                  "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
                  "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips}
-        t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state)
+        if t.cfg.async_save and not (t.stopping or final):
+            t.pending = start_async_save(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state)
+        else:
+            t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state)
     else:
         if t.is_main:
             state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips)
@@ -511,6 +525,8 @@ def _finish(t: _Trainer) -> TrainResult:
     """When the run reached its last step: ``summary.json`` (rank 0). A session that resumed at the last step keeps
     an intact summary of that step, or re-creates it (final validation loss from the metrics log or measured now,
     whole-run throughput from the log). Returns the result of this session."""
+    if t.pending is not None:  # a session that stopped before its last step (stop_after) with a save in flight
+        t.saved, t.pending = finish_async_save(t.pending), None
     tps = t.train_tokens / t.train_time if t.train_time > 0 else None
     skipped = None
     if t.step == t.total_steps:
