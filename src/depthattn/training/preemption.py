@@ -130,7 +130,9 @@ def deliver_fault_signal(phase: str) -> None:
         _signal_counts[item] = _signal_counts.get(item, 0) + 1
         if _signal_counts[item] != int(nth or 1):
             continue
-        signum = getattr(signal, f"SIG{sig.upper().removeprefix('SIG')}")
+        signum = getattr(signal, f"SIG{sig.upper().removeprefix('SIG')}", None)
+        if not isinstance(signum, signal.Signals):
+            raise ValueError(f"{FAULT_SIGNAL_ENV}={spec!r}: {sig!r} is not a signal name (TERM, INT, USR1, ...)")
         if target != "parent":
             os.kill(os.getpid(), signum)
         elif int(os.environ.get("RANK", "0")) == 0:
