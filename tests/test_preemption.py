@@ -362,3 +362,19 @@ def _assert_global_mean_loss(run: Path, data_dir: Path) -> None:
     logged = read_metrics(run)[0]["loss"]
     assert logged == pytest.approx((local[0] + local[1]) / 2, abs=1e-5)
     assert abs(logged - local[0]) > 1e-3  # rank 0's own loss is measurably another number
+
+
+def test_resume_hint_per_command_and_async_save_needs_fsdp():
+    import argparse
+
+    from depthattn.cli import resume_hint
+
+    assert resume_hint(argparse.Namespace(command="train", resume_if_exists=False)) is None
+    assert resume_hint(argparse.Namespace(command="train", resume_if_exists=True)) == \
+        "the same command (it has --resume-if-exists)"
+    assert "depthattn compare" in resume_hint(argparse.Namespace(command="compare"))
+    with pytest.raises(ValueError, match=r"TrainConfig.async_save=True is invalid: applies to sharded checkpoints"):
+        TrainConfig(steps=1, async_save=True)
+    assert TrainConfig(steps=1, async_save=True, data_parallel="fsdp").async_save
+    with pytest.raises(ValueError, match="save_every_minutes=-1"):
+        TrainConfig(steps=1, save_every_minutes=-1)
