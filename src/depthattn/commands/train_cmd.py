@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +24,36 @@ def default_data_dir() -> Path:
     return Path(root) / "data" / "embedded"
 
 
-def ensure_data(path: str | os.PathLike | None, progress: bool = True, log=print) -> Path:
+def ensure_data(path: str | os.PathLike | None, progress: bool = True, log=print, timeout_s: float = 300.0) -> Path:
     """A prepared data folder: ``path`` as given (must be prepared), or the default cache folder, prepared from the
-    embedded corpus (``data.prepare_corpus``, default settings) if it has no ``meta.json`` yet."""
+    embedded corpus (``data.prepare_corpus``, default settings) if it has no ``meta.json`` yet.
+
+    Under torchrun only one process prepares it: a process with ``LOCAL_RANK`` 0 (one per node; outside torchrun,
+    the process itself) claims the folder's ``.partial`` (``data.staging``: an atomic ``mkdir``, so with a cache
+    shared between nodes exactly one of them prepares, the others waiting for it; with a node-local cache, one per
+    node), and every other process waits for ``meta.json`` to appear. Nobody waits more than ``timeout_s`` seconds
+    (the run's ``dist_timeout_s``); the waiters then load the folder with its shards' sha256 verified. Raises
+    ``ValueError`` naming the folder when the wait times out or a ``.partial`` of another host blocks it."""
     from ..data import load_prepared, prepare_corpus
 
     if path is not None:
         load_prepared(path)  # validates; ValueError naming the file if it is not prepared
         return Path(path)
     folder = default_data_dir()
-    if not (folder / "meta.json").is_file():
+    if (folder / "meta.json").is_file():
+        return folder
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         log(f"preparing the embedded corpus into {folder} (once)")
-        prepare_corpus(folder, None, progress=progress)
+        prepare_corpus(folder, None, progress=progress, overwrite=True, wait_s=timeout_s, if_missing=True)
+        return folder
+    deadline = time.monotonic() + timeout_s
+    while not (folder / "meta.json").is_file():
+        if time.monotonic() > deadline:
+            raise ValueError(f"{folder}: waited {timeout_s:g} s (dist_timeout_s) for LOCAL_RANK 0 to prepare the "
+                             f"embedded corpus there; see its error, or prepare it once before launching "
+                             f"(`depthattn data prepare --out {folder}`)")
+        time.sleep(0.2)
+    load_prepared(folder, verify=True)  # the waiters check what they did not write
     return folder
 
 
@@ -207,7 +226,7 @@ def run_train(args: argparse.Namespace) -> int:
         check_model_settings(preset, model_kw)
         from ..data import load_prepared
 
-        data_dir = ensure_data(data, progress=not args.no_progress)
+        data_dir = ensure_data(data, progress=not args.no_progress, timeout_s=train_cfg.dist_timeout_s)
         prepared = load_prepared(data_dir, verify=False)  # the trainer verifies the shards (rank 0, once)
         model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / "tokenizer.json"))
         out = args.out or os.path.join("runs", f"{preset}-{model_cfg.cross_layer}")
