@@ -17,7 +17,12 @@ divergence (``FloatingPointError``: non-finite loss or      1          ``depthat
 gradients, a NaN evaluation, a validation loss above ln V)
 the system refused (``OSError``: disk full, read-only       1          ``depthattn CMD: error: <strerror> [ENAME]:
 file system, no permission)                                            <file, else the command's output flag>``
-interrupted (Ctrl-C)                                        130        ``depthattn CMD: interrupted``
+preempted: SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 while        128 + n:   ``depthattn CMD: preempted at step N
+training (``TrainingPreempted``: the checkpoint of that     143, 130,  (SIGTERM); checkpoint PATH; resume with:
+step is written; 128 + n is what a shell reports for a      138        ...``
+process signal n ended: schedulers see "ended by a
+signal", neither success nor the command's own failure)
+interrupted (Ctrl-C outside training)                       130        ``depthattn CMD: interrupted``
 the reader of stdout went away (``... | head``)             141        none
 anything else (a bug)                                       1          the exception and a pointer to ``--debug``
 ==========================================================  =========  =============================================
@@ -34,6 +39,7 @@ import sys
 import traceback
 
 from . import __version__
+from .training.preemption import TrainingPreempted
 
 #: (module, attribute) pairs; each module's ``register(subparsers)`` adds its commands.
 COMMAND_MODULES = (
@@ -152,6 +158,15 @@ def describe_os_error(e: OSError, args: argparse.Namespace) -> str:
     return f"{reason}{f' [{name}]' if name else ''}: {where}{hint}"
 
 
+def resume_hint(args: argparse.Namespace) -> str | None:
+    """How to continue a preempted command, for ``TrainingPreempted.line`` (None: ``depthattn train --resume RUN``)."""
+    if getattr(args, "resume_if_exists", False):
+        return "the same command (it has --resume-if-exists)"
+    if args.command == "compare":
+        return "the same depthattn compare command (it resumes interrupted runs)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -162,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_input_paths(args)
         result = args.func(args)
+    except TrainingPreempted as e:  # the checkpoint of the step is written; under torchrun rank 0 says so
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{cmd}: {e.line(resume_hint(args))}", file=sys.stderr)
+        return e.exit_status
     except KeyboardInterrupt:
         _report(args, f"{cmd}: interrupted")
         return 130
