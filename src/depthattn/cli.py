@@ -14,10 +14,15 @@ bad input (``ValueError``: a bad file, a decoding error,    2          ``depthat
 incl. ``UnicodeError``, JSON and TOML errors), missing                 file, flag or field>``
 file (``FileNotFoundError``)
 divergence (``FloatingPointError``: non-finite loss or      1          ``depthattn CMD: error: <message>``
-gradients, a NaN evaluation)
+gradients, a NaN evaluation, a validation loss above ln V)
 the system refused (``OSError``: disk full, read-only       1          ``depthattn CMD: error: <strerror> [ENAME]:
 file system, no permission)                                            <file, else the command's output flag>``
-interrupted (Ctrl-C)                                        130        ``depthattn CMD: interrupted``
+preempted: SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 while        128 + n:   ``depthattn CMD: preempted at step N
+training (``TrainingPreempted``: the checkpoint of that     143, 130,  (SIGTERM); checkpoint PATH; resume with:
+step is written; 128 + n is what a shell reports for a      138        ...``
+process signal n ended: schedulers see "ended by a
+signal", neither success nor the command's own failure)
+interrupted (Ctrl-C outside training)                       130        ``depthattn CMD: interrupted``
 the reader of stdout went away (``... | head``)             141        none
 anything else (a bug)                                       1          the exception and a pointer to ``--debug``
 ==========================================================  =========  =============================================
@@ -34,6 +39,7 @@ import sys
 import traceback
 
 from . import __version__
+from .training.preemption import TrainingPreempted
 
 #: (module, attribute) pairs; each module's ``register(subparsers)`` adds its commands.
 COMMAND_MODULES = (
@@ -41,7 +47,7 @@ COMMAND_MODULES = (
     "depthattn.commands.data_cmd",
     "depthattn.commands.convert_cmd", "depthattn.commands.analyze_cmd",
     "depthattn.commands.train_cmd", "depthattn.commands.eval_cmd", "depthattn.commands.generate_cmd",
-    "depthattn.commands.compare_cmd", "depthattn.commands.export_cmd",
+    "depthattn.commands.compare_cmd", "depthattn.commands.export_cmd", "depthattn.commands.unlock_cmd",
 )
 
 #: Flags that name what a command writes, in the order they are tried to name the target of an ``OSError`` that
@@ -52,7 +58,7 @@ OUTPUT_FLAGS = (("resume", "--resume"), ("out", "--out"))
 #: exist is refused with "does not exist" before the command runs, whatever the command would make of it.
 INPUT_PATHS = (("checkpoint", "CHECKPOINT"), ("resume", "--resume"), ("init_from", "--init-from"),
                ("config", "--config"), ("data", "--data"), ("from_qwen3", "--from-qwen3"),
-               ("to_qwen3", "--to-qwen3"), ("upgrade", "--upgrade"), ("tokenizer", "--tokenizer"))
+               ("to_qwen3", "--to-qwen3"), ("upgrade", "--upgrade"), ("tokenizer", "--tokenizer"), ("run", "RUN"))
 
 DEBUG_HELP = "on an error, show the Python traceback as well as the one-line message"
 
@@ -152,6 +158,15 @@ def describe_os_error(e: OSError, args: argparse.Namespace) -> str:
     return f"{reason}{f' [{name}]' if name else ''}: {where}{hint}"
 
 
+def resume_hint(args: argparse.Namespace) -> str | None:
+    """How to continue a preempted command, for ``TrainingPreempted.line`` (None: ``depthattn train --resume RUN``)."""
+    if getattr(args, "resume_if_exists", False):
+        return "the same command (it has --resume-if-exists)"
+    if args.command == "compare":
+        return "the same depthattn compare command (it resumes interrupted runs)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -162,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_input_paths(args)
         result = args.func(args)
+    except TrainingPreempted as e:  # the checkpoint of the step is written; under torchrun rank 0 says so
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{cmd}: {e.line(resume_hint(args))}", file=sys.stderr)
+        return e.exit_status
     except KeyboardInterrupt:
         _report(args, f"{cmd}: interrupted")
         return 130

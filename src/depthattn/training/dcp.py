@@ -7,7 +7,10 @@ states live under ``dcp/`` (DCP's ``.metadata`` plus one ``.distcp`` file per ra
 DCP) sit beside it. Every rank writes into ``.tmp-step_XXXXXXXX-dcp``; DCP writes its ``.metadata`` only after
 every rank finished its shard, then rank 0 adds its files and renames the folder into place after a barrier, so a
 checkpoint is visible only once complete (the caller has checked that every rank's weights are finite); older
-ones are pruned through ``runs.prune_checkpoints``. DCP reshards on load: a run resumes on any world size, and
+ones are pruned through ``runs.prune_checkpoints``. ``export_checkpoint`` reads under a shared lock
+(``checkpoint.open_checkpoint``), so a running trainer's pruning leaves the folder until the export is done.
+``start_async_save`` / ``finish_async_save`` save with the shards written in the background
+(``TrainConfig.async_save``). DCP reshards on load: a run resumes on any world size, and
 ``export`` gathers the full weights in one process (``export_checkpoint``).
 """
 
@@ -17,6 +20,7 @@ import json
 import os
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +28,13 @@ import torch
 import torch.distributed as dist
 
 from .. import checkpoint as ckpt
-from ..checkpoint import CHECKPOINT_DIR
 from ..config import ModelConfig
 from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
 from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
-from .runs import prune_checkpoints
+from .retention import VAL_LOSS_FILE, val_loss_record
+from .run_folder import RunFolder
+from .runs import fault_point, prune_checkpoints
 
 DCP_DIR = ckpt.SHARDED_DIR
 TOKENIZER_FILE = "tokenizer.json"
@@ -52,25 +57,116 @@ def _states(model: DecoderLM, optimizer: torch.optim.Optimizer | None) -> dict[s
 
 
 def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimizer, train_cfg: Any, data_dir: Path,
-                 state: dict[str, Any]) -> Path:
-    """Collective: every rank writes its shards of the model and optimizer; rank 0 writes the rest and makes the
-    folder visible; the newest ``keep_last`` are kept. Returns the checkpoint folder (on every rank)."""
+                 state: dict[str, Any], log: Any = None) -> Path:
+    """Collective: every rank writes its shards of the model and optimizer; rank 0 writes the rest (with
+    ``val_loss.json`` from ``state["val_loss"]``) and makes the folder visible; the newest ``keep_last`` and the best
+    are kept (``runs.prune_checkpoints``, saying so through ``log``). Returns the checkpoint folder (on every rank)."""
     import torch.distributed.checkpoint as dcp
 
-    target = run_dir / CHECKPOINT_DIR / f"step_{state['step']:08d}"
+    pending = _start(run_dir, model, train_cfg, data_dir, state, log)
+    dcp.save(_states(model, optimizer), checkpoint_id=str(pending.tmp / DCP_DIR))
+    fault_point("save")
+    return _publish(pending)
+
+
+@dataclass
+class PendingSave:
+    """A sharded checkpoint whose shards are being written in the background (``start_async_save``); rank 0 makes it
+    visible in ``finish_async_save``. ``upload`` is DCP's future (every rank has its own)."""
+
+    run_dir: Path
+    target: Path
+    tmp: Path
+    config: ModelConfig
+    master_dtype: torch.dtype
+    train_cfg: Any
+    data_dir: Path
+    state: dict[str, Any]
+    upload: Any = None
+    log: Any = None  # where pruning says what it kept (None: silent)
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+_checkpoint_group: Any = None  # a gloo group of all ranks for DCP's background collectives (made once)
+
+
+def start_async_save(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimizer, train_cfg: Any,
+                     data_dir: Path, state: dict[str, Any], log: Any = None) -> PendingSave:
+    """Collective: stage this rank's shards in CPU memory (a copy: training may go on changing the weights) and write
+    them in a background thread (``torch.distributed.checkpoint.async_save``, over a gloo group of its own so its
+    collectives never interleave with the training's). Nothing is visible until ``finish_async_save``."""
+    import torch.distributed.checkpoint as dcp
+
+    global _checkpoint_group
+    if _checkpoint_group is None:
+        _checkpoint_group = dist.new_group(backend="gloo")
+    pending = _start(run_dir, model, train_cfg, data_dir, state, log)
+    pending.upload = dcp.async_save(_states(model, optimizer), checkpoint_id=str(pending.tmp / DCP_DIR),
+                                    process_group=_checkpoint_group)
+    fault_point("save")
+    return pending
+
+
+def finish_async_save(pending: PendingSave) -> Path:
+    """Collective: wait for every rank's background write, then make the checkpoint visible as ``save_sharded``
+    does. A failed write on any rank raises on every rank (``OSError`` for the system's refusal, else
+    ``RuntimeError``; one line naming the folder and the step), and nothing is made visible: the earlier
+    checkpoints stay, the temporary folder is removed when the run next starts."""
+    error = None
+    try:
+        pending.upload.result()
+    except BaseException as e:  # DCP wraps a rank's failure in a CheckpointException
+        error = e
+    failed = torch.tensor([0.0 if error is None else 1.0])
+    dist.all_reduce(failed, group=_checkpoint_group)  # gloo, CPU; DCP's own collectives on it are over
+    if failed.item():
+        cause = _root_cause(error)
+        where = "on another rank" if cause is None else f"{type(cause).__name__}: {cause}"
+        message = (f"the asynchronous save of step {pending.step} into {pending.tmp} failed ({where}); it was not "
+                   f"made visible, the earlier checkpoints stay")
+        if isinstance(cause, OSError):
+            raise OSError(cause.errno, message) from error
+        raise RuntimeError(message) from error
+    return _publish(pending)
+
+
+def _root_cause(error: BaseException | None) -> BaseException | None:
+    """The first rank's own exception inside DCP's ``CheckpointException`` (which gathers every rank's), else
+    ``error`` itself."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(error, CheckpointException) and error.failures:
+        return next(iter(error.failures.values()))[0]
+    return error
+
+
+def _start(run_dir: Path, model: DecoderLM, train_cfg: Any, data_dir: Path, state: dict[str, Any],
+           log: Any = None) -> PendingSave:
+    """Rank 0 makes the empty temporary folder; every rank waits for it."""
+    target = RunFolder(run_dir).checkpoint_path(state["step"])
     tmp = target.parent / f".tmp-{target.name}-dcp"
-    main = dist.get_rank() == 0
-    if main:
+    if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / DCP_DIR).mkdir(parents=True)
     dist.barrier()
-    dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / DCP_DIR))
+    master = next(iter(model.parameters())).dtype  # the sharded master weights' dtype
+    return PendingSave(run_dir, target, tmp, model.config, master, train_cfg, data_dir, state, log=log)
+
+
+def _publish(p: PendingSave) -> Path:
+    """After every rank's shards and DCP's metadata are on disk: rank 0 adds its files, seals the folder and renames
+    it into place, then prunes; every rank returns the checkpoint folder."""
     dist.barrier()  # every shard and the metadata are on disk
-    if main:
-        master = next(iter(model.parameters())).dtype  # the sharded master weights' dtype
-        ckpt.save_config_files(model.config, tmp, str(master).removeprefix("torch."), data_dir / TOKENIZER_FILE)
-        atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(train_cfg.to_dict(), indent=2) + "\n")
-        torch.save(state, tmp / STATE_FILE)
+    if dist.get_rank() == 0:
+        tmp, target = p.tmp, p.target
+        ckpt.save_config_files(p.config, tmp, str(p.master_dtype).removeprefix("torch."),
+                               p.data_dir / TOKENIZER_FILE)
+        atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(p.train_cfg.to_dict(), indent=2) + "\n")
+        torch.save(p.state, tmp / STATE_FILE)
+        atomic_write_text(tmp / VAL_LOSS_FILE, val_loss_record(p.state["step"], p.state.get("val_loss")))
         # durable before it is visible: umask modes, every file and folder fsync'd (DCP fsyncs its own shards too);
         # checksums.json covers rank 0's files (trainer state, configs, tokenizer), not the dcp/ shards (hashing
         # every rank's shards on rank 0 would cost ~3 s per GiB per checkpoint)
@@ -79,9 +175,9 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
             shutil.rmtree(target)
         os.replace(tmp, target)
         fsync_path(target.parent)
-        prune_checkpoints(run_dir, train_cfg.keep_last, target)  # via .trash-step_*, never the newest
+        prune_checkpoints(p.run_dir, p.train_cfg.keep_last, target, p.log)  # via .trash-step_*, never the newest
     dist.barrier()
-    return target
+    return p.target
 
 
 def check_config(checkpoint_dir: Path, model_cfg: ModelConfig) -> None:
@@ -131,20 +227,21 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike, overwri
     ``from_pretrained``. One process, no process group. Returns the folder it read. Raises ``ValueError`` /
     ``FileNotFoundError`` naming the folder (nothing is written under ``out`` then), also for an ``out`` that is,
     contains or lies inside ``source``, or that exists (only with ``overwrite``, and only a model folder we wrote,
-    is it replaced: :func:`depthattn.outputs.check_output`)."""
-    src = ckpt.latest_checkpoint(source)
-    out = check_output(out, [source, src], MODEL_FOLDER, overwrite)
-    # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
-    model = DecoderLM(ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src))
-    if is_sharded(src):
-        load_sharded(src, model, None)
-    else:
-        ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
+    is it replaced: :func:`depthattn.outputs.check_output`). The checkpoint is read under a shared lock
+    (``checkpoint.open_checkpoint``): a running trainer's pruning leaves it in place until the export is done."""
+    with ckpt.open_checkpoint(source) as src:
+        out = check_output(out, [source, src], MODEL_FOLDER, overwrite)
+        # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
+        model = DecoderLM(ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src))
+        if is_sharded(src):
+            load_sharded(src, model, None)
+        else:
+            ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
 
-    tokenizer = src / TOKENIZER_FILE
+        tokenizer = src / TOKENIZER_FILE
 
-    def fill(tmp: str) -> None:  # the Hugging Face files (config, generation and tokenizer configs) with the weights
-        ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.is_file() else None)
+        def fill(tmp: str) -> None:  # the Hugging Face files (config, generation, tokenizer configs) and weights
+            ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.is_file() else None)
 
-    write_folder_atomically(out, fill)
+        write_folder_atomically(out, fill)
     return src
