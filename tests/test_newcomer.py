@@ -140,3 +140,16 @@ def test_set_cross_layer_none_is_the_vanilla_model(capsys):
     from depthattn.training.config import parse_value
 
     assert parse_value("none") is None and parse_value("none", "cross_layer") == "none"
+
+
+def test_the_report_says_its_curves_and_its_table_use_other_validation_sets():
+    """The plot's periodic validation (a few windows) and the table's final evaluation (the whole split) differ;
+    the report says so rather than leaving two numbers that disagree."""
+    from depthattn.compare import render_report
+
+    from test_compare_stats import results
+
+    res = results()
+    res["settings"]["train"]["eval_windows"] = 16
+    text = render_report(res)
+    assert "on at most 16 windows (" in text and "so the two need not agree" in text

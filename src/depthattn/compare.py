@@ -554,6 +554,18 @@ def render_history(results: dict) -> list[str]:
     return lines
 
 
+def periodic_note(t: dict) -> str:
+    """What the curves measure, beside the table's final evaluation: the periodic validation of training, on at
+    most ``eval_windows`` windows spread evenly over the split (``eval.perplexity.validation_windows``) — another
+    set of windows, so the numbers differ."""
+    windows = t.get("eval_windows")
+    subset = (f"at most {windows} windows ({windows * t['seq_len']:,d} tokens) spread evenly over the validation "
+              f"split" if windows else "windows spread evenly over the validation split")
+    return (f"The loss curves and the plot show the periodic validation during training, on {subset}; the table's "
+            f"val loss is the final evaluation above, over another set of windows, so the two need not agree (nor "
+            f"does the curve's last point equal the table).")
+
+
 def render_report(results: dict) -> str:
     s = results["settings"]
     t = s["train"]
@@ -568,7 +580,8 @@ def render_report(results: dict) -> str:
         "**a ± b** is the mean ± the sample standard deviation over seeds (omitted for one seed and for numbers that "
         "are the same for every seed). Validation loss, perplexity (= exp(loss)) and bits per byte are measured over "
         "the validation split in non-overlapping windows of the training length"
-        + (f" (first {s['eval_tokens']:,d} tokens)" if s["eval_tokens"] else "") + ". Train tok/s is the median of "
+        + (f" (first {s['eval_tokens']:,d} tokens)" if s["eval_tokens"] else "") + ". "
+        + periodic_note(t) + " Train tok/s is the median of "
         "the per-step training throughput on this machine over the steps after the first (the first step's warm-up "
         "excluded; from metrics.jsonl). **The runs were timed one after another (sequentially, not interleaved)**, "
         "so throughput differences include the machine's changing load: p10–p90 spread of the per-step throughput "
@@ -672,8 +685,11 @@ def plot_curves(results: dict, path: Path) -> None:
             if values:  # the finished runs' range: a diverged curve leaves the top of the panel
                 lo, hi = min(values), max(values)
                 a.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.25 * (hi - lo + 0.1))
-    for a, title, ylabel in ((ax, "validation loss (mean, min–max over seeds)", "loss (nats/token)"),
-                             (axd, "validation loss − none's (same seed)", "Δ loss (nats/token)"),
+    windows = results["settings"]["train"].get("eval_windows")
+    subset = f"≤ {windows} windows" if windows else "a subset"
+    for a, title, ylabel in ((ax, f"periodic validation loss ({subset}; mean, min–max over seeds)",
+                              "loss (nats/token)"),
+                             (axd, f"periodic validation loss − none's ({subset}, same seed)", "Δ loss (nats/token)"),
                              (ax2, "training loss (moving mean, seed 0)", "loss (nats/token)")):
         a.set_xlabel("training tokens")
         a.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
