@@ -98,8 +98,54 @@ def _step_rates(rows: list[dict]) -> list[float]:
     return [float(r["tokens_per_s"]) for r in rows if r.get("tokens_per_s") and r.get("step", 0) > 1]
 
 
+class DurationEstimate:
+    """Times the first optimizer steps of the first run this invocation trains and says once, in one line, how long
+    the training still left will take: ``ESTIMATE_STEPS`` steps after the first (its warm-up: compile, allocation)
+    at their mean wall time (validation and saves included), for the rest of this run and every run not yet started
+    (an upper bound: a finished run found on disk is reused, not trained). The final evaluations and samples come on
+    top (said, not timed)."""
+
+    ESTIMATE_STEPS = 10
+
+    def __init__(self, runs_to_go: int, log: Callable[[str], None]):
+        self.runs_to_go, self.log = runs_to_go, log
+        self.t0: float | None = None
+        self.first: int | None = None
+        self.done = False
+
+    def next_run(self) -> None:
+        self.runs_to_go -= 1
+
+    def on_step(self, step: int, total: int) -> None:
+        if self.done:
+            return
+        if self.t0 is None:  # the first step of this session: its warm-up is not timed
+            self.t0, self.first = time.perf_counter(), step
+            return
+        timed = step - self.first
+        if timed < min(self.ESTIMATE_STEPS, total - self.first):
+            return
+        self.done = True
+        per_step = (time.perf_counter() - self.t0) / timed
+        left = (total - step) + total * self.runs_to_go
+        runs = f" and {self.runs_to_go} more run{'s' if self.runs_to_go != 1 else ''}" if self.runs_to_go else ""
+        self.log(f"estimate: about {_duration(per_step * left)} of training left for this run{runs} ({per_step:.2f} s "
+                 f"per step over steps {self.first + 1}-{step}, validation and saves included), plus each run's final "
+                 f"evaluation and sample")
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path,
-                    progress: bool, log: Callable[[str], None]) -> str:
+                    progress: bool, log: Callable[[str], None], on_step: Callable[[int, int], None] | None = None
+                    ) -> str:
     """Train, resume (from the newest checkpoint), or reuse the run in ``run_dir`` (ValueError if it holds a
     different config). Returns what it did: "reused", "resumed at step N", "trained", or "diverged at step N" (this
     session's training stopped by the divergence guard or a non-finite value, or with ``on_divergence="stop"`` an
@@ -127,7 +173,8 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
             return "reused"
     resume = folder.is_run()
     try:
-        res = train(run_dir, model_cfg, train_cfg, data_dir, resume=resume, progress=progress, log=log)
+        res = train(run_dir, model_cfg, train_cfg, data_dir, resume=resume, progress=progress, log=log,
+                    on_step=on_step)
     except (DivergenceError, NonFiniteError) as e:  # the run stopped itself (diverged.json says why): go on
         log(f"{run_dir}: {e}")
         return f"diverged at step {e.step}"
@@ -282,13 +329,15 @@ def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: st
     runs: dict[str, list[dict]] = {m: [] for m in settings.methods}
     diverged: dict[str, list[dict]] = {m: [] for m in settings.methods}
     invocation: dict[str, Any] = {"started_utc": _utc_now(), "runs": {}}
+    estimate = DurationEstimate(len(settings.seeds) * len(settings.methods), log)
     for seed in settings.seeds:
         tcfg = settings.train.replace(seed=seed)
         for m in settings.methods:
             run_dir = out / "runs" / run_name(m, settings.loops, seed)
             log(f"== {m} (seed {seed}) -> {run_dir}")
             t_run = time.perf_counter()
-            action = _ensure_trained(run_dir, cfgs[m], tcfg, data_dir, progress, log)
+            estimate.next_run()
+            action = _ensure_trained(run_dir, cfgs[m], tcfg, data_dir, progress, log, estimate.on_step)
             if action.startswith("diverged"):
                 diverged[m].append(diverged_run(run_dir, cfgs[m], seed))
             else:

@@ -18,6 +18,13 @@ from .train_cmd import add_model_options, check_model_settings, gather_settings
 DEFAULT_TRAIN = dict(steps=400, batch_size=8, seq_len=128, lr=2e-3, warmup=0.05, eval_every=25, eval_windows=64,
                      eval_batch_size=16, save_every=100, keep_last=1, log_every=1)
 DEFAULT_EVAL_TOKENS = 0  # the whole validation split
+DEFAULT_OUT = os.path.join("runs", "compare")
+
+#: ``--quick``: the whole job (prepare the corpus, train both methods, evaluate, sample, report, plot) on the ``tiny``
+#: preset in about a minute on an idle 2-core CPU; a smoke test of the setup, not a result. Flags given beside it win.
+QUICK = dict(preset="tiny", out=os.path.join("runs", "compare-quick"), eval_tokens=16384,
+             train=dict(steps=60, batch_size=4, seq_len=64, lr=3e-3, warmup=0.05, eval_every=10, eval_windows=16,
+                        eval_batch_size=16, save_every=30, keep_last=1, log_every=1))
 
 
 def prepare_default_data(out: Path, progress: bool) -> Path:
@@ -50,6 +57,17 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def apply_quick(args: argparse.Namespace) -> None:
+    """``--quick``: the ``QUICK`` preset, output folder and evaluation budget where the command gave none (its
+    train settings are the base that --steps / --set override)."""
+    if args.preset is None and args.config is None:
+        args.preset = QUICK["preset"]
+    if args.out is None:
+        args.out = QUICK["out"]
+    if args.eval_tokens == DEFAULT_EVAL_TOKENS:
+        args.eval_tokens = QUICK["eval_tokens"]
+
+
 def run_compare_cmd(args: argparse.Namespace) -> int:
     """Train every --methods model on the same data, seed and budget, evaluate them, and write OUT/report.md,
     OUT/results.json and OUT/loss_curves.png (per-run folders under OUT/runs/). Finished runs are reused."""
@@ -60,11 +78,13 @@ def run_compare_cmd(args: argparse.Namespace) -> int:
         raise ValueError(f"--eval-tokens {args.eval_tokens} must be >= 0 (0 = the whole validation split)")
     if args.loops is not None and args.loops < 1:
         raise ValueError(f"--loops={args.loops} must be >= 1")
+    if args.quick:
+        apply_quick(args)
     preset, model_kw, train_kw, data = gather_settings(args)
     model_kw.pop("num_loops", None)
     if "cross_layer" in model_kw:
         raise ValueError("--set cross_layer=... conflicts with --methods; list the methods with --methods")
-    base = dict(DEFAULT_TRAIN)
+    base = dict(QUICK["train"] if args.quick else DEFAULT_TRAIN)
     if "tokens" in train_kw and "steps" not in train_kw:
         base.pop("steps")
     base.update({k: v for k, v in train_kw.items() if k != "seed"})
@@ -72,7 +92,7 @@ def run_compare_cmd(args: argparse.Namespace) -> int:
     train_cfg.total_steps()  # a budget shorter than one step fails here, before any work
     for m in methods:
         check_model_settings(preset, {**model_kw, "cross_layer": m, "num_loops": args.loops or 1})
-    out = Path(args.out)
+    out = Path(args.out or DEFAULT_OUT)
     data_dir = Path(data) if data else prepare_default_data(out, not args.no_progress)
     settings = CompareSettings(
         methods=methods, seeds=seeds, loops=args.loops or 1, preset=preset, model_overrides=model_kw,
@@ -98,7 +118,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="comma-separated cross_layer values (default none,depth_attention)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds; several give mean ± std and paired 95 %% "
                                                 "intervals vs none (default 0)")
-    p.add_argument("--out", default=os.path.join("runs", "compare"), help="output folder (default runs/compare)")
+    p.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}; with --quick {QUICK['out']})")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run of the whole job in about a minute on 2 CPU cores: the tiny preset, 60 steps of "
+                        "4 x 64 tokens, 16,384 evaluation tokens, into runs/compare-quick (flags given beside it win); "
+                        "checks the setup, decides nothing")
     p.add_argument("--eval-tokens", type=int, default=DEFAULT_EVAL_TOKENS,
                    help="validation tokens for the final evaluation (default 0 = the whole split)")
     p.add_argument("--tasks", default=None,

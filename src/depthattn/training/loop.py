@@ -130,7 +130,8 @@ class _Trainer:
 # ---------------------------------------------------------------------------------------------------- training
 def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: str | os.PathLike,
           *, resume: bool = False, init_from: str | os.PathLike | None = None, stop_after: int | None = None,
-          progress: bool = True, log: Callable[[str], None] = print) -> TrainResult:
+          progress: bool = True, log: Callable[[str], None] = print,
+          on_step: Callable[[int, int], None] | None = None) -> TrainResult:
     """Train ``model_cfg`` on the prepared data folder ``data_dir`` into ``run_dir``.
 
     ``resume``: continue from the newest checkpoint of ``run_dir`` (configs must match the recorded ones, except
@@ -139,6 +140,8 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     ``stop_after``: return after this global step (as if interrupted; the last checkpoint stays resumable).
     ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished;
     an unreadable newest checkpoint skipped, a torn metrics line dropped, leftovers of interrupted writes removed).
+    ``on_step(step, total_steps)``: called after each optimizer step with its validation, logging and checkpoint
+    (``compare`` times the first steps with it to estimate the job's duration).
 
     SIGTERM, SIGINT and SIGUSR1 are handled while it runs (the previous handlers come back after): the step in
     progress finishes, its checkpoint is written, and ``TrainingPreempted`` is raised (see ``preemption``).
@@ -175,6 +178,8 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
                     fault_point("logged")
                     _watch(t, row)
                     _maybe_checkpoint(t, metrics)
+                    if on_step is not None:
+                        on_step(t.step, t.total_steps)
                     if t.stopping:
                         raise TrainingPreempted(t.run_dir, t.step, t.saved, t.stop.signum or signal.SIGTERM)
             except (DivergenceError, NonFiniteError) as e:
