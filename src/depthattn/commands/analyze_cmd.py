@@ -37,12 +37,12 @@ def run(args: argparse.Namespace) -> int:
     folder = latest_checkpoint(args.checkpoint)  # a run folder means its newest checkpoint, as in eval/generate
     model = load_any_model(folder)
     if args.prompt:
-        from tokenizers import Tokenizer
+        from ..data.tokenizer import read_tokenizer
 
         tok_path = args.tokenizer or os.path.join(folder, TOKENIZER_FILE)
-        if not os.path.isfile(tok_path):
+        if not os.path.lexists(tok_path):
             raise ValueError(f"--prompt needs a tokenizer: {tok_path} not found (pass --tokenizer PATH)")
-        ids = Tokenizer.from_file(tok_path).encode(args.prompt, add_special_tokens=False).ids
+        ids = read_tokenizer(tok_path, model.config.vocab_size).encode(args.prompt, add_special_tokens=False).ids
         if not ids:
             raise ValueError("--prompt is empty after tokenisation")
         ids_BT = torch.tensor([ids[: model.config.max_position_embeddings]])

@@ -21,9 +21,9 @@ def load_for_inference(path: str | os.PathLike, device: str = "auto", device_opt
     folder = ckpt.latest_checkpoint(path)
     model = load_any_model(folder, device=dev)
     tok_file = folder / TOKENIZER_FILE
-    if not tok_file.is_file():
+    if not tok_file.is_file() and not tok_file.is_symlink():
         raise FileNotFoundError(f"{tok_file} not found: the checkpoint has no tokenizer")
-    tokenizer = load_tokenizer(tok_file)
+    tokenizer = load_tokenizer(tok_file, model.config.vocab_size)  # size and added tokens bounded before parsing
     if tokenizer.get_vocab_size(with_added_tokens=True) > model.config.vocab_size:
         raise ValueError(f"{tok_file} has {tokenizer.get_vocab_size(with_added_tokens=True)} tokens, more than the "
                          f"model's vocab_size={model.config.vocab_size}")

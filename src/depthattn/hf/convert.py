@@ -188,6 +188,7 @@ def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
     """
     path = os.fspath(path)
     file = os.path.join(path, "config.json")
+    verify_manifest(path)  # a folder we wrote (convert --to-qwen3): every file before any header is parsed
     values = _read_json(file)
     if not _is_qwen3_config(values):
         hint = (" (it looks like a depthattn checkpoint: use it as it is, or export it with --to-qwen3)"
@@ -272,12 +273,9 @@ def _check_tokenizer_file(file: str) -> None:
     if os.path.basename(file) != "tokenizer.json":
         read_json_object(file, "tokenizer file")
         return
-    from tokenizers import Tokenizer
+    from depthattn.data.tokenizer import read_tokenizer
 
-    try:
-        Tokenizer.from_file(file)
-    except Exception as e:  # tokenizers raises a plain Exception (serde's message) for a bad file
-        raise ValueError(f"{file}: not a valid tokenizer.json ({e}); the file is truncated or corrupt") from None
+    read_tokenizer(file)
 
 
 def qwen3_token_ids(path: str | os.PathLike) -> dict[str, int | None] | None:

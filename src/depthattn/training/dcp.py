@@ -26,6 +26,7 @@ import torch.distributed as dist
 from .. import checkpoint as ckpt
 from ..checkpoint import CHECKPOINT_DIR
 from ..config import ModelConfig
+from ..data.tokenizer import read_tokenizer
 from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
 from ..model import DecoderLM
 from .runs import prune_checkpoints
@@ -130,6 +131,7 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike) -> Path
     ``from_pretrained``. One process, no process group. Returns the folder it read. Raises ``ValueError`` /
     ``FileNotFoundError`` naming the folder (nothing is written under ``out`` then)."""
     src = ckpt.latest_checkpoint(source)
+    ckpt.verify_folder(src)  # checksums.json before any file is parsed (DCP shards are not listed)
     # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
     model = DecoderLM(ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src))
     if is_sharded(src):
@@ -138,9 +140,11 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike) -> Path
         ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
 
     tokenizer = src / TOKENIZER_FILE
+    if tokenizer.is_file() or tokenizer.is_symlink():  # the copy must be a tokenizer (a dangling link is refused)
+        read_tokenizer(tokenizer, model.config.vocab_size)
 
     def fill(tmp: str) -> None:  # the Hugging Face files (config, generation and tokenizer configs) with the weights
-        ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.is_file() else None)
+        ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.exists() else None)
 
     write_folder_atomically(out, fill)
     return src

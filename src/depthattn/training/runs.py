@@ -45,7 +45,7 @@ import torch
 from .. import checkpoint as ckpt
 from ..checkpoint import CHECKPOINT_DIR, SHARDED_DIR, checkpoint_dirs
 from ..config import ModelConfig
-from ..fileio import atomic_write_text, write_folder_atomically
+from ..fileio import atomic_write_text, loads_json, read_json, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig
 from .metrics import finite_or_none, json_line
@@ -102,7 +102,7 @@ def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     if not file.is_file():
         raise FileNotFoundError(f"{file} not found: {os.fspath(run_dir)!r} is not a depthattn run folder")
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        return read_json(file, "run record")
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read {file}: {e}") from e
 
@@ -132,7 +132,7 @@ def read_metrics(run_dir: str | os.PathLike, log: Callable[[str], None] | None =
     rows = []
     for i, (n, line) in enumerate(lines):
         try:
-            row = json.loads(line)
+            row = loads_json(line, f"{file}:{n}")
             if not (isinstance(row, dict) and "step" in row):
                 raise ValueError("not a JSON object with a step")
         except ValueError as e:
@@ -478,8 +478,8 @@ def read_summary(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The run's ``summary.json`` if it is present and strict JSON, else None."""
     file = Path(run_dir) / SUMMARY_FILE
     try:
-        return json.loads(file.read_text(encoding="utf-8"),
-                          parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"non-JSON constant {c}")))
+        return read_json(file, "run summary",
+                         parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"non-JSON constant {c}")))
     except (OSError, ValueError):
         return None
 
