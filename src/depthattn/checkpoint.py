@@ -34,6 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from . import checkpoint_files as files
+from .accounting import check_model_fits
 from .config import ModelConfig, read_json_object
 from .fileio import IntegrityError, verify_manifest, write_folder_atomically  # noqa: F401  (IntegrityError: re-export)
 from .model import DecoderLM
@@ -65,6 +66,32 @@ def model_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     return state
 
 
+def save_safetensors(state: dict[str, torch.Tensor], file: str | os.PathLike) -> None:
+    """``safetensors.torch.save_file(state, file, metadata={"format": "pt"})``; a write the file system refuses
+    (a full disk, a quota) is the ``OSError`` it is, naming ``file`` (safetensors reports it as a
+    ``SafetensorError`` whose message ends in ``(os error N)``)."""
+    try:
+        save_file(state, os.fspath(file), metadata={"format": "pt"})
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), os.fspath(file)) from e
+
+
+def save_torch(obj: object, file: str | os.PathLike) -> None:
+    """``torch.save(obj, file)`` through a Python file object (the same bytes), so that a write the file system
+    refuses is an ``OSError`` naming ``file`` (``torch.save`` to a path reports a full disk as a ``RuntimeError``
+    "unexpected pos")."""
+    try:
+        with open(file, "wb") as f:
+            torch.save(obj, f)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, os.fspath(file)) from e
+
+
 def save_model_files(model: DecoderLM, folder: str, tokenizer_file: str | os.PathLike | None = None,
                      token_ids: dict[str, int | None] | None = None) -> None:
     """Write the Hugging Face model files into an existing folder (no atomicity of its own).
@@ -75,7 +102,7 @@ def save_model_files(model: DecoderLM, folder: str, tokenizer_file: str | os.Pat
     ``pad_token_id``, ``bos_token_id``) default to the tokenizer's ``<|endoftext|>`` for EOS and padding.
     """
     state = model_state_dict(model)
-    save_file(state, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    save_safetensors(state, os.path.join(folder, WEIGHTS_NAME))
     dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
     save_config_files(model.config, folder, dtype, tokenizer_file, token_ids)
 
@@ -275,8 +302,14 @@ def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: 
 def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None) -> DecoderLM:
     """Build the model of a depthattn checkpoint folder and load its weights (strict). A Hugging Face Qwen3 folder
-    raises ``ValueError``: ``depthattn.hf.convert.load_any_model`` opens any folder, native or Qwen3."""
-    model = DecoderLM(check_folder_shapes(path))
+    raises ``ValueError``: ``depthattn.hf.convert.load_any_model`` opens any folder, native or Qwen3. Parameters
+    that cannot fit in the memory available (on the CPU, where the model is built, and on ``device``) are refused
+    before anything is built (``accounting.check_model_fits``)."""
+    cfg = check_folder_shapes(path)
+    check_model_fits(cfg, "cpu", torch.float32, os.fspath(path))
+    if torch.device(device).type != "cpu":
+        check_model_fits(cfg, device, dtype or torch.float32, os.fspath(path))
+    model = DecoderLM(cfg)
     load_weights_into(model, load_state(path), os.path.join(os.fspath(path), WEIGHTS_NAME))
     model.to(device=device)
     if dtype is not None:

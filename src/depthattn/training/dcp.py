@@ -13,6 +13,7 @@ ones are pruned through ``runs.prune_checkpoints``. DCP reshards on load: a run 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .. import checkpoint as ckpt
+from ..accounting import check_model_fits
 from ..checkpoint import CHECKPOINT_DIR
 from ..config import ModelConfig
 from ..data.tokenizer import read_tokenizer
@@ -64,13 +66,18 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / DCP_DIR).mkdir(parents=True)
     dist.barrier()
-    dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / DCP_DIR))
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / DCP_DIR))
+    except CheckpointException as e:  # a BaseException: the CLI's table would not see it
+        raise write_failure(e, tmp / DCP_DIR) from e
     dist.barrier()  # every shard and the metadata are on disk
     if main:
         master = next(iter(model.parameters())).dtype  # the sharded master weights' dtype
         ckpt.save_config_files(model.config, tmp, str(master).removeprefix("torch."), data_dir / TOKENIZER_FILE)
         atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(train_cfg.to_dict(), indent=2) + "\n")
-        torch.save(state, tmp / STATE_FILE)
+        ckpt.save_torch(state, tmp / STATE_FILE)
         # durable before it is visible: umask modes, every file and folder fsync'd (DCP fsyncs its own shards too);
         # checksums.json covers rank 0's files (trainer state, configs, tokenizer), not the dcp/ shards (hashing
         # every rank's shards on rank 0 would cost ~3 s per GiB per checkpoint)
@@ -82,6 +89,24 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
         prune_checkpoints(run_dir, train_cfg.keep_last, target)  # via .trash-step_*, never the newest
     dist.barrier()
     return target
+
+
+def write_failure(e: BaseException, folder: Path) -> OSError:
+    """The ``OSError`` of a failed ``dcp.save`` into ``folder``: a rank's own ``OSError`` as it is; otherwise (torch's
+    writer reports a full disk as ``RuntimeError`` "unexpected pos", without an errno) ENOSPC when the file system
+    has less than 16 MiB left, else EIO, with the rank's message and the free space."""
+    failures = getattr(e, "failures", {}) or {}
+    causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    for cause in causes:
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return OSError(cause.errno, cause.strerror, cause.filename or os.fspath(folder))
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    code = errno.ENOSPC if free is not None and free < (16 << 20) else errno.EIO
+    said = next((str(c).splitlines()[0] for c in causes if str(c)), type(e).__name__)
+    return OSError(code, f"{os.strerror(code)} (DCP could not write its shards: {said})", os.fspath(folder))
 
 
 def check_config(checkpoint_dir: Path, model_cfg: ModelConfig) -> None:
@@ -133,7 +158,9 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike) -> Path
     src = ckpt.latest_checkpoint(source)
     ckpt.verify_folder(src)  # checksums.json before any file is parsed (DCP shards are not listed)
     # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
-    model = DecoderLM(ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src))
+    cfg = ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src)
+    check_model_fits(cfg, "cpu", torch.float32, str(src))
+    model = DecoderLM(cfg)
     if is_sharded(src):
         load_sharded(src, model, None)
     else:
