@@ -102,6 +102,19 @@ def status(part: Part, args) -> str:
     return "partial" if (Path(args.root) / part.name / "runs").is_dir() else "missing"
 
 
+#: How published files name the study's compare folders: the default --root, relative to the repository.
+PUBLISHED_ROOT = "runs/study"
+
+
+def portable(text: str, args) -> str:
+    """``text`` with this machine's absolute path of ``--root`` replaced by ``PUBLISHED_ROOT``, so the published
+    reports and commands hold no path of the machine that ran the study (and read as run from a checkout with the
+    default --root)."""
+    for root in sorted({str(Path(args.root).resolve()), str(Path(args.root).absolute())}, key=len, reverse=True):
+        text = text.replace(root, PUBLISHED_ROOT)
+    return text
+
+
 def run_part(part: Part, args) -> None:
     if not args.data and not (data_dir(args) / "meta.json").is_file():
         from depthattn.data import prepare_corpus
@@ -120,9 +133,10 @@ def run_part(part: Part, args) -> None:
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     results["study"] = {"part": part.name, "group": part.group, "label": part.label,
                         "command": "depthattn " + shlex.join(argv)}
-    for name in ("report.md", "loss_curves.png"):
-        shutil.copyfile(folder / name, pub / name)
-    atomic_write_text(pub / "results.json", json.dumps(results, indent=2) + "\n")
+    shutil.copyfile(folder / "loss_curves.png", pub / "loss_curves.png")
+    report = (folder / "report.md").read_text(encoding="utf-8")
+    atomic_write_text(pub / "report.md", portable(report, args))
+    atomic_write_text(pub / "results.json", portable(json.dumps(results, indent=2) + "\n", args))
     print(f"== {part.name} done in {time.perf_counter() - t0:.0f} s; published to {pub}", flush=True)
 
 

@@ -166,7 +166,7 @@ def test_compare_keys_runs_and_eval_cache_by_data_fingerprint(data_dir, tmp_path
     assert cache["result"]["loss"] == res["methods"]["none"]["runs"][0]["val_loss"]
     # the folder is re-prepared in place (same tokenizer, other split): the finished run is not reused
     prepare_corpus(data, [str(data_dir.parent / "slice.jsonl")], tokenizer=data_dir / "tokenizer.json",
-                   val_fraction=0.4, seed=5, progress=False)
+                   val_fraction=0.4, seed=5, progress=False, overwrite=True)
     before = hashes(run)
     with pytest.raises(ValueError, match=r"other settings \(data .*fingerprint differs"):
         run_compare(out, settings, data, progress=False, log=lambda *a: None)

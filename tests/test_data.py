@@ -298,11 +298,12 @@ def test_prepare_txt_folder_and_hf_dataset(tmp_path, docs):
 
 
 def test_hf_dataset_without_datasets_package(tmp_path, monkeypatch):
-    (tmp_path / "dataset_info.json").write_text("{}")
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "dataset_info.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "datasets", None)  # import fails as if not installed
     with pytest.raises(ValueError, match=r"pip install datasets") as e:
-        prepare_corpus(tmp_path / "out", [str(tmp_path)], progress=False)
-    assert str(tmp_path) in str(e.value)
+        prepare_corpus(tmp_path / "out", [str(tmp_path / "ds")], progress=False)
+    assert str(tmp_path / "ds") in str(e.value)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -346,7 +347,7 @@ def test_bad_input_raises_value_error_and_keeps_out_dir(case, prepared, tmp_path
     before = _snapshot(out)
     inputs = kwargs.pop("inputs")
     with pytest.raises(ValueError) as e:
-        prepare_corpus(out, inputs, progress=False, **{"vocab_size": 300, **kwargs})
+        prepare_corpus(out, inputs, progress=False, overwrite=True, **{"vocab_size": 300, **kwargs})
     assert needle in str(e.value) and "\n" not in str(e.value)
     assert _snapshot(out) == before
 
@@ -363,8 +364,10 @@ def test_failure_while_writing_keeps_previous_files(prepared, slice_jsonl, tmp_p
 
     monkeypatch.setattr(prepare_module, "_write_meta", fail)
     with pytest.raises(OSError, match="disk full"):
-        prepare_corpus(out, [str(slice_jsonl)], vocab_size=300, val_fraction=0.2, seed=7, progress=False)
+        prepare_corpus(out, [str(slice_jsonl)], vocab_size=300, val_fraction=0.2, seed=7, progress=False,
+                       overwrite=True)
     assert _snapshot(out) == before  # no temp files left, nothing replaced
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nor beside it
 
 
 def _non_byte_level_tokenizer(kind: str, texts: list[str]):

@@ -27,6 +27,7 @@ from depthattn.data import (EOS_TOKEN, ShardedTokens, TokenBatches, embedded_cor
 from depthattn.data import encode as encode_module
 from depthattn.data import integrity
 from depthattn.data import prepare as prepare_module
+from depthattn.data import staging
 from depthattn.data.encode import encode_pieces
 from depthattn.data.inputs import cut_piece
 from depthattn.data.tokenizer import train_bpe
@@ -251,7 +252,7 @@ _KILLED = textwrap.dedent("""
 def test_killed_prepare_leaves_nothing_valid_and_a_rerun_equals_an_uninterrupted_one(embedded, tmp_path):
     out, tok = tmp_path / "out", embedded / "tokenizer.json"
     child = subprocess.Popen([sys.executable, "-c", _KILLED, str(out), str(tok)], start_new_session=True)
-    partial = out / ".partial"
+    partial = staging.partial_path(out) / staging.CONTENT_DIR
     deadline = time.time() + 120
     while time.time() < deadline and len(list(partial.glob("train-*.bin"))) < 3:
         time.sleep(0.02)
@@ -261,8 +262,10 @@ def test_killed_prepare_leaves_nothing_valid_and_a_rerun_equals_an_uninterrupted
     assert not (out / "meta.json").exists()
     with pytest.raises(ValueError, match="meta.json: not found|not a prepared data folder"):
         load_prepared(out)
-    meta = prepare_corpus(out, None, tokenizer=tok, progress=False, log=None, workers=2, shard_tokens=20_000)
-    assert not partial.exists()
+    lines = []  # the killed writer's .partial is removed with one line
+    meta = prepare_corpus(out, None, tokenizer=tok, progress=False, log=lines.append, workers=2, shard_tokens=20_000)
+    assert [line for line in lines if "removed a stale" in line and "that process is gone" in line], lines
+    assert not partial.parent.exists()
     got, want = _files(out), _files(embedded)  # the uninterrupted prepare (which trained this tokenizer)
     assert got.pop("meta.json") and want.pop("meta.json") and got == want
     clean = json.loads((embedded / "meta.json").read_text())
@@ -422,8 +425,8 @@ def test_failure_in_a_worker_leaves_previous_folder(ref, rows, tmp_path, monkeyp
     monkeypatch.setattr(encode_module, "encode_unit", _fail_on_korea)  # the forked workers see it too
     monkeypatch.setattr(prepare_module, "UNIT_CHARS", 4_000)
     with pytest.raises(OSError, match="disk full"):
-        _prep(out, [str(src)], ref, workers=2, shard_tokens=2_000)
-    assert _files(out) == before and not (out / ".partial").exists()
+        _prep(out, [str(src)], ref, workers=2, shard_tokens=2_000, overwrite=True)
+    assert _files(out) == before and not staging.partial_path(out).exists()
 
 
 def test_reprepare_removes_stale_shards_and_old_layout_loads(ref, rows, tmp_path):
@@ -433,7 +436,7 @@ def test_reprepare_removes_stale_shards_and_old_layout_loads(ref, rows, tmp_path
     _prep(out, [str(src)], ref, shard_tokens=1_000)
     assert len(list(out.glob("train-*.bin"))) > 5
     load_prepared(out)
-    _prep(out, [str(src)], ref)  # one shard per split now: the others are removed, the cache too
+    _prep(out, [str(src)], ref, overwrite=True)  # one shard per split now: the others are gone, the cache too
     assert sorted(p.name for p in out.glob("*.bin")) == ["train-00000.bin", "val-00000.bin"]
     assert not (out / integrity.VERIFY_CACHE).exists()
     # a folder of format_version 1 (one train.bin / val.bin, the split's sha256 that of the file) still loads

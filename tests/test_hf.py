@@ -396,6 +396,12 @@ def test_convert_refuses_an_existing_out_without_overwrite(tmp_path, capsys):
         assert main(["convert", *argv, "--out", str(tmp_path / "taken")]) == 2
         assert f"{tmp_path / 'taken'} already exists" in capsys.readouterr().err
         assert os.listdir(tmp_path / "taken") == ["keep.txt"]
+    # --overwrite replaces only a model folder depthattn wrote: a folder of the user's files is refused, kept as is
+    assert main(["convert", "--to-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "taken"), "--overwrite"]) == 2
+    assert "is not a depthattn model folder" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "taken") == ["keep.txt"] and (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+    (tmp_path / "taken" / "keep.txt").unlink()
+    assert main(["convert", "--to-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "taken")]) == 0  # empty
     assert main(["convert", "--to-qwen3", str(tmp_path / "ck"), "--out", str(tmp_path / "taken"), "--overwrite"]) == 0
     assert sorted(os.listdir(tmp_path / "taken")) == ["checksums.json", "config.json", "model.safetensors"]
     # a failed conversion with --overwrite leaves the existing folder as it was (atomic write)

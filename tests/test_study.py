@@ -126,7 +126,20 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
     assert res["study"]["group"] == "ablation" and "--set depth_attention_stride=1" in res["study"]["command"]
     assert res["methods"]["depth_attention"]["runs"][0]["steps"] == study.TINY_STEPS
     assert (tmp_path / "pub/ablation-1w0-s0/loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+    for name in ("results.json", "report.md"):  # no path of the machine that ran it: the root reads runs/study
+        text = (tmp_path / "pub/ablation-1w0-s0" / name).read_text()
+        assert str(tmp_path / "root") not in text
+    assert "--out runs/study/ablation-1w0-s0" in res["study"]["command"]
     assert study.status(study.parts()[5], type("A", (), {"publish": str(tmp_path / "pub"),
                                                        "root": str(tmp_path / "root")})) == "done"
     text = study.aggregate(tmp_path / "pub", tmp_path / "results.md")
     assert "| depth_attention (stride=1, window=0) | 1 |" in text and "**Incomplete:** 18 of 19" in text
+
+
+def test_published_study_files_hold_no_machine_paths():
+    """docs/results.md and docs/study/ are read on other machines: no absolute path of the one that ran the study."""
+    docs = Path(__file__).parents[1] / "docs"
+    files = [docs / "results.md", *(docs / "study").rglob("*.json"), *(docs / "study").rglob("*.md")]
+    offenders = [str(f.relative_to(docs)) for f in files
+                 if any(p in f.read_text(encoding="utf-8") for p in ("/work/", "/home/", "/root/", "/tmp/"))]
+    assert offenders == []

@@ -128,3 +128,32 @@ def test_default_multiprocess_engine_finds_the_model_through_the_entry_point(tmp
     got = json.loads(lines[0][7:])
     for p, tokens in zip(prompts[:2], got):
         assert tokens == generate(core, torch.tensor([p]), NEW_TOKENS, temperature=0)[0, len(p):].tolist()
+
+
+def test_the_serving_doc_snippet_runs_as_a_file(tmp_path, tokenizer_file):
+    """docs/serving.md's Python block, saved as a file and run with vLLM's default multiprocess engine (the
+    checkpoint path substituted): it must run as written and print the greedy continuation."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    core = checkpoint(tmp_path / "ck", tokenizer_file)
+    doc = (Path(__file__).parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    assert '"runs/x/checkpoints/step_00000400"' in block
+    (tmp_path / "snippet.py").write_text(block.replace("runs/x/checkpoints/step_00000400", str(tmp_path / "ck")))
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the snippet's own setting, not this module's
+    res = subprocess.run([sys.executable, "snippet.py"], capture_output=True, text=True, timeout=900, env=env,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    prompt = tok.encode("The sea").ids
+    new = generate(core, torch.tensor([prompt]), 32, temperature=0)[0, len(prompt):].tolist()
+    eos = tok.token_to_id("<|endoftext|>")
+    new = new[:new.index(eos)] if eos in new else new  # vLLM stops at the stop token
+    expected = tok.decode(new).replace("\ufffd", "")  # incomplete UTF-8 pieces: detokenizers may place them apart
+    assert expected and expected in res.stdout.replace("\ufffd", ""), res.stdout[-800:]

@@ -27,6 +27,7 @@ report as other types: ``checkpoint.save_safetensors``,                the file 
 ``save_torch``, ``training.dcp.write_failure``,
 ``quiet_thread_os_errors``)
 interrupted (Ctrl-C)                                        130        ``depthattn CMD: interrupted``
+the reader of stdout went away (``... | head``)             141        none
 anything else (a bug)                                       1          the exception and a pointer to ``--debug``
 ==========================================================  =========  =============================================
 """
@@ -34,6 +35,7 @@ anything else (a bug)                                       1          the excep
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import importlib
 import os
@@ -123,6 +125,18 @@ def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return parser
 
 
+def did_you_mean(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """``" (did you mean --steps?)"`` for the first unrecognised flag in ``extra`` close to one of ``parser``'s
+    (``difflib``'s similarity >= 0.6), else ``""``."""
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    for item in extra:
+        if item.startswith("--"):
+            close = difflib.get_close_matches(item.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
+
 def check_input_paths(args: argparse.Namespace) -> None:
     """``FileNotFoundError`` "<flag> <path> does not exist" for the first ``INPUT_PATHS`` argument given a path
     that does not exist (with ``--resume``, only it: ``train`` refuses the other flags with their own message)."""
@@ -197,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the sub-command's usage, not the top-level one
-        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        sub = command_parser(parser, args)
+        sub.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(sub, extra)}")
     cmd = f"depthattn {command_name(args)}"
     default_hook = threading.excepthook
     thread_errors = quiet_thread_os_errors(args)
@@ -213,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args, f"{cmd}: error: {e}", 1)
     except (ValueError, FileNotFoundError) as e:  # bad input (incl. decoding errors): one clear message
         return _report(args, f"{cmd}: error: {e}", 2)
+    except BrokenPipeError:  # `depthattn ... | head`: the reader left; nothing to report
+        sys.stdout = open(os.devnull, "w")  # so the interpreter's final flush does not fail again
+        return 141
     except OSError as e:  # the system refused: full disk, read-only file system, permissions
         return _report(args, f"{cmd}: error: {describe_os_error(e, args)}", 1)
     except Exception as e:  # a bug: still one line, the traceback with --debug

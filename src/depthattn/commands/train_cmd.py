@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from ..training import TrainConfig, load_toml, read_run, resolve_model_config, train
 from ..training.config import parse_value, split_overrides
+from ..training.runs import resumed_data_parallel
 from ..training.runtime import resolve_device
 
 DEFAULT_PRESET = "small"
@@ -22,18 +24,36 @@ def default_data_dir() -> Path:
     return Path(root) / "data" / "embedded"
 
 
-def ensure_data(path: str | os.PathLike | None, progress: bool = True, log=print) -> Path:
+def ensure_data(path: str | os.PathLike | None, progress: bool = True, log=print, timeout_s: float = 300.0) -> Path:
     """A prepared data folder: ``path`` as given (must be prepared), or the default cache folder, prepared from the
-    embedded corpus (``data.prepare_corpus``, default settings) if it has no ``meta.json`` yet."""
+    embedded corpus (``data.prepare_corpus``, default settings) if it has no ``meta.json`` yet.
+
+    Under torchrun only one process prepares it: a process with ``LOCAL_RANK`` 0 (one per node; outside torchrun,
+    the process itself) claims the folder's ``.partial`` (``data.staging``: an atomic ``mkdir``, so with a cache
+    shared between nodes exactly one of them prepares, the others waiting for it; with a node-local cache, one per
+    node), and every other process waits for ``meta.json`` to appear. Nobody waits more than ``timeout_s`` seconds
+    (the run's ``dist_timeout_s``); the waiters then load the folder with its shards' sha256 verified. Raises
+    ``ValueError`` naming the folder when the wait times out or a ``.partial`` of another host blocks it."""
     from ..data import load_prepared, prepare_corpus
 
     if path is not None:
         load_prepared(path)  # validates; ValueError naming the file if it is not prepared
         return Path(path)
     folder = default_data_dir()
-    if not (folder / "meta.json").is_file():
+    if (folder / "meta.json").is_file():
+        return folder
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         log(f"preparing the embedded corpus into {folder} (once)")
-        prepare_corpus(folder, None, progress=progress)
+        prepare_corpus(folder, None, progress=progress, overwrite=True, wait_s=timeout_s, if_missing=True)
+        return folder
+    deadline = time.monotonic() + timeout_s
+    while not (folder / "meta.json").is_file():
+        if time.monotonic() > deadline:
+            raise ValueError(f"{folder}: waited {timeout_s:g} s (dist_timeout_s) for LOCAL_RANK 0 to prepare the "
+                             f"embedded corpus there; see its error, or prepare it once before launching "
+                             f"(`depthattn data prepare --out {folder}`)")
+        time.sleep(0.2)
+    load_prepared(folder, verify=True)  # the waiters check what they did not write
     return folder
 
 
@@ -64,12 +84,29 @@ def add_model_options(p: argparse.ArgumentParser, data_help: str = DATA_HELP) ->
                    help="skip the sha256 check of the data shards (TrainConfig.verify_data=false)")
 
 
+def check_file_values(path: str, preset: str, model: dict, train_kw: dict) -> None:
+    """Validate the [model] and [train] values of the config file ``path`` on their own, so that a bad value there
+    is named with the file: ``ValueError("PATH: [train] TrainConfig.steps='ten' is invalid: ...")``. An error about
+    a field the file does not set (a combination with the preset's values) is left for the full check."""
+    from ..config import ModelConfig
+
+    for table, keys, check in (("train", train_kw, lambda: TrainConfig.from_dict(dict(train_kw))),
+                               ("model", model, lambda: ModelConfig.from_preset(
+                                   preset, **{k: v for k, v in model.items() if k != "vocab_size"}))):
+        try:
+            check()
+        except ValueError as e:
+            if any(f"Config.{k}=" in str(e) for k in keys):
+                raise ValueError(f"{path}: [{table}] {e}") from None
+
+
 def gather_settings(args: argparse.Namespace, extra_model: dict | None = None) -> tuple[str, dict, dict, Any]:
     """(preset, model overrides, train overrides, data path) from config file, then flags, then ``--set``."""
     preset, data, model, train_kw = None, None, {}, {}
     if args.config:
         doc = load_toml(args.config)
         preset, data, model, train_kw = doc["preset"], doc["data"], doc["model"], doc["train"]
+        check_file_values(args.config, args.preset or preset or DEFAULT_PRESET, model, train_kw)
     preset = args.preset or preset or DEFAULT_PRESET
     data = args.data or data
     flags = {"steps": args.steps, "tokens": args.tokens, "seed": args.seed, "device": args.device}
@@ -112,6 +149,36 @@ RESUME_FIXED = (("config", "--config"), ("preset", "--preset"), ("set", "--set")
                 ("loops", "--loops"), ("data", "--data"), ("out", "--out"))
 
 
+#: ``--set`` keys that ``--resume`` accepts: how the resumed run is spread over the ranks
+#: (``runs.resumed_data_parallel`` says what it means when not given).
+RESUME_SETTABLE = ("data_parallel",)
+
+
+def _resume_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--set`` pairs given with ``--resume`` (only ``RESUME_SETTABLE`` keys: ``ValueError`` naming any other),
+    removed from ``args.set`` so ``RESUME_FIXED`` does not refuse them."""
+    pairs = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in RESUME_SETTABLE:
+            raise ValueError(f"--resume continues {args.resume} with its recorded config; --set {item!r} would change "
+                             f"it (with --resume, --set takes only {', '.join(RESUME_SETTABLE)}=...)")
+        pairs[key.strip()] = parse_value(value.strip())
+    args.set = []
+    return pairs
+
+
+def _resume_data_parallel(recorded: str | None, resume_sets: dict[str, Any]) -> str | None:
+    """``data_parallel`` of the resumed run: ``--set data_parallel=...`` when given, else the recorded one adapted
+    to the launch (``runs.resumed_data_parallel``; the change said once, by rank 0)."""
+    if "data_parallel" in resume_sets:
+        return resume_sets["data_parallel"]
+    value, line = resumed_data_parallel(recorded)
+    if line and int(os.environ.get("RANK", "0")) == 0:
+        print(line)
+    return value
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Train a model; writes a run folder (run.json, metrics.jsonl, checkpoints/) to --out. Without --data it trains
     on the embedded corpus, prepared once into the cache folder $DEPTHATTN_CACHE/data/embedded (default
@@ -123,16 +190,18 @@ def run_train(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         raise ValueError("--nproc applies to --dry-run only (launch N processes with torchrun --nproc_per_node N)")
     if args.resume:
+        resume_sets = _resume_settings(args)
         given = [flag for attr, flag in RESUME_FIXED if getattr(args, attr, None) not in (None, [])]
         if given:
             raise ValueError(f"--resume continues {args.resume} with its recorded config and data; drop "
                              f"{', '.join(given)} (only --device, --compile, --activation-checkpointing, "
-                             f"--no-verify, --on-nonfinite and --no-progress may be given)")
+                             f"--no-verify, --on-nonfinite, --no-progress and --set data_parallel=... may be given)")
         run = read_run(args.resume)
         from ..config import ModelConfig
 
         model_cfg = ModelConfig.from_dict(run["model"])
         overrides = {k: v for k, v in {"device": args.device}.items() if v is not None}
+        overrides["data_parallel"] = _resume_data_parallel(run["train"].get("data_parallel"), resume_sets)
         if args.compile:
             overrides["compile"] = True
         if args.activation_checkpointing:
@@ -155,7 +224,7 @@ def run_train(args: argparse.Namespace) -> int:
         check_model_settings(preset, model_kw)
         from ..data import load_prepared
 
-        data_dir = ensure_data(data, progress=not args.no_progress)
+        data_dir = ensure_data(data, progress=not args.no_progress, timeout_s=train_cfg.dist_timeout_s)
         prepared = load_prepared(data_dir, verify=False)  # the trainer verifies the shards (rank 0, once)
         model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / "tokenizer.json"))
         out = args.out or os.path.join("runs", f"{preset}-{model_cfg.cross_layer}")
@@ -210,12 +279,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue a run from its newest checkpoint, with its recorded config and data (only "
                         "--device, --compile, --activation-checkpointing, --no-verify, --on-nonfinite, "
-                        "--no-progress may be given)")
+                        "--no-progress and --set data_parallel=ddp|fsdp|null may be given; under torchrun a "
+                        "one-process run resumes with ddp, see docs/training-at-scale.md)")
     p.add_argument("--on-nonfinite", choices=("stop", "skip"), default=None,
                    help="a NaN/inf loss or gradient norm stops the run (stop, the default) or skips that step "
                         "(skip; TrainConfig.on_nonfinite; may be given with --resume)")
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
-                   help="start from this checkpoint's weights (its cross_layer may differ)")
+                   help="start from this checkpoint's weights, or a run folder's newest checkpoint (its cross_layer "
+                        "may differ)")
     p.add_argument("--dry-run", action="store_true",
                    help="print parameters, FLOPs per token, per-GPU memory and the tokens/s needed; train nothing")
     p.add_argument("--nproc", type=int, default=None, help="--dry-run: data-parallel ranks to plan for (default 1)")

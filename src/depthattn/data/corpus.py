@@ -18,11 +18,13 @@ import contextlib
 import gzip
 import io
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from depthattn.data.document import Document, surrogate_at
 from depthattn.fileio import atomic_write_bytes, atomic_write_json, loads_json, read_json, sha256_bytes, sha256_file
+from depthattn.outputs import OutputKind, describe_entries
 
 CORPUS_FORMAT = "depthattn-corpus"
 EMBEDDED_DIR = Path(__file__).resolve().parent / "corpus"
@@ -69,6 +71,21 @@ def is_corpus_dir(path: str | Path) -> bool:
         return isinstance(values, dict) and values.get("format") == CORPUS_FORMAT
     except (ValueError, OSError):
         return False
+
+
+def corpus_folder_foreign(folder: Path) -> str | None:
+    """Why ``folder`` is not a corpus folder ``write_corpus`` may update (None: it is one): a ``depthattn-corpus``
+    ``manifest.json`` beside ``*.jsonl.gz`` files only."""
+    if not is_corpus_dir(folder):
+        return f"it has no {CORPUS_FORMAT} manifest.json"
+    extra = [n for n in os.listdir(folder) if n != "manifest.json" and not n.endswith(".jsonl.gz")]
+    if extra:
+        return f"it holds files a corpus folder does not: {describe_entries(folder, extra)}"
+    return None
+
+
+#: What ``data fetch --out`` may update in place.
+CORPUS_FOLDER = OutputKind("depthattn corpus folder", corpus_folder_foreign)
 
 
 def read_manifest(corpus_dir: str | Path) -> dict:

@@ -10,10 +10,14 @@ Bits per byte counts each token's bytes with ``tokenizer.token_byte_lengths`` (t
 encode pass checks, piece by piece, that the tokens' byte lengths add up to the text's UTF-8 bytes, and refuses a
 tokenizer for which they do not (a normalizer, a Metaspace pre-tokenizer, unknown tokens).
 
-Everything is written into ``<out>/.partial/`` first (with the writer's pid); only when all is complete are the files
-moved into ``<out>``, ``meta.json`` last and the old ``meta.json`` removed first, so a failed or killed run never
-leaves a folder that looks valid, a failure before that step leaves the previous contents as they were, and a re-run
-removes a stale ``.partial`` and starts cleanly. The folder's format is described in :mod:`depthattn.data.shards`.
+Everything is written into ``<parent>/.<name>.partial/folder/`` first (the ``.partial`` records its writer's host
+and pid and holds a ``flock``: :mod:`depthattn.data.staging`); only when all is complete is the folder renamed onto
+``<out>`` (an old ``<out>`` renamed aside first and deleted last: :func:`depthattn.fileio.write_folder_atomically`),
+so a failed or killed run never leaves a folder that looks valid and leaves a previous ``<out>`` as it was; a
+re-run removes a stale ``.partial`` (its writer gone) with one line. An existing ``<out>`` is replaced only with
+``overwrite`` and only when it is a prepared data folder (:data:`DATA_FOLDER`), and ``<out>`` may not be, contain or
+lie inside an input (:func:`depthattn.outputs.check_output`). The folder's format is described in
+:mod:`depthattn.data.shards`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import hashlib
 import json
 import os
 import random
-import shutil
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,17 +35,21 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
+from depthattn.data.corpus import EMBEDDED_DIR
 from depthattn.data.document import Document
 from depthattn.data.encode import PIECE_CHARS, ShardWriter, encode_pieces, parallel_encode
 from depthattn.data.inputs import TXT_PIECE_CHARS, InputSource, resolve_inputs
 from depthattn.data.integrity import VERIFY_CACHE
 from depthattn.data.shards import DTYPES, META_FORMAT, SPLITS
+from depthattn.data.staging import claimed, touch
 from depthattn.data.tokenizer import (EOS_TOKEN, MIN_VOCAB_SIZE, add_special_tokens, check_special_tokens,
                                       load_tokenizer, special_tokens_of, tokenizer_bytes, tokenizer_config, train_bpe)
-from depthattn.fileio import install_staged_files, sha256_bytes
+from depthattn.fileio import read_json, sha256_bytes, write_folder_atomically
+from depthattn.outputs import OutputKind, check_output, describe_entries
 
 UINT16_MAX_VOCAB = 1 << 16
-STAGING = ".partial"
+#: The staging folder of releases before the ``.partial`` moved beside the folder (a prepared folder may hold one).
+LEGACY_STAGING = ".partial"
 #: Default tokenizer training sample (UTF-8 bytes of training documents).
 TOKENIZER_SAMPLE_BYTES = 300_000_000
 #: Default tokens per shard file (200 MB of uint16).
@@ -100,6 +108,18 @@ def split_by_lengths(lengths: np.ndarray, val_fraction: float, seed: int) -> np.
     if not n_val:
         is_val[min(order, key=lambda i: int(lengths[i]))] = True  # min() keeps the first (shuffled) among ties
     return is_val
+
+
+def split_share_note(lengths: np.ndarray, is_val: np.ndarray, val_fraction: float) -> str | None:
+    """One line when the validation split's share of the characters is more than 25 % away from ``val_fraction``
+    (whole documents are held out, so a corpus of few or long documents splits coarsely), else None."""
+    share = float(lengths[is_val].sum()) / max(1, int(lengths.sum()))
+    if abs(share - val_fraction) <= 0.25 * val_fraction:
+        return None
+    return (f"note: the validation split holds {share:.1%} of the characters ({int(is_val.sum())} of {len(lengths)} "
+            f"documents), not the --val-fraction {val_fraction:g} target ({val_fraction:.1%}): whole documents are "
+            f"held out, and these are few or long; give more, shorter documents (a .txt input is cut into pieces of "
+            f"--txt-piece-chars) for a closer split")
 
 
 def split_documents(docs: list[Document], val_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:
@@ -300,28 +320,41 @@ def _byte_mismatch(tokenizer: str | Path | None, split: str, doc_id: str) -> str
 # staging
 
 
-def _open_staging(out_dir: Path) -> Path:
-    """A fresh ``<out>/.partial`` holding this process's pid; a stale one (its writer gone) is removed first."""
-    staging = out_dir / STAGING
-    pid_file = staging / "pid"
-    if staging.exists():
+#: Names a prepared data folder may hold besides the shards (format 1: ``train.bin``; 2: ``train-00000.bin``).
+DATA_NAMES = frozenset({"meta.json", "tokenizer.json", "tokenizer_config.json", VERIFY_CACHE, LEGACY_STAGING})
+SHARD_NAME = re.compile(rf"({'|'.join(SPLITS)})(-\d+)?\.bin")
+
+
+def data_folder_foreign(folder: Path) -> str | None:
+    """Why ``folder`` is not a prepared data folder (None: it is one, complete or left half-installed by an older
+    release): every entry is a name :func:`prepare_corpus` writes, and there is a ``meta.json`` of ours or else a
+    shard or the old ``.partial`` (a tokenizer folder alone is not one)."""
+    meta = folder / "meta.json"
+    if meta.is_file():
         try:
-            pid = int(pid_file.read_text())
-            os.kill(pid, 0)
-            alive = pid != os.getpid()
-        except (OSError, ValueError):
-            alive = False
-        if alive:
-            raise ValueError(f"{staging}: another `data prepare` (pid {pid}) is writing this folder; remove "
-                             f"{staging} if that process is not a prepare")
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    pid_file.write_text(str(os.getpid()))
-    return staging
+            ok = read_json(meta, "data meta.json").get("format") == META_FORMAT
+        except (OSError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            return f"its meta.json is not a {META_FORMAT} meta.json"
+    elif not any(n == LEGACY_STAGING or SHARD_NAME.fullmatch(n) for n in os.listdir(folder)):
+        return "it has no meta.json"  # (one an older release left half-installed has shards or its .partial)
+    extra = [n for n in os.listdir(folder) if n not in DATA_NAMES and not SHARD_NAME.fullmatch(n)]
+    if extra:
+        return f"it holds files a prepared data folder does not: {describe_entries(folder, extra)}"
+    return None
 
 
-def _existing_shards(out_dir: Path) -> list[str]:
-    return [p.name for p in out_dir.glob("*.bin") if p.name.split("-")[0].split(".")[0] in SPLITS]
+DATA_FOLDER = OutputKind("prepared data folder", data_folder_foreign)
+
+
+def _input_paths(sources: list[InputSource], specs: list[str] | None, tokenizer: str | Path | None) -> list[Path]:
+    """Every path ``prepare_corpus`` reads: each ``--input`` as given and the files it resolved to (the package's
+    corpus for ``embedded``), and ``--tokenizer``."""
+    paths = [Path(s) for s in specs or [] if os.path.exists(s)]
+    for src in sources:
+        paths.extend([EMBEDDED_DIR] if src.kind == "embedded" else src.files)
+    return paths + ([Path(tokenizer)] if tokenizer is not None else [])
 
 
 def _write_meta(staging: Path, tok: Tokenizer, tokenizer: str | Path | None, dtype: str, seed: int,
@@ -351,7 +384,8 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
                    dtype: str = "auto", progress: bool = True, log: Callable[[str], None] | None = print,
                    workers: int | None = None, text_column: str = "text",
                    tokenizer_sample_bytes: int = TOKENIZER_SAMPLE_BYTES, special_tokens: list[str] | None = None,
-                   shard_tokens: int = SHARD_TOKENS, txt_piece_chars: int = TXT_PIECE_CHARS) -> dict:
+                   shard_tokens: int = SHARD_TOKENS, txt_piece_chars: int = TXT_PIECE_CHARS,
+                   overwrite: bool = False, wait_s: float = 0.0, if_missing: bool = False) -> dict:
     """Split documents, train (or load) a tokenizer, and write ``tokenizer.json``, ``tokenizer_config.json``, the
     ``train-*.bin`` / ``val-*.bin`` shards and ``meta.json`` to ``out_dir``; returns the meta dict.
 
@@ -362,8 +396,12 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
     else uint32. ``workers``: encoding processes (default: all cores); the output does not depend on it.
     ``text_column``: the text field of jsonl / parquet / datasets inputs. ``tokenizer_sample_bytes``: UTF-8 bytes
     of training documents the BPE is trained on. ``shard_tokens``: tokens per shard file. ``txt_piece_chars``: the
-    document size a lone ``.txt`` input is cut into. ``log`` (None: silent): one-line notes. Bad input raises one
-    ValueError naming the file or option."""
+    document size a lone ``.txt`` input is cut into. ``log`` (None: silent): one-line notes. ``overwrite``:
+    replace an existing ``out_dir`` (only a prepared data folder; an empty folder needs no ``overwrite``).
+    ``wait_s``: how long to wait for another process writing ``out_dir`` (0: refuse at once);
+    ``if_missing``: once this process holds the folder's ``.partial``, return the folder's meta without preparing
+    when another process has prepared it meanwhile. Bad input, an ``out_dir`` that is or holds an input, or one
+    that is not ours raises one ValueError naming the file or option (nothing written)."""
     out_dir = Path(out_dir)
     workers = default_workers() if workers is None else workers
     special_tokens = list(special_tokens or [])
@@ -373,23 +411,28 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
         raise ValueError(f"--shard-tokens must be positive, got {shard_tokens}")
     log = log or (lambda _msg: None)
     sources = resolve_inputs(inputs, text_column, txt_piece_chars, log)
-    lengths, records = _scan(sources)
-    is_val = split_by_lengths(lengths, val_fraction, seed)
-    if tok is None:
-        tok = _train_tokenizer(sources, is_val, vocab_size, tokenizer_sample_bytes, special_tokens, progress, log)
-    dtype = _resolve_dtype(dtype, tok.get_vocab_size(with_added_tokens=True))
+    out_dir = check_output(out_dir, _input_paths(sources, inputs, tokenizer), DATA_FOLDER, overwrite)
+    with claimed(out_dir, log, wait_s) as staging:
+        if if_missing and (out_dir / "meta.json").is_file():
+            return read_json(out_dir / "meta.json", "data meta.json")
+        check_output(out_dir, (), DATA_FOLDER, overwrite)  # again: it may have changed while this one waited
+        lengths, records = _scan(sources)
+        is_val = split_by_lengths(lengths, val_fraction, seed)
+        note = split_share_note(lengths, is_val, val_fraction)
+        if note:
+            log(note)
+        if tok is None:
+            tok = _train_tokenizer(sources, is_val, vocab_size, tokenizer_sample_bytes, special_tokens, progress,
+                                   log)
+        dtype = _resolve_dtype(dtype, tok.get_vocab_size(with_added_tokens=True))
+        written: dict = {}
 
-    created = not out_dir.exists()
-    staging = _open_staging(out_dir)
-    try:
-        splits, val_ids = _encode_all(sources, is_val, tok, dtype, staging, workers, shard_tokens, tokenizer,
-                                      int(lengths.sum()), progress)
-        meta = _write_meta(staging, tok, tokenizer, dtype, seed, val_fraction, records, splits, val_ids)
-        files = [sh["file"] for s in SPLITS for sh in splits[s]["shards"]]
-        install_staged_files(staging, out_dir, ["tokenizer.json", "tokenizer_config.json", *files, "meta.json"],
-                             stale=[*_existing_shards(out_dir), VERIFY_CACHE])
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()
-    return meta
+        def fill(folder: str) -> None:
+            touch(Path(folder))  # the tokenizer is ready: waiters on other hosts see the writer is alive
+            splits, val_ids = _encode_all(sources, is_val, tok, dtype, Path(folder), workers, shard_tokens,
+                                          tokenizer, int(lengths.sum()), progress)
+            written.update(_write_meta(Path(folder), tok, tokenizer, dtype, seed, val_fraction, records, splits,
+                                       val_ids))
+
+        write_folder_atomically(out_dir, fill, manifest=False, staging=staging)
+    return written

@@ -39,6 +39,7 @@ from depthattn.checkpoint_files import check_header_fields, check_shapes, safete
 from depthattn.config import MAX_LAYERS, ModelConfig, read_json_object
 from depthattn.fileio import read_manifest, verify_manifest, write_folder_atomically
 from depthattn.model import DecoderLM
+from depthattn.outputs import MODEL_FOLDER, check_output
 
 #: ModelConfig fields whose Qwen3Config field has the same name and meaning.
 SHARED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -296,18 +297,19 @@ def qwen3_token_ids(path: str | os.PathLike) -> dict[str, int | None] | None:
     return ids or None
 
 
-def _check_out(out: str | os.PathLike, overwrite: bool) -> None:
-    if os.path.lexists(os.fspath(out)) and not overwrite:
-        raise ValueError(f"{os.fspath(out)} already exists; pass --overwrite (overwrite=True) to replace it, or "
-                         f"choose another --out")
+def _check_out(out: str | os.PathLike, sources: list[str | os.PathLike], overwrite: bool) -> Path:
+    """The folder to write for ``out`` (:func:`depthattn.outputs.check_output`: not a source, not inside or around
+    one; an existing one only with ``overwrite`` and only a model folder we wrote)."""
+    return check_output(out, sources, MODEL_FOLDER, overwrite)
 
 
 def convert_from_qwen3(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False,
                        **overrides: Any) -> tuple[DecoderLM, list[str]]:
     """Qwen3 folder → depthattn checkpoint folder (weights, ``config.json`` and the source's tokenizer files),
     written atomically; returns (model, tokenizer files copied). Raises ``ValueError`` if ``src`` is not a Qwen3
-    folder, or if ``out`` exists and not ``overwrite``."""
-    _check_out(out, overwrite)
+    folder, or if ``out`` exists and not ``overwrite`` (or is not a model folder we wrote, or is, holds or lies inside
+    ``src``)."""
+    out = _check_out(out, [src], overwrite)
     model = load_qwen3(src, **overrides)
 
     def fill(tmp: str) -> None:
@@ -323,11 +325,11 @@ def convert_to_qwen3(ckpt: str | os.PathLike, out: str | os.PathLike,
                      overwrite: bool = False) -> tuple[DecoderLM, Path, list[str]]:
     """depthattn checkpoint (or run folder: its newest checkpoint; a Qwen3 folder is re-exported) → Hugging Face
     Qwen3 folder with the checkpoint's tokenizer; returns (model, checkpoint folder used, tokenizer files written). Raises
-    ``ValueError`` for a method Qwen3 cannot express, or if ``out`` exists and not ``overwrite``."""
+    ``ValueError`` for a method Qwen3 cannot express, or for an ``out`` :func:`_check_out` refuses."""
     from depthattn.checkpoint import latest_checkpoint
 
-    _check_out(out, overwrite)
     folder = latest_checkpoint(ckpt)
+    out = _check_out(out, [ckpt, folder], overwrite)
     model = load_any_model(folder)
     return model, folder, save_qwen3(model, out, tokenizer_dir=folder)
 
@@ -335,12 +337,12 @@ def convert_to_qwen3(ckpt: str | os.PathLike, out: str | os.PathLike,
 def upgrade_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> tuple[DecoderLM, Path]:
     """Re-write a depthattn checkpoint (or a run folder's newest; any format this version reads, e.g. the flat
     ``config.json`` written before checkpoints were Hugging Face folders) as a Hugging Face model folder with its
-    ``tokenizer.json``; returns (model, checkpoint folder used). Raises ``ValueError`` if ``out`` exists and not
-    ``overwrite``."""
+    ``tokenizer.json``; returns (model, checkpoint folder used). Raises ``ValueError`` for an ``out``
+    :func:`_check_out` refuses."""
     from depthattn.checkpoint import TOKENIZER_NAME, latest_checkpoint, save_model
 
-    _check_out(out, overwrite)
     folder = latest_checkpoint(ckpt)
+    out = _check_out(out, [ckpt, folder], overwrite)
     model = load_model(folder)
     tok = folder / TOKENIZER_NAME
     save_model(model, out, tokenizer_file=tok if tok.is_file() else None)

@@ -31,6 +31,7 @@ from ..config import ModelConfig
 from ..data.tokenizer import read_tokenizer
 from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
 from ..model import DecoderLM
+from ..outputs import MODEL_FOLDER, check_output
 from .runs import prune_checkpoints
 
 DCP_DIR = ckpt.SHARDED_DIR
@@ -149,13 +150,16 @@ def load_sharded(checkpoint_dir: Path, model: DecoderLM, optimizer: torch.optim.
         set_optimizer_state_dict(model, optimizer, states["optimizer"])
 
 
-def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike) -> Path:
+def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
     """Gather a checkpoint (a run folder: its newest) into an ordinary checkpoint folder at ``out``
     (a Hugging Face model folder: ``model.safetensors``, ``config.json``, ``generation_config.json``,
     ``tokenizer.json``, ``tokenizer_config.json``), read by ``eval``, ``generate``, ``convert`` and
     ``from_pretrained``. One process, no process group. Returns the folder it read. Raises ``ValueError`` /
-    ``FileNotFoundError`` naming the folder (nothing is written under ``out`` then)."""
+    ``FileNotFoundError`` naming the folder (nothing is written under ``out`` then), also for an ``out`` that is,
+    contains or lies inside ``source``, or that exists (only with ``overwrite``, and only a model folder we wrote,
+    is it replaced: :func:`depthattn.outputs.check_output`)."""
     src = ckpt.latest_checkpoint(source)
+    out = check_output(out, [source, src], MODEL_FOLDER, overwrite)
     ckpt.verify_folder(src)  # checksums.json before any file is parsed (DCP shards are not listed)
     # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
     cfg = ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src)

@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import data
+from ..checkpoint import latest_checkpoint
 from ..checks import check_token_array
 from ..config import ModelConfig
 from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
@@ -40,7 +41,8 @@ from .build import build_on_meta, materialize
 from .dcp import is_sharded, load_sharded, save_sharded
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
-from .runs import (CHECKPOINT_DIR, METRICS_FILE, TOKENIZER_FILE, ResumeCheckpoint, checkpoint_dirs, environment,
+from .runs import (CHECKPOINT_DIR, METRICS_FILE, TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind,
+                   checkpoint_dirs, environment,
                    fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights, read_metrics,
                    read_resume_checkpoint, read_summary, restore_trainer_state, resume_point, run_tokens_per_s,
                    save_checkpoint, set_aside, start_run_files, trainer_state, write_summary)
@@ -103,7 +105,8 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     """Train ``model_cfg`` on the prepared data folder ``data_dir`` into ``run_dir``.
 
     ``resume``: continue from the newest checkpoint of ``run_dir`` (configs must match the recorded ones, except
-    ``RESUMABLE_KEYS``). ``init_from``: start from a checkpoint's weights (``init_from_checkpoint``).
+    ``RESUMABLE_KEYS``; ``grad_accum`` and ``data_parallel`` as ``runs.resume_point`` says). ``init_from``: start
+    from a checkpoint's weights (``init_from_checkpoint``), or a run folder's newest checkpoint.
     ``stop_after``: return after this global step (as if interrupted; the last checkpoint stays resumable).
     ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished;
     an unreadable newest checkpoint skipped, a torn metrics line dropped, leftovers of interrupted writes removed).
@@ -152,9 +155,8 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     resume_from = found.path if found else None
     run_dir.mkdir(parents=True, exist_ok=True)
     sharded = resume_from is not None and is_sharded(resume_from)
-    if sharded != (resume_from is not None and train_cfg.data_parallel == "fsdp"):
-        raise ValueError(f"cannot resume from {resume_from}: a {'sharded (FSDP)' if sharded else 'full'} checkpoint "
-                         f"needs data_parallel={'fsdp' if sharded else 'null or ddp'}")
+    if resume_from is not None:
+        check_checkpoint_kind(resume_from, train_cfg.data_parallel)
     model = _build_model(model_cfg, train_cfg, device, amp)
     if resume_from is not None and not sharded:
         load_resume_weights(model, model_cfg, resume_from, found.weights)
@@ -267,22 +269,28 @@ def _build_model(model_cfg: ModelConfig, train_cfg: TrainConfig, device: torch.d
 
 
 def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Callable[[str], None]) -> None:
-    """``--init-from``: a checkpoint's weights (``init_from_checkpoint``); an FSDP model goes through a full CPU
-    copy on every rank (gathered, loaded, scattered back)."""
-    if is_sharded(path):
-        raise ValueError(f"--init-from {path} is a sharded (FSDP) checkpoint; gather it first with depthattn export "
+    """``--init-from``: a checkpoint's weights (``init_from_checkpoint``); a run folder means its newest checkpoint
+    (``checkpoint.latest_checkpoint``, as eval/generate/export take it; the log line names the one taken). An FSDP
+    model goes through a full CPU copy on every rank (gathered, loaded, scattered back)."""
+    try:
+        source = latest_checkpoint(path)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"--init-from: {e}") from None
+    which = f"{source}" if source == Path(path) else f"{source} (the newest checkpoint of run {path})"
+    if is_sharded(source):
+        raise ValueError(f"--init-from {which} is a sharded (FSDP) checkpoint; gather it first with depthattn export "
                          f"{path} --out DIR and start from DIR")
     if not fsdp:
-        kept = init_from_checkpoint(model, path)
+        kept = init_from_checkpoint(model, source)
     else:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                              set_model_state_dict)
 
         full = DecoderLM(model.config)
         full.load_state_dict(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
-        kept = init_from_checkpoint(full, path)
+        kept = init_from_checkpoint(full, source)
         set_model_state_dict(model, full.state_dict(), options=StateDictOptions(full_state_dict=True))
-    log(f"initialised from {path}" + (f" ({len(kept)} cross-layer tensors keep their init)" if kept else ""))
+    log(f"initialised from {which}" + (f" ({len(kept)} cross-layer tensors keep their init)" if kept else ""))
 
 
 def _build_optimizer(model: DecoderLM, cfg: TrainConfig):
@@ -299,8 +307,11 @@ def _progress_bar(t: _Trainer, progress: bool, desc: str):
 
 
 def _metrics_log(t: _Trainer) -> MetricsLogger:
-    """Rank 0's metrics sinks (``metrics.jsonl``, TensorBoard, W&B when asked); a silent logger elsewhere."""
+    """Rank 0's metrics sinks (``metrics.jsonl``, TensorBoard, W&B when asked); a silent logger elsewhere. The
+    TensorBoard events of steps after ``t.step`` (logged by an earlier session past the checkpoint it resumes from)
+    are purged, as ``metrics.jsonl``'s rows are."""
     return MetricsLogger(t.run_dir, METRICS_FILE, enabled=t.is_main, tensorboard=t.cfg.tensorboard,
+                         purge_step=t.step + 1,  # TensorBoard drops the steps after the checkpoint: they are redone
                          wandb_project=t.cfg.wandb_project, config={"train": t.cfg.to_dict(),
                                                                     "model": t.model.config.to_dict()})
 

@@ -107,11 +107,18 @@ class MetricsLogger:
     under ``tensorboard/`` (``tensorboard=True``) and a Weights & Biases run (``wandb_project``; honours
     ``WANDB_MODE=offline``). Other ranks get a logger that writes nothing.
 
+    ``purge_step``: the first step this session logs. A resumed run redoes the steps after its checkpoint, which an
+    earlier session may have logged already: ``metrics.jsonl`` is truncated before the logger opens it
+    (``runs.start_run_files``), and the TensorBoard writer is opened with ``SummaryWriter(purge_step=...)``, whose
+    ``SessionLog.START`` event at that step makes TensorBoard drop the earlier sessions' events at it and after,
+    so each step is shown once.
+
     Raises ``ValueError`` for ``wandb_project`` without the ``wandb`` package installed.
     """
 
     def __init__(self, run_dir: Path, metrics_file: str, *, enabled: bool, tensorboard: bool = True,
-                 wandb_project: str | None = None, config: Mapping[str, Any] | None = None):
+                 wandb_project: str | None = None, config: Mapping[str, Any] | None = None,
+                 purge_step: int | None = None):
         self.file = self.tb = self.wandb = None
         if wandb_project is not None:
             try:
@@ -126,7 +133,7 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
         if wandb_project is not None:
             self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), name=run_dir.name,
                                     config=dict(config or {}), resume="allow",

@@ -148,7 +148,12 @@ def read_metrics(run_dir: str | os.PathLike, log: Callable[[str], None] | None =
 def _truncate_metrics(run_dir: Path, last_step: int, log: Callable[[str], None], log_every: int = 1) -> None:
     """Drop logged rows past ``last_step`` (logged before a crash, after the checkpoint we resume from); a missing
     log restarts empty, and a log that ends a ``log_every`` or more before ``last_step`` (rows lost), are said through
-    ``log``."""
+    ``log``.
+
+    The log is rewritten only when a row (or a torn last line) is dropped, and then through
+    ``fileio.atomic_write_text``: the rows are written to a temporary file beside it, fsync'd, and renamed over it
+    (the folder fsync'd after), so a reader, a kill or a full disk (``OSError``, the temporary removed) at any
+    moment leaves the old log whole or the new one, never no file or a part of one."""
     file = run_dir / METRICS_FILE
     if not file.is_file() and last_step > 0:
         log(f"{file} is missing: the metrics log restarts at step {last_step + 1} (rows of steps 1-{last_step} are "
@@ -159,7 +164,13 @@ def _truncate_metrics(run_dir: Path, last_step: int, log: Callable[[str], None],
         log(f"{file} ends at step {last_logged}, before the checkpoint of step {last_step} (logging every "
             f"{log_every}): the rows in between were lost in a crash before they reached the disk; the curve has a "
             f"gap there")
-    atomic_write_text(file, "".join(json_line(r) for r in rows))
+    text = "".join(json_line(r) for r in rows)
+    try:
+        unchanged = file.read_text(encoding="utf-8") == text
+    except (OSError, ValueError):  # missing, or not UTF-8 (read_metrics dropped the torn line): rewrite
+        unchanged = False
+    if not unchanged:
+        atomic_write_text(file, text)
 
 
 # ---------------------------------------------------------------------------------------------------- faults, debris
@@ -238,14 +249,23 @@ def _recorded_precision(run: dict[str, Any]) -> str | None:
 
 def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainConfig:
     """On resume under another world size than the run's: ``grad_accum`` rescaled so one step keeps the recorded
-    tokens per step (said in one line through ``log``), or ``ValueError`` when no whole ``grad_accum`` does. Never
-    a silent change of the global batch."""
+    tokens per step, or ``ValueError`` when no whole ``grad_accum`` does. Never a silent change of the global batch,
+    nor of the data: one line through ``log`` says the world-size change, the rescale, and that the batches of the
+    remaining steps differ from the uninterrupted run's (``data.TokenBatches`` draws each micro-step's windows by
+    ``(seed, step, micro_step)`` and splits them among the ranks, so another ``grad_accum`` × world size draws other
+    windows: the same number of tokens per step, not the same tokens). Same world size: nothing said."""
     if not (run_dir / RUN_FILE).is_file():
         return train_cfg
     old = read_run(run_dir)
     was, world = int(old.get("world_size", 1)), train_cfg.world_size()
+    if was == world:
+        return train_cfg
     recorded = old.get("tokens_per_step")
-    if was == world or recorded is None or train_cfg.tokens_per_step() == recorded:
+    differ = (f"the batches of the remaining steps differ from the uninterrupted run's (windows are drawn per rank "
+              f"and micro-step), so its curve and weights will not repeat it exactly; resume on {was} rank(s) for a "
+              f"bit-exact continuation")
+    if recorded is None or train_cfg.tokens_per_step() == recorded:
+        log(f"resuming on {world} rank(s) instead of {was}: {differ}")
         return train_cfg
     per_accum = train_cfg.batch_size * train_cfg.seq_len * world
     if recorded % per_accum:
@@ -254,14 +274,54 @@ def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainCon
                          f"{world} ranks = {per_accum}; resume on {was} rank(s) or a world size that divides it")
     accum = recorded // per_accum
     log(f"resuming on {world} rank(s) instead of {was}: grad_accum {train_cfg.grad_accum} -> {accum} keeps "
-        f"{recorded} tokens per step")
+        f"{recorded} tokens per step; {differ}")
     return train_cfg.replace(grad_accum=accum)
+
+
+def resumed_data_parallel(recorded: str | None, environ: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
+    """The ``data_parallel`` a resumed run takes when none is requested (``depthattn train --resume`` without
+    ``--set data_parallel=...``), and a line saying the change (empty: none). The rule: the recorded value, except
+    that a one-process run (``null``) launched by torchrun with several ranks (``WORLD_SIZE`` > 1 in ``environ``)
+    takes ``"ddp"``, and a ``"ddp"`` run launched without torchrun (no ``WORLD_SIZE``) takes ``null``: both write
+    full checkpoints, so either reads the other's. An ``"fsdp"`` run stays ``"fsdp"`` (its checkpoints are sharded:
+    it needs torchrun, on any number of ranks)."""
+    world = int(environ.get("WORLD_SIZE", "0") or 0)
+    if recorded is None and world > 1:
+        return "ddp", (f"the run trained in one process (data_parallel null); launched on {world} ranks it resumes "
+                       f"with data_parallel=ddp (--set data_parallel=... chooses)")
+    if recorded == "ddp" and "WORLD_SIZE" not in environ:
+        return None, ("the run trained with data_parallel=ddp; launched as one process (no torchrun) it resumes with "
+                      "data_parallel null")
+    return recorded, ""
+
+
+def check_checkpoint_kind(checkpoint: Path, data_parallel: str | None) -> None:
+    """Refuse to resume ``checkpoint`` with a ``data_parallel`` that cannot read it: a sharded (FSDP) checkpoint
+    (``dcp/`` shards, ``training.dcp``) needs ``"fsdp"``; a full one (``model.safetensors``, the optimizer in
+    ``trainer_state.pt``) needs ``null`` or ``"ddp"``, which write the same. The ``ValueError`` gives commands that
+    work."""
+    sharded = (checkpoint / SHARDED_DIR).is_dir()
+    if sharded == (data_parallel == "fsdp"):
+        return
+    run = checkpoint.parent.parent
+    if sharded:
+        raise ValueError(f"cannot resume from {checkpoint} with data_parallel={data_parallel or 'null'}: it is a "
+                         f"sharded (FSDP) checkpoint; resume it with FSDP on any number of ranks (DCP reshards): "
+                         f"torchrun --nproc_per_node N -m depthattn.cli train --resume {run} --set "
+                         f"data_parallel=fsdp; or start a new run from its weights: depthattn export {run} --out "
+                         f"DIR, then depthattn train --init-from DIR ... (a fresh optimizer and schedule)")
+    raise ValueError(f"cannot resume from {checkpoint} with data_parallel=fsdp: it is a full (one-process or DDP) "
+                     f"checkpoint; resume it with DDP on any number of ranks: torchrun --nproc_per_node N -m "
+                     f"depthattn.cli train --resume {run} --set data_parallel=ddp; or start a new FSDP run from its "
+                     f"weights: depthattn train --init-from {run} --set data_parallel=fsdp ... (a fresh optimizer "
+                     f"and schedule)")
 
 
 def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: bool) -> Path | None:
     """The checkpoint to resume from (None: start afresh). Refuses a config, tokenizer, data (fingerprint) or resolved
     precision that differs from the recorded run, and, without ``resume``, a run folder that already holds
-    checkpoints."""
+    checkpoints. ``grad_accum`` (rescaled by ``keep_tokens_per_step``) and ``data_parallel`` (``check_checkpoint_kind``
+    refuses one that cannot read the checkpoint) may differ."""
     if not resume:
         if checkpoint_dirs(run_dir):
             raise ValueError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue it or "
@@ -272,6 +332,8 @@ def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: 
     if old.get("world_size", 1) != record.get("world_size", 1) and old.get("tokens_per_step") == record.get(
             "tokens_per_step"):
         train["grad_accum"] = old["train"].get("grad_accum")  # rescaled by keep_tokens_per_step
+    # data_parallel may change (resumed_data_parallel); whether it reads the checkpoint is check_checkpoint_kind's
+    train["data_parallel"] = old["train"].get("data_parallel")
     problems = config_differences(old, record["model"], train)
     if problems:
         raise ValueError(f"cannot resume {run_dir}: the requested config differs from the recorded one "
