@@ -53,7 +53,7 @@ def test_train_cli_writes_run_folder(run_dir):
     ck = run_dir / "checkpoints/step_00000006"
     assert {p.name for p in ck.iterdir()} == {"model.safetensors", "config.json", "generation_config.json",
                                               "tokenizer.json", "tokenizer_config.json", "configuration.py",
-                                              "modeling.py", "train_config.json", "trainer_state.pt",
+                                              "modeling.py", "train_config.json", "trainer_state.pt", "val_loss.json",
                                               "checksums.json"}
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 7)) and all(r["tokens_per_s"] > 0 for r in rows)

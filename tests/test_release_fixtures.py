@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from depthattn.cli import main
-from depthattn.training import read_metrics
+from depthattn.training import read_metrics, read_run
 
 from release_fixtures import copy_release_fixture, reference_losses
 
@@ -16,6 +16,7 @@ def test_an_old_release_run_resumes_bit_exactly(tmp_path, capsys):
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert "trained 8 steps" in capsys.readouterr().out
     assert [r["loss"] for r in read_metrics(run)] == reference_losses()
+    assert read_run(run)["train"]["on_divergence"] == "warn"  # recorded without the guard: resumed warn-only
 
 
 def test_an_old_release_compare_folder_is_reused_unchanged(tmp_path, capsys):

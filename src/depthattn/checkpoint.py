@@ -24,10 +24,11 @@ Folders without a manifest load unchecked.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import SafetensorError
@@ -38,6 +39,7 @@ from .accounting import check_model_fits
 from .config import ModelConfig, read_json_object
 from .fileio import IntegrityError, verify_manifest, write_folder_atomically  # noqa: F401  (IntegrityError: re-export)
 from .model import DecoderLM
+from .run_layout import CHECKPOINT_DIR, checkpoint_dirs, lock_folder
 
 WEIGHTS_NAME = "model.safetensors"
 #: The folder of an FSDP run's sharded (DCP) weights inside a checkpoint folder (``depthattn.training.dcp``).
@@ -318,17 +320,8 @@ def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
 
 
 # ---------------------------------------------------------------------------------------------------- run folders
-#: A run folder keeps its checkpoints under ``CHECKPOINT_DIR/step_XXXXXXXX/`` (``depthattn.training.runs``).
-CHECKPOINT_DIR = "checkpoints"
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
-
-
-def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
-    """The run's checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
-    root = Path(run_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
+# A run folder keeps its checkpoints under ``CHECKPOINT_DIR/step_XXXXXXXX/`` (the names: ``depthattn.run_layout``;
+# the folder's life: ``depthattn.training.run_folder``).
 
 
 def latest_checkpoint(path: str | os.PathLike) -> Path:
@@ -346,3 +339,27 @@ def latest_checkpoint(path: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"{path} is neither a checkpoint folder (no {CONFIG_NAME}) nor a run folder "
                                 f"with checkpoints under {CHECKPOINT_DIR}/")
     return dirs[-1]
+
+
+@contextlib.contextmanager
+def open_checkpoint(path: str | os.PathLike) -> Iterator[Path]:
+    """``with open_checkpoint(path) as folder:`` the checkpoint folder ``latest_checkpoint`` picks, held with a
+    shared ``flock`` for the read, so a training run's pruning leaves it in place until the ``with`` ends (it is
+    deleted at the run's next prune). A run folder whose newest checkpoint is pruned while we wait for the lock
+    resolves again. Checkpoints are renamed into place only when complete, so no half-written one is ever found.
+    On a file system without ``flock`` the folder is read unlocked. Raises ``FileNotFoundError`` as
+    ``latest_checkpoint``."""
+    for _ in range(5):
+        folder = latest_checkpoint(path)
+        try:
+            fd = lock_folder(folder, exclusive=False, wait=True)
+        except FileNotFoundError:
+            continue  # pruned between the listing and the lock: the run has a newer one
+        try:
+            yield folder
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return
+    raise FileNotFoundError(f"{path}: its newest checkpoint kept disappearing while being opened (pruned by a "
+                            f"running trainer); try again")

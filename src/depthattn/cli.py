@@ -19,7 +19,7 @@ beyond its bounds or a dangling link, a config beyond
 ``MAX_VIRTUAL_LAYERS`` / ``MAX_DEPTH_CANDIDATES``, and a
 model or KV cache that cannot fit in the memory available
 divergence (``FloatingPointError``: non-finite loss or      1          ``depthattn CMD: error: <message>``
-gradients, a NaN evaluation)
+gradients, a NaN evaluation, a validation loss above ln V)
 the system refused (``OSError``: disk full, read-only       1          ``depthattn CMD: error: <strerror> [ENAME]:
 file system, no permission; also what safetensors,                     <file, else the command's output flag>``;
 ``torch.save``, DCP and TensorBoard's writer thread                    for ENOSPC / EDQUOT also ``(N free of M on
@@ -52,7 +52,7 @@ COMMAND_MODULES = (
     "depthattn.commands.data_cmd",
     "depthattn.commands.convert_cmd", "depthattn.commands.analyze_cmd",
     "depthattn.commands.train_cmd", "depthattn.commands.eval_cmd", "depthattn.commands.generate_cmd",
-    "depthattn.commands.compare_cmd", "depthattn.commands.export_cmd",
+    "depthattn.commands.compare_cmd", "depthattn.commands.export_cmd", "depthattn.commands.unlock_cmd",
 )
 
 #: Flags that name what a command writes, in the order they are tried to name the target of an ``OSError`` that
@@ -63,7 +63,7 @@ OUTPUT_FLAGS = (("resume", "--resume"), ("out", "--out"))
 #: exist is refused with "does not exist" before the command runs, whatever the command would make of it.
 INPUT_PATHS = (("checkpoint", "CHECKPOINT"), ("resume", "--resume"), ("init_from", "--init-from"),
                ("config", "--config"), ("data", "--data"), ("from_qwen3", "--from-qwen3"),
-               ("to_qwen3", "--to-qwen3"), ("upgrade", "--upgrade"), ("tokenizer", "--tokenizer"))
+               ("to_qwen3", "--to-qwen3"), ("upgrade", "--upgrade"), ("tokenizer", "--tokenizer"), ("run", "RUN"))
 
 DEBUG_HELP = "on an error, show the Python traceback as well as the one-line message"
 

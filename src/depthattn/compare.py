@@ -5,6 +5,12 @@ Every (method, seed) pair trains in its own run folder ``OUT/runs/<method>[-loop
 weights). Finished runs are reused and interrupted ones resumed, so re-running a comparison only does missing work.
 Outputs: ``OUT/report.md``, ``OUT/results.json``, ``OUT/loss_curves.png``.
 
+A run the divergence guard (or a non-finite loss) stopped is reported as *diverged* with its step (``results.json``:
+``methods[m]["diverged"]``; the report's conclusion and table, the terminal table) and left out of the means and
+the paired statistics; the other runs go on. A re-run reuses that verdict from the run's ``diverged.json`` instead
+of training the run again; ``--set on_divergence=warn`` (``on_nonfinite=skip`` for a non-finite stop) continues it
+past the divergence, deleting its folder trains it afresh.
+
 The report opens with its conclusion: for every method, the paired difference from ``none`` over seeds (mean,
 standard deviation, 95 % t-interval, seeds favouring; ``depthattn.stats``), what the run cannot show (scale, tokens),
 tokens-to-target, zero-shot accuracies with binomial standard errors, and the history of the invocations that built
@@ -25,13 +31,13 @@ from typing import Any, Callable
 import torch
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
-from .checkpoint import checkpoint_dirs
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text, read_json
 from .stats import binomial_se, paired_difference, tokens_to_target, verdict
-from .training import TrainConfig, read_metrics, read_run, resolve_model_config, train
-from .training.runs import RUN_FILE, SUMMARY_FILE, config_differences
+from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
+from .training.run_folder import RunFolder, RunLock
+from .training.runs import config_differences
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
@@ -95,11 +101,14 @@ def _step_rates(rows: list[dict]) -> list[float]:
 def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path,
                     progress: bool, log: Callable[[str], None]) -> str:
     """Train, resume (from the newest checkpoint), or reuse the run in ``run_dir`` (ValueError if it holds a
-    different config). Returns what it did: "reused", "resumed at step N" or "trained"."""
-    if (run_dir / RUN_FILE).is_file():
+    different config). Returns what it did: "reused", "resumed at step N", "trained", or "diverged at step N" (this
+    session's training stopped by the divergence guard or a non-finite value, or with ``on_divergence="stop"`` an
+    earlier session's verdict, from the run's ``diverged.json``, reused)."""
+    folder = RunFolder(run_dir)
+    if folder.is_run():
         from .data import load_prepared
 
-        old = read_run(run_dir)
+        old = folder.read_run()
         want_train = train_cfg.replace(steps=train_cfg.total_steps()).to_dict()
         problems = config_differences(old, model_cfg.to_dict(), want_train)
         if old.get("data_fingerprint") not in (None, load_prepared(data_dir).fingerprint):
@@ -107,13 +116,45 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
         if problems or Path(old["data"]).resolve() != data_dir.resolve():
             raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(problems) or 'other data'}); "
                              f"use another --out or delete that folder")
-        if (run_dir / SUMMARY_FILE).is_file() and checkpoint_dirs(run_dir):
+        verdict = folder.read_divergence()
+        setting = "on_nonfinite=skip" if verdict and verdict.get("reason") == "nonfinite" else "on_divergence=warn"
+        if verdict is not None and getattr(train_cfg, setting.split("=")[0]) == "stop":  # the same rule would stop it
+            log(f"reusing the verdict of {run_dir}: diverged at step {verdict['step']} (to try again: delete that "
+                f"folder, or continue it past the divergence with --set {setting})")
+            return f"diverged at step {verdict['step']}"
+        if folder.summary_file.is_file() and folder.checkpoints():
             log(f"reusing finished run {run_dir}")
             return "reused"
-        res = train(run_dir, model_cfg, train_cfg, data_dir, resume=True, progress=progress, log=log)
-        return f"resumed at step {res.steps - res.steps_this_session}"
-    train(run_dir, model_cfg, train_cfg, data_dir, progress=progress, log=log)
-    return "trained"
+    resume = folder.is_run()
+    try:
+        res = train(run_dir, model_cfg, train_cfg, data_dir, resume=resume, progress=progress, log=log)
+    except (DivergenceError, NonFiniteError) as e:  # the run stopped itself (diverged.json says why): go on
+        log(f"{run_dir}: {e}")
+        return f"diverged at step {e.step}"
+    return f"resumed at step {res.steps - res.steps_this_session}" if resume else "trained"
+
+
+def diverged_run(run_dir: Path, model_cfg: ModelConfig, seed: int) -> dict[str, Any]:
+    """What the report says of a run stopped by divergence: its method and seed, the step and why (the run's
+    ``diverged.json``), the best checkpoint kept, and its curves up to the stop (from ``metrics.jsonl``)."""
+    folder = RunFolder(run_dir)
+    verdict = folder.read_divergence() or {}
+    rows = folder.read_metrics()
+    return {"run_dir": str(run_dir), "method": model_cfg.cross_layer, "num_loops": model_cfg.num_loops, "seed": seed,
+            "step": verdict.get("step", max((int(r["step"]) for r in rows), default=0)),
+            "reason": verdict.get("reason"), "val_loss": verdict.get("val_loss"), "ln_vocab": verdict.get("ln_vocab"),
+            "best_checkpoint": verdict.get("best_checkpoint"), "best_val_loss": verdict.get("best_val_loss"),
+            "train_seconds": _train_seconds(rows),
+            "curve": [{"step": r["step"], "tokens": r["tokens"], "val_loss": r["val_loss"]} for r in rows
+                      if r.get("val_loss") is not None],
+            "train_curve": [{"tokens": r["tokens"], "loss": r["loss"]} for r in rows if r.get("loss") is not None]}
+
+
+def _why(d: dict) -> str:
+    """Why a diverged run stopped, in words."""
+    if d.get("reason") == "val_loss" and d.get("val_loss") is not None:
+        return f"validation loss {d['val_loss']:.4f}, more than 1 nat above ln V = {d['ln_vocab']:.4f}"
+    return "a non-finite loss, gradient norm or weight"
 
 
 def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, tasks: list[str], limit: int | None,
@@ -127,8 +168,9 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     from .generate import generate_text
     from .training.runtime import autocast_dtype
 
-    run = read_run(run_dir)
-    summary = read_json(run_dir / SUMMARY_FILE, "run summary")
+    files = RunFolder(run_dir)
+    run = files.read_run()
+    summary = read_json(files.summary_file, "run summary")
     cfg = ModelConfig.from_dict(run["model"])
     seq_len = run["train"]["seq_len"]
     model, tokenizer, folder, dev = load_for_inference(run_dir, run["train"].get("device", "auto"),
@@ -146,7 +188,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
                                   progress=progress, expected_bytes=data.num_bytes("val"))
         ev = res.to_dict()
         atomic_write_text(cache, json.dumps({"key": key, "result": ev}, indent=2) + "\n")
-    rows = read_metrics(run_dir)
+    rows = files.read_metrics()
     flops = num_flops(cfg, seq_len)
     out: dict[str, Any] = {
         "run_dir": str(run_dir), "method": cfg.cross_layer, "num_loops": cfg.num_loops,
@@ -217,7 +259,15 @@ class CompareSettings:
 def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike,
                 progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train and evaluate every (method, seed); write ``results.json``, ``report.md``, ``loss_curves.png`` under
-    ``out`` and return the results. Raises ``ValueError`` for bad settings before any training."""
+    ``out`` and return the results. Holds ``out``'s lock throughout (``run_folder.RunLock``; each run's trainer locks
+    its own folder too). Raises ``ValueError`` for bad settings before any training, ``RunFolderLocked`` (a
+    ``ValueError``) when another compare holds ``out``: nothing is written then."""
+    with RunLock(out, "compare"):
+        return _run_compare(out, settings, data_dir, progress, log)
+
+
+def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike, progress: bool,
+                 log: Callable[[str], None]) -> dict[str, Any]:
     from .data import load_prepared
 
     out, data_dir = Path(out), Path(data_dir)
@@ -231,6 +281,7 @@ def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str
             overrides["num_loops"] = settings.loops
         cfgs[m] = resolve_model_config(settings.preset, overrides, data.vocab_size, str(data_dir / "tokenizer.json"))
     runs: dict[str, list[dict]] = {m: [] for m in settings.methods}
+    diverged: dict[str, list[dict]] = {m: [] for m in settings.methods}
     invocation: dict[str, Any] = {"started_utc": _utc_now(), "runs": {}}
     for seed in settings.seeds:
         tcfg = settings.train.replace(seed=seed)
@@ -239,8 +290,11 @@ def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str
             log(f"== {m} (seed {seed}) -> {run_dir}")
             t_run = time.perf_counter()
             action = _ensure_trained(run_dir, cfgs[m], tcfg, data_dir, progress, log)
-            runs[m].append(evaluate_run(run_dir, settings.eval_tokens, tcfg.eval_batch_size, settings.tasks or [],
-                                        settings.limit, settings.harness, progress))
+            if action.startswith("diverged"):
+                diverged[m].append(diverged_run(run_dir, cfgs[m], seed))
+            else:
+                runs[m].append(evaluate_run(run_dir, settings.eval_tokens, tcfg.eval_batch_size,
+                                            settings.tasks or [], settings.limit, settings.harness, progress))
             invocation["runs"][run_dir.name] = {"action": action, "seconds": time.perf_counter() - t_run}
     invocation["wall_seconds"] = time.perf_counter() - t_start
     results = {
@@ -249,7 +303,7 @@ def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str
                      "train": settings.train.replace(steps=settings.train.total_steps()).to_dict(),
                      "data": str(data_dir.resolve()), "eval_tokens": settings.eval_tokens,
                      "tasks": settings.tasks or [], "sample_prompt": SAMPLE_PROMPT},
-        "methods": {m: {"runs": runs[m], **aggregate(runs[m])} for m in settings.methods},
+        "methods": {m: {"runs": runs[m], "diverged": diverged[m], **aggregate(runs[m])} for m in settings.methods},
         "wall_seconds": invocation["wall_seconds"],
         "history": _previous_history(out / "results.json") + [invocation],
     }
@@ -281,7 +335,10 @@ def _previous_history(path: Path) -> list[dict]:
 
 
 def aggregate(runs: list[dict]) -> dict[str, dict[str, float]]:
-    """``{"mean": {key: x}, "std": {key: s}}`` over seeds for every tabulated number (std 0 for one seed)."""
+    """``{"mean": {key: x}, "std": {key: s}}`` over seeds for every tabulated number (std 0 for one seed; empty
+    without runs: every seed diverged)."""
+    if not runs:
+        return {"mean": {}, "std": {}}
     keys = [k for k, _, _ in COLUMNS] + ["flops_extra_ratio"]
     accs = sorted({t for r in runs for t in r.get("task_accuracy", {})})
     mean, std = {}, {}
@@ -360,14 +417,21 @@ def conclusions(results: dict) -> list[str]:
         lo, hi = d["ci95"]
         lines.append(f"`{name}` is {size} in validation loss (± {d['std']:.3f} std over {n} seeds; 95 % interval "
                      f"{lo:+.3f} to {hi:+.3f}; {d['favouring']} of {n} seeds lower): {verdict(d)}.")
+    for name, m in results["methods"].items():
+        for d in m.get("diverged", []):
+            lines.append(f"`{name}` diverged (seed {d['seed']}) at step {d['step']}: {_why(d)}; the run stopped "
+                         f"there and is left out of the means and the paired comparison.")
     if not paired:
-        lines.append("No paired comparison: the run has no `none` (vanilla) method to compare against.")
+        lines.append("No paired comparison: the run has no `none` (vanilla) method to compare against."
+                     if BASELINE not in results["methods"] else
+                     "No paired comparison: no seed has both `none` and another method finished.")
     runs = [r for m in results["methods"].values() for r in m["runs"]]
-    params = max(int(r["params"]) for r in runs)
-    tokens = max(int(r["tokens"]) for r in runs)
-    lines.append(f"What this cannot show: behaviour at scale or after long training — these models have at most "
-                 f"{params:,d} parameters and saw {tokens:,d} tokens each (the paper trains 1.5B–3B-parameter "
-                 f"models on billions of tokens).")
+    if runs:
+        params = max(int(r["params"]) for r in runs)
+        tokens = max(int(r["tokens"]) for r in runs)
+        lines.append(f"What this cannot show: behaviour at scale or after long training — these models have at most "
+                     f"{params:,d} parameters and saw {tokens:,d} tokens each (the paper trains 1.5B–3B-parameter "
+                     f"models on billions of tokens).")
     return lines
 
 
@@ -402,7 +466,13 @@ def render_table(results: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in methods.items():
         n = len(m["runs"])
-        cells = [name] + [_cell(m["mean"][k], m["std"][k], fmt, n) for k, _, fmt in COLUMNS]
+        gone = m.get("diverged", [])
+        if not n:  # every seed diverged
+            stops = ", ".join(f"seed {d['seed']} at step {d['step']}" for d in gone)
+            lines.append("| " + " | ".join([name, f"diverged ({stops})"] + [""] * (len(head) - 2)) + " |")
+            continue
+        label = f"{name} ({len(gone)} of {n + len(gone)} seeds diverged)" if gone else name
+        cells = [label] + [_cell(m["mean"][k], m["std"][k], fmt, n) for k, _, fmt in COLUMNS]
         spread = _throughput_spread(m)
         if spread is not None and spread > UNRELIABLE_SPREAD:
             i = 1 + [k for k, _, _ in COLUMNS].index("train_tokens_per_s")
@@ -447,6 +517,8 @@ def render_zero_shot(results: dict) -> str:
     """Zero-shot accuracies: mean over seeds with the binomial standard error of one run, n and chance level."""
     rows = []
     for name, m in results["methods"].items():
+        if not m["runs"]:
+            continue
         run0 = m["runs"][0]
         for task, n in run0.get("task_n", {}).items():
             accs = [r["task_accuracy"][task] for r in m["runs"] if task in r.get("task_accuracy", {})]
@@ -465,9 +537,10 @@ def render_history(results: dict) -> list[str]:
              "metrics.jsonl):", "", "| run | train s |", "|---|---:|"]
     total = 0.0
     for m in results["methods"].values():
-        for r in m["runs"]:
+        for r in m["runs"] + m.get("diverged", []):
             total += float(r.get("train_seconds", 0.0))
-            lines.append(f"| {Path(r['run_dir']).name} | {float(r.get('train_seconds', 0.0)):.0f} |")
+            lines.append(f"| {Path(r['run_dir']).name}{' (diverged)' if 'reason' in r else ''} | "
+                         f"{float(r.get('train_seconds', 0.0)):.0f} |")
     lines += ["", f"Total training time of the runs: {total:.0f} s.", "",
               "Invocations of `compare` that built this folder (each trains what is missing, evaluates everything):",
               ""]
@@ -524,6 +597,9 @@ def render_report(results: dict) -> str:
               f"## Samples (seed 0, temperature 0.8, top-k 50, {SAMPLE_TOKENS} tokens)", "",
               f"Prompt: `{s['sample_prompt']}`", ""]
     for name, m in results["methods"].items():
+        if not m["runs"]:
+            lines += [f"- **{name}**: no sample (every seed diverged)"]
+            continue
         sample = m["runs"][0]["sample"].replace("\n", " ")
         lines += [f"- **{name}**: {s['sample_prompt']}{sample}"]
     lines += [""] + render_history(results)
@@ -538,7 +614,7 @@ def _tokens_label(x: float, _pos) -> str:
 def _seed_curves(m: dict) -> tuple[list[float], list[list[float]]]:
     """Tokens and the per-seed validation losses at the points every seed logged."""
     curves = [r["curve"] for r in m["runs"]]
-    n = min(len(c) for c in curves)
+    n = min((len(c) for c in curves), default=0)
     xs = [curves[0][i]["tokens"] for i in range(n)]
     return xs, [[c[i]["val_loss"] for c in curves] for i in range(n)]
 
@@ -555,7 +631,20 @@ def plot_curves(results: dict, path: Path) -> None:
     fig, (ax, axd, ax2) = plt.subplots(1, 3, figsize=(16, 4.2))
     base = results["methods"].get(BASELINE)
     base_by_seed = _by_seed(base) if base else {}
+    finished: list[float] = []  # the finished runs' losses: the y-range a diverged curve may leave
+    finished_train: list[float] = []
     for name, m in results["methods"].items():
+        for d in m.get("diverged", []):  # the curve up to the stop, dashed, ending in a cross
+            label = f"{name} (seed {d['seed']}: diverged at step {d['step']})"
+            if d["curve"]:
+                ax.plot([c["tokens"] for c in d["curve"]], [c["val_loss"] for c in d["curve"]], linestyle="--",
+                        marker="x", markersize=4, label=label)
+            if d["train_curve"] and not m["runs"]:
+                ax2.plot([r["tokens"] for r in d["train_curve"]], [r["loss"] for r in d["train_curve"]],
+                         linestyle="--", label=label)
+        if not m["runs"]:
+            continue
+        finished += [c["val_loss"] for r in m["runs"] for c in r["curve"]]
         xs, per_point = _seed_curves(m)
         if xs:
             line, = ax.plot(xs, [statistics.fmean(v) for v in per_point], marker="o", markersize=3, label=name)
@@ -577,7 +666,13 @@ def plot_curves(results: dict, path: Path) -> None:
         xs = [r["tokens"] for r in tc][k - 1:]
         ys = [statistics.fmean(r["loss"] for r in tc[i - k + 1:i + 1]) for i in range(k - 1, len(tc))]
         ax2.plot(xs, ys, label=name)
+        finished_train += ys
     axd.axhline(0.0, color="black", linewidth=0.8)
+    if any(d for m in results["methods"].values() for d in m.get("diverged", [])):
+        for a, values in ((ax, finished), (ax2, finished_train)):
+            if values:  # the finished runs' range: a diverged curve leaves the top of the panel
+                lo, hi = min(values), max(values)
+                a.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.25 * (hi - lo + 0.1))
     for a, title, ylabel in ((ax, "validation loss (mean, min–max over seeds)", "loss (nats/token)"),
                              (axd, "validation loss − none's (same seed)", "Δ loss (nats/token)"),
                              (ax2, "training loss (moving mean, seed 0)", "loss (nats/token)")):

@@ -23,7 +23,7 @@ the checkpoint's tokenizer.json (or --tokenizer PATH); --data reads the validati
 
 def run(args: argparse.Namespace) -> int:
     from ..analyze import depth_weight_means, heatmap
-    from ..checkpoint import latest_checkpoint
+    from ..checkpoint import open_checkpoint
     from ..fileio import atomic_write_text
     from ..hf.convert import load_any_model  # a depthattn checkpoint or a Hugging Face Qwen3 folder
     from ..training.runs import TOKENIZER_FILE
@@ -34,15 +34,17 @@ def run(args: argparse.Namespace) -> int:
         from ..checks import check_text
 
         check_text(args.prompt, "--prompt")
-    folder = latest_checkpoint(args.checkpoint)  # a run folder means its newest checkpoint, as in eval/generate
-    model = load_any_model(folder)
-    if args.prompt:
-        from ..data.tokenizer import read_tokenizer
-
+    with open_checkpoint(args.checkpoint) as folder:  # a run folder: its newest checkpoint, under a shared lock
+        model = load_any_model(folder)
         tok_path = args.tokenizer or os.path.join(folder, TOKENIZER_FILE)
-        if not os.path.lexists(tok_path):
-            raise ValueError(f"--prompt needs a tokenizer: {tok_path} not found (pass --tokenizer PATH)")
-        ids = read_tokenizer(tok_path, model.config.vocab_size).encode(args.prompt, add_special_tokens=False).ids
+        if args.prompt:
+            from ..data.tokenizer import read_tokenizer
+
+            if not os.path.lexists(tok_path):
+                raise ValueError(f"--prompt needs a tokenizer: {tok_path} not found (pass --tokenizer PATH)")
+            tokenizer = read_tokenizer(tok_path, model.config.vocab_size)  # bounded before it is parsed
+    if args.prompt:
+        ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
         if not ids:
             raise ValueError("--prompt is empty after tokenisation")
         ids_BT = torch.tensor([ids[: model.config.max_position_embeddings]])

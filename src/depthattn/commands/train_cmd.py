@@ -195,7 +195,8 @@ def run_train(args: argparse.Namespace) -> int:
         if given:
             raise ValueError(f"--resume continues {args.resume} with its recorded config and data; drop "
                              f"{', '.join(given)} (only --device, --compile, --activation-checkpointing, "
-                             f"--no-verify, --on-nonfinite, --no-progress and --set data_parallel=... may be given)")
+                             f"--no-verify, --on-nonfinite, --on-divergence, --no-progress and --set "
+                             f"data_parallel=... may be given)")
         run = read_run(args.resume)
         from ..config import ModelConfig
 
@@ -210,7 +211,9 @@ def run_train(args: argparse.Namespace) -> int:
             overrides["verify_data"] = False
         if args.on_nonfinite is not None:
             overrides["on_nonfinite"] = args.on_nonfinite
-        train_cfg = TrainConfig.from_dict({**run["train"], **overrides})
+        if args.on_divergence is not None:
+            overrides["on_divergence"] = args.on_divergence
+        train_cfg = TrainConfig.from_recorded({**run["train"], **overrides})  # an older run: its behaviour
         result = train(args.resume, model_cfg, train_cfg, run["data"], resume=True, progress=not args.no_progress)
     else:
         preset, model_kw, train_kw, data = gather_settings(args, {"cross_layer": args.cross_layer}
@@ -219,6 +222,8 @@ def run_train(args: argparse.Namespace) -> int:
             train_kw["steps"] = 200
         if args.on_nonfinite is not None:
             train_kw["on_nonfinite"] = args.on_nonfinite
+        if args.on_divergence is not None:
+            train_kw["on_divergence"] = args.on_divergence
         train_cfg = TrainConfig.from_dict(train_kw)
         train_cfg.total_steps()  # refuse a budget shorter than one step before any work
         check_model_settings(preset, model_kw)
@@ -279,11 +284,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue a run from its newest checkpoint, with its recorded config and data (only "
                         "--device, --compile, --activation-checkpointing, --no-verify, --on-nonfinite, "
-                        "--no-progress and --set data_parallel=ddp|fsdp|null may be given; under torchrun a "
-                        "one-process run resumes with ddp, see docs/training-at-scale.md)")
+                        "--on-divergence, --no-progress and --set data_parallel=ddp|fsdp|null may be given; under "
+                        "torchrun a one-process run resumes with ddp, see docs/training-at-scale.md)")
     p.add_argument("--on-nonfinite", choices=("stop", "skip"), default=None,
                    help="a NaN/inf loss or gradient norm stops the run (stop, the default) or skips that step "
                         "(skip; TrainConfig.on_nonfinite; may be given with --resume)")
+    p.add_argument("--on-divergence", choices=("stop", "warn"), default=None,
+                   help="a validation loss more than 1 nat above ln V (V = vocab size), once the run was below ln V "
+                        "or past warm-up, stops the run (stop, the default) or warns once and continues (warn; "
+                        "TrainConfig.on_divergence; may be given with --resume)")
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
                    help="start from this checkpoint's weights, or a run folder's newest checkpoint (its cross_layer "
                         "may differ)")

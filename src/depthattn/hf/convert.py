@@ -326,12 +326,12 @@ def convert_to_qwen3(ckpt: str | os.PathLike, out: str | os.PathLike,
     """depthattn checkpoint (or run folder: its newest checkpoint; a Qwen3 folder is re-exported) → Hugging Face
     Qwen3 folder with the checkpoint's tokenizer; returns (model, checkpoint folder used, tokenizer files written). Raises
     ``ValueError`` for a method Qwen3 cannot express, or for an ``out`` :func:`_check_out` refuses."""
-    from depthattn.checkpoint import latest_checkpoint
+    from depthattn.checkpoint import open_checkpoint
 
-    folder = latest_checkpoint(ckpt)
-    out = _check_out(out, [ckpt, folder], overwrite)
-    model = load_any_model(folder)
-    return model, folder, save_qwen3(model, out, tokenizer_dir=folder)
+    with open_checkpoint(ckpt) as folder:  # a run folder: its newest checkpoint, under a shared lock
+        out = _check_out(out, [ckpt, folder], overwrite)
+        model = load_any_model(folder)
+        return model, folder, save_qwen3(model, out, tokenizer_dir=folder)
 
 
 def upgrade_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> tuple[DecoderLM, Path]:
@@ -339,11 +339,11 @@ def upgrade_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, overwrit
     ``config.json`` written before checkpoints were Hugging Face folders) as a Hugging Face model folder with its
     ``tokenizer.json``; returns (model, checkpoint folder used). Raises ``ValueError`` for an ``out``
     :func:`_check_out` refuses."""
-    from depthattn.checkpoint import TOKENIZER_NAME, latest_checkpoint, save_model
+    from depthattn.checkpoint import TOKENIZER_NAME, open_checkpoint, save_model
 
-    folder = latest_checkpoint(ckpt)
-    out = _check_out(out, [ckpt, folder], overwrite)
-    model = load_model(folder)
-    tok = folder / TOKENIZER_NAME
-    save_model(model, out, tokenizer_file=tok if tok.is_file() else None)
+    with open_checkpoint(ckpt) as folder:  # a run folder: its newest checkpoint, under a shared lock
+        out = _check_out(out, [ckpt, folder], overwrite)
+        model = load_model(folder)
+        tok = folder / TOKENIZER_NAME
+        save_model(model, out, tokenizer_file=tok if tok.is_file() else None)
     return model, folder

@@ -29,6 +29,15 @@ class TrainConfig:
     update (the step still counts: its batch is consumed and the lr schedule advances), logs ``"skipped": true``,
     and stops after more than ``max_nonfinite_skips`` consecutive skipped steps. See docs/reliability.md.
 
+    Finite divergence (``training.guard``): ``on_divergence="stop"`` (default) raises ``training.DivergenceError``
+    when a validation loss (periodic, or the one measured for a checkpoint) exceeds ln V (V = vocab size: the loss
+    of a uniform prediction, where a fresh model starts) by more than 1 nat, once the run has been below ln V or past
+    warm-up;
+    ``"warn"`` says so in one line and continues. A smoothed training loss (EMA, ``guard.LOSS_EMA_DECAY`` per step)
+    that stays more than ``loss_rise_margin`` nats above its running minimum at ``loss_rise_patience`` consecutive
+    evaluations warns in one line (0 turns that warning off); it never stops a run. A recorded config without
+    ``on_divergence`` (an older release's run.json) resumes with ``"warn"`` (``LEGACY_DEFAULTS``).
+
     Raises:
         ValueError: naming the field and the value, for any impossible setting.
     """
@@ -66,6 +75,9 @@ class TrainConfig:
     wandb_project: str | None = None
     on_nonfinite: str = "stop"
     max_nonfinite_skips: int = 10
+    on_divergence: str = "stop"
+    loss_rise_margin: float = 1.0
+    loss_rise_patience: int = 3
 
     def __post_init__(self) -> None:
         self.validate()
@@ -81,7 +93,7 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "seq_len", "eval_windows", "eval_batch_size", "keep_last",
                      "log_every"):
             need(is_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be an integer >= 1")
-        for name in ("seed", "eval_every", "save_every", "max_nonfinite_skips"):
+        for name in ("seed", "eval_every", "save_every", "max_nonfinite_skips", "loss_rise_patience"):
             need(is_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         for name in ("steps", "tokens"):
             v = getattr(self, name)
@@ -114,6 +126,10 @@ class TrainConfig:
         need(isinstance(self.tensorboard, bool), "tensorboard", "must be true or false")
         need(isinstance(self.verify_data, bool), "verify_data", "must be true or false")
         need(self.on_nonfinite in ("stop", "skip"), "on_nonfinite", "must be 'stop' or 'skip'")
+        need(self.on_divergence in ("stop", "warn"), "on_divergence", "must be 'stop' or 'warn'")
+        need(isinstance(self.loss_rise_margin, (int, float)) and not isinstance(self.loss_rise_margin, bool)
+             and _finite(self.loss_rise_margin) and self.loss_rise_margin > 0, "loss_rise_margin",
+             "must be a finite number of nats > 0")
         need(self.wandb_project is None or (isinstance(self.wandb_project, str) and bool(self.wandb_project)),
              "wandb_project", "must be a Weights & Biases project name, or unset")
 
@@ -127,6 +143,12 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig key(s) {unknown}; valid keys are {sorted(TRAIN_KEYS)}")
         return cls(**dict(values))
+
+    @classmethod
+    def from_recorded(cls, values: Mapping[str, Any]) -> "TrainConfig":
+        """Build from a config an earlier session recorded (``run.json``'s ``train``): a key it lacks takes its
+        ``LEGACY_DEFAULTS`` value (the behaviour of the release that wrote it) before the dataclass default."""
+        return cls.from_dict({**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in values}, **values})
 
     def replace(self, **overrides: Any) -> "TrainConfig":
         values = self.to_dict()
@@ -163,7 +185,11 @@ MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "keep_last", "log_every", "device", "compile",
                             "activation_checkpointing", "fsdp_replicate", "dist_timeout_s", "peak_flops",
                             "tensorboard", "wandb_project", "verify_data", "on_nonfinite",
-                            "max_nonfinite_skips"})
+                            "max_nonfinite_skips", "on_divergence", "loss_rise_margin", "loss_rise_patience"})
+#: What a recorded train config that lacks a key meant when it was written, where that differs from today's default:
+#: ``{key: value}``, applied by ``TrainConfig.from_recorded`` (join another part's dict into this one).
+#: Release 97f8652 had no divergence guard: its runs resume warn-only (same numbers, same exit status, one line).
+LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn"}
 
 
 def parse_value(text: str) -> Any:

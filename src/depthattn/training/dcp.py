@@ -7,7 +7,8 @@ states live under ``dcp/`` (DCP's ``.metadata`` plus one ``.distcp`` file per ra
 DCP) sit beside it. Every rank writes into ``.tmp-step_XXXXXXXX-dcp``; DCP writes its ``.metadata`` only after
 every rank finished its shard, then rank 0 adds its files and renames the folder into place after a barrier, so a
 checkpoint is visible only once complete (the caller has checked that every rank's weights are finite); older
-ones are pruned through ``runs.prune_checkpoints``. DCP reshards on load: a run resumes on any world size, and
+ones are pruned through ``runs.prune_checkpoints``. ``export_checkpoint`` reads under a shared lock
+(``checkpoint.open_checkpoint``), so a running trainer's pruning leaves the folder until the export is done. DCP reshards on load: a run resumes on any world size, and
 ``export`` gathers the full weights in one process (``export_checkpoint``).
 """
 
@@ -26,12 +27,13 @@ import torch.distributed as dist
 
 from .. import checkpoint as ckpt
 from ..accounting import check_model_fits
-from ..checkpoint import CHECKPOINT_DIR
 from ..config import ModelConfig
 from ..data.tokenizer import read_tokenizer
 from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
 from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
+from .retention import VAL_LOSS_FILE, val_loss_record
+from .run_folder import RunFolder
 from .runs import prune_checkpoints
 
 DCP_DIR = ckpt.SHARDED_DIR
@@ -55,12 +57,13 @@ def _states(model: DecoderLM, optimizer: torch.optim.Optimizer | None) -> dict[s
 
 
 def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimizer, train_cfg: Any, data_dir: Path,
-                 state: dict[str, Any]) -> Path:
-    """Collective: every rank writes its shards of the model and optimizer; rank 0 writes the rest and makes the
-    folder visible; the newest ``keep_last`` are kept. Returns the checkpoint folder (on every rank)."""
+                 state: dict[str, Any], log: Any = None) -> Path:
+    """Collective: every rank writes its shards of the model and optimizer; rank 0 writes the rest (with
+    ``val_loss.json`` from ``state["val_loss"]``) and makes the folder visible; the newest ``keep_last`` and the best
+    are kept (``runs.prune_checkpoints``, saying so through ``log``). Returns the checkpoint folder (on every rank)."""
     import torch.distributed.checkpoint as dcp
 
-    target = run_dir / CHECKPOINT_DIR / f"step_{state['step']:08d}"
+    target = RunFolder(run_dir).checkpoint_path(state["step"])
     tmp = target.parent / f".tmp-{target.name}-dcp"
     main = dist.get_rank() == 0
     if main:
@@ -79,6 +82,7 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
         ckpt.save_config_files(model.config, tmp, str(master).removeprefix("torch."), data_dir / TOKENIZER_FILE)
         atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         ckpt.save_torch(state, tmp / STATE_FILE)
+        atomic_write_text(tmp / VAL_LOSS_FILE, val_loss_record(state["step"], state.get("val_loss")))
         # durable before it is visible: umask modes, every file and folder fsync'd (DCP fsyncs its own shards too);
         # checksums.json covers rank 0's files (trainer state, configs, tokenizer), not the dcp/ shards (hashing
         # every rank's shards on rank 0 would cost ~3 s per GiB per checkpoint)
@@ -87,7 +91,7 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
             shutil.rmtree(target)
         os.replace(tmp, target)
         fsync_path(target.parent)
-        prune_checkpoints(run_dir, train_cfg.keep_last, target)  # via .trash-step_*, never the newest
+        prune_checkpoints(run_dir, train_cfg.keep_last, target, log)  # via .trash-step_*, never the newest
     dist.barrier()
     return target
 
@@ -157,25 +161,26 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike, overwri
     ``from_pretrained``. One process, no process group. Returns the folder it read. Raises ``ValueError`` /
     ``FileNotFoundError`` naming the folder (nothing is written under ``out`` then), also for an ``out`` that is,
     contains or lies inside ``source``, or that exists (only with ``overwrite``, and only a model folder we wrote,
-    is it replaced: :func:`depthattn.outputs.check_output`)."""
-    src = ckpt.latest_checkpoint(source)
-    out = check_output(out, [source, src], MODEL_FOLDER, overwrite)
-    ckpt.verify_folder(src)  # checksums.json before any file is parsed (DCP shards are not listed)
-    # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
-    cfg = ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src)
-    check_model_fits(cfg, "cpu", torch.float32, str(src))
-    model = DecoderLM(cfg)
-    if is_sharded(src):
-        load_sharded(src, model, None)
-    else:
-        ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
+    is it replaced: :func:`depthattn.outputs.check_output`). The checkpoint is read under a shared lock
+    (``checkpoint.open_checkpoint``): a running trainer's pruning leaves it in place until the export is done."""
+    with ckpt.open_checkpoint(source) as src:
+        out = check_output(out, [source, src], MODEL_FOLDER, overwrite)
+        ckpt.verify_folder(src)  # checksums.json before any file is parsed (DCP shards are not listed)
+        # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
+        cfg = ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src)
+        check_model_fits(cfg, "cpu", torch.float32, str(src))
+        model = DecoderLM(cfg)
+        if is_sharded(src):
+            load_sharded(src, model, None)
+        else:
+            ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
 
-    tokenizer = src / TOKENIZER_FILE
-    if tokenizer.is_file() or tokenizer.is_symlink():  # the copy must be a tokenizer (a dangling link is refused)
-        read_tokenizer(tokenizer, model.config.vocab_size)
+        tokenizer = src / TOKENIZER_FILE
+        if tokenizer.is_file() or tokenizer.is_symlink():  # the copy must be a tokenizer (a dangling link: refused)
+            read_tokenizer(tokenizer, model.config.vocab_size)
 
-    def fill(tmp: str) -> None:  # the Hugging Face files (config, generation and tokenizer configs) with the weights
-        ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.exists() else None)
+        def fill(tmp: str) -> None:  # the Hugging Face files (config, generation, tokenizer configs) and weights
+            ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.exists() else None)
 
-    write_folder_atomically(out, fill)
+        write_folder_atomically(out, fill)
     return src

@@ -4,15 +4,20 @@ followed by validation, logging and a checkpoint when due, and writes the run's 
 Legend: B micro-batch rows, T sequence length, V vocab.
 
 The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`` parsing), ``runtime`` (device,
-precision, seeding, the torchrun process group), ``runs`` (the run folder, its checkpoints and trainer state, the
-resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation checkpointing, compile, DDP); the
-loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows come from ``data.TokenBatches``,
-a pure function of ``(seed, step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run
-repeats an uninterrupted one bit for bit on float32 CPU.
+precision, seeding, the torchrun process group), ``run_folder`` (the run folder's files and its lock), ``runs`` (its
+checkpoints and trainer state, the resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation
+checkpointing, compile, DDP); the loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows
+come from ``data.TokenBatches``, a pure function of ``(seed, step, micro_step)``; with the RNG, optimizer and
+scheduler states restored, a resumed run repeats an uninterrupted one bit for bit on float32 CPU.
 
 Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
 checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
 (``TrainConfig.on_nonfinite``), so no update with a NaN and no checkpoint with a non-finite weight is ever written.
+A finite divergence (a validation loss more than 1 nat above ln V) stops the run with ``DivergenceError`` or warns
+(``TrainConfig.on_divergence``; ``training.guard``). Every checkpoint records the validation loss of its step
+(measured for it when the step had no periodic validation: no RNG is drawn, so the trajectory is unchanged), and
+pruning keeps the best checkpoint besides the ``keep_last`` newest (``training.retention``). A run stopped by either
+error records why in ``diverged.json`` (``RunFolder.write_divergence``).
 """
 
 from __future__ import annotations
@@ -39,20 +44,27 @@ from .config import TrainConfig
 from .optim import DECAY_RULE, build_optimizer, build_scheduler
 from .build import build_on_meta, materialize
 from .dcp import is_sharded, load_sharded, save_sharded
+from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
-from .runs import (CHECKPOINT_DIR, METRICS_FILE, TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind,
-                   checkpoint_dirs, environment,
-                   fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights, read_metrics,
-                   read_resume_checkpoint, read_summary, restore_trainer_state, resume_point, run_tokens_per_s,
-                   save_checkpoint, set_aside, start_run_files, trainer_state, write_summary)
+from .retention import best_checkpoint
+from .run_folder import RunFolder
+from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, environment,
+                   fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights,
+                   read_resume_checkpoint, restore_trainer_state, resume_point, run_tokens_per_s, save_checkpoint,
+                   set_aside, trainer_state)
 from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
                       seed_everything, start_distributed)
 
 
 class NonFiniteError(FloatingPointError):
     """A NaN or ±inf loss, gradient norm or weight stopped the run (``TrainConfig.on_nonfinite``). The message is
-    one line: the step, which value, and what to do. Nothing non-finite was applied or saved."""
+    one line: the step, which value, and what to do. Nothing non-finite was applied or saved. ``step``: the step
+    that failed (None when not known)."""
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
 
 
 @dataclass
@@ -81,6 +93,7 @@ class _Trainer:
     device: torch.device
     amp: torch.dtype | None
     run_dir: Path
+    folder: RunFolder  # ``run_dir``'s files (rank 0 holds its lock)
     data_dir: Path
     is_main: bool
     throughput: Throughput
@@ -92,6 +105,9 @@ class _Trainer:
     saved: Path | None = None
     start_step: int = 0  # the step this session started from
     nonfinite_skips: int = 0  # consecutive steps skipped for a non-finite loss or gradient norm (saved, resumed)
+    guard: Guard | None = None  # the divergence guard (saved, resumed)
+    val_step: int = -1  # the step ``val_loss`` was measured at
+    log: Callable[[str], None] = print  # rank 0's one-line messages (other ranks: silent)
 
     @property
     def total_steps(self) -> int:
@@ -115,32 +131,47 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
         NonFiniteError: (a ``FloatingPointError``) a non-finite loss or gradient norm with ``on_nonfinite="stop"``
             or after more than ``max_nonfinite_skips`` consecutive skips, or non-finite weights at a checkpoint;
             the checkpoints already written are finite and stay.
+        DivergenceError: (a ``FloatingPointError``) a validation loss > ln V + 1 with ``on_divergence="stop"``
+            (``training.guard``); nothing of that step is saved and the best checkpoint stays. Either error is
+            recorded in the run folder's ``diverged.json``.
         ValueError: vocabulary mismatch with the data's tokenizer, a budget shorter than one step, a run folder that
             already holds checkpoints (without ``resume``), a config that differs from the checkpoint's on resume,
             a truncated checkpoint file (named), or any invalid setting. Nothing already written is modified.
+        RunFolderLocked: (a ``ValueError``) another trainer holds ``run_dir``'s lock (``run_folder.RunLock``);
+            nothing was written.
     """
     run_dir, data_dir = Path(run_dir), Path(data_dir).resolve()
-    t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log)
-    last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
-    t.net.train()
-    with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
-        while t.step < last:
-            row = _optimizer_step(t)
-            fault_point("step")
-            _maybe_validate(t, row)
-            _log_row(t, row, metrics, bar, last)
-            fault_point("logged")
-            _maybe_checkpoint(t, metrics)
-    return _finish(t)
+    with contextlib.ExitStack() as held:  # the run folder's lock, taken in _set_up, released however we leave
+        t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log, held)
+        last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
+        t.net.train()
+        with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
+            try:
+                while t.step < last:
+                    row = _optimizer_step(t)
+                    fault_point("step")
+                    _maybe_validate(t, row)
+                    _log_row(t, row, metrics, bar, last)
+                    fault_point("logged")
+                    _watch(t, row)
+                    _maybe_checkpoint(t, metrics)
+            except (DivergenceError, NonFiniteError) as e:
+                if t.is_main:
+                    t.folder.write_divergence(_stop_record(t, e))
+                raise
+        return _finish(t)
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
 def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path, resume: bool,
-            init_from: str | os.PathLike | None, log: Callable[[str], None]) -> _Trainer:
-    """Check everything, then build model, optimizer and data, restore the newest checkpoint on ``resume`` and
-    (rank 0) write the run folder's files."""
+            init_from: str | os.PathLike | None, log: Callable[[str], None], held: contextlib.ExitStack) -> _Trainer:
+    """Take the run folder's lock (into ``held``; rank 0, before anything is written), check everything, then build
+    model, optimizer and data, restore the newest checkpoint on ``resume`` and (rank 0) write the run folder's
+    files."""
     train_cfg = start_distributed(train_cfg)
     rank = process_rank()
+    folder = RunFolder(run_dir)
+    held.enter_context(folder.lock("trainer"))  # RunFolderLocked on every rank when another trainer holds it
     if resume:
         train_cfg = keep_tokens_per_step(run_dir, train_cfg, log if rank == 0 else lambda _: None)
     prepared, val_windows, train_cfg = _load_data(model_cfg, train_cfg, data_dir)
@@ -180,17 +211,20 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
         if found is not None:
             set_aside(found.unreadable, log)
         record.update(environment(train_cfg, device, amp))
-        start_run_files(run_dir, record, {**groups, "rule": DECAY_RULE}, resume, step,
-                        finished=step == train_cfg.total_steps(), log=log)
+        folder.start(record, {**groups, "rule": DECAY_RULE}, resume, step, finished=step == train_cfg.total_steps(),
+                     log=log)
     batches = data.TokenBatches(prepared.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed,
                                 rank=rank, world_size=train_cfg.world_size())  # ranks split one global draw
     throughput = Throughput(model_cfg, train_cfg.seq_len, train_cfg.world_size(), device, train_cfg.peak_flops)
     if rank == 0 and device.type == "cuda" and throughput.peak is None:
         log(throughput.note)  # an unknown GPU: said once
+    guard = Guard.for_run(model_cfg.vocab_size, train_cfg.warmup_steps(), train_cfg.loss_rise_margin,
+                          train_cfg.loss_rise_patience, step, found.state.get("guard") if found else None)
     return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
-                    val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, data_dir=data_dir,
+                    val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, folder=folder,
+                    data_dir=data_dir,
                     is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen, saved=resume_from,
-                    start_step=step, nonfinite_skips=skips)
+                    start_step=step, nonfinite_skips=skips, guard=guard, log=say)
 
 
 def _distributed() -> bool:
@@ -203,7 +237,8 @@ def _read_resume(run_dir: Path, newest: Path | None, model_cfg: ModelConfig,
     ``newest``). Under torchrun rank 0 chooses and the other ranks read its choice (an error there: on every rank)."""
     if newest is None:
         return None
-    dirs = [d for d in checkpoint_dirs(run_dir) if d <= newest]
+    folder = RunFolder(run_dir)
+    dirs = [d for d in folder.checkpoints() if d <= newest]
     if not _distributed():
         return read_resume_checkpoint(dirs, model_cfg, log)
     choice: list[Any] = [None]
@@ -219,7 +254,7 @@ def _read_resume(run_dir: Path, newest: Path | None, model_cfg: ModelConfig,
         raise ValueError(value)
     if torch.distributed.get_rank() == 0:
         return found
-    return read_resume_checkpoint([run_dir / CHECKPOINT_DIR / value], model_cfg, lambda _: None, fall_back=False)
+    return read_resume_checkpoint([folder.checkpoints_dir / value], model_cfg, lambda _: None, fall_back=False)
 
 
 def _load_prepared(data_dir: Path, verify: bool) -> data.PreparedData:
@@ -310,7 +345,7 @@ def _metrics_log(t: _Trainer) -> MetricsLogger:
     """Rank 0's metrics sinks (``metrics.jsonl``, TensorBoard, W&B when asked); a silent logger elsewhere. The
     TensorBoard events of steps after ``t.step`` (logged by an earlier session past the checkpoint it resumes from)
     are purged, as ``metrics.jsonl``'s rows are."""
-    return MetricsLogger(t.run_dir, METRICS_FILE, enabled=t.is_main, tensorboard=t.cfg.tensorboard,
+    return MetricsLogger(t.folder.path, t.folder.METRICS_FILE, enabled=t.is_main, tensorboard=t.cfg.tensorboard,
                          purge_step=t.step + 1,  # TensorBoard drops the steps after the checkpoint: they are redone
                          wandb_project=t.cfg.wandb_project, config={"train": t.cfg.to_dict(),
                                                                     "model": t.model.config.to_dict()})
@@ -353,7 +388,7 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     else:
         t.nonfinite_skips += 1
         if t.cfg.on_nonfinite == "stop" or t.nonfinite_skips > t.cfg.max_nonfinite_skips:
-            raise NonFiniteError(_nonfinite_message(t, bad, train_loss, grad_norm))
+            raise NonFiniteError(_nonfinite_message(t, bad, train_loss, grad_norm), step=t.step + 1)
     with warnings.catch_warnings():  # a skipped first step: "lr_scheduler.step() before optimizer.step()" is meant
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         t.scheduler.step()
@@ -410,7 +445,8 @@ def _check_weights_finite(t: _Trainer) -> None:
         saved = f"the newest checkpoint {t.saved} stays" if t.saved else "no checkpoint was written"
         raise NonFiniteError(f"training diverged by step {t.step}: non-finite weights "
                              f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''}); the "
-                             f"checkpoint was not written and {saved}; lower TrainConfig.lr (now {t.cfg.lr:g})")
+                             f"checkpoint was not written and {saved}; lower TrainConfig.lr (now {t.cfg.lr:g})",
+                             step=t.step)
 
 
 # ---------------------------------------------------------------------------------------------------- periodic work
@@ -418,6 +454,7 @@ def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
     """Every ``eval_every`` steps and at the last step: measure ``val_loss`` into ``t`` and ``row``."""
     if (t.cfg.eval_every and t.step % t.cfg.eval_every == 0) or t.step == t.total_steps:
         t.val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
+        t.val_step = t.step
         row["val_loss"] = t.val_loss
 
 
@@ -430,24 +467,94 @@ def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last
     bar.set_postfix(**progress_postfix(row, t.val_loss))
 
 
+def _watch(t: _Trainer, row: dict[str, Any]) -> None:
+    """The divergence guard after a logged step: the training loss into its moving average; at a periodic
+    validation, the ln V rule (``_check_val_loss``: may raise ``DivergenceError``) and the sustained-rise warning."""
+    if not row.get("skipped"):
+        t.guard.observe_train_loss(row["loss"])
+    if "val_loss" in row:
+        _check_val_loss(t, row["val_loss"])
+        note = t.guard.rise_warning(t.step)
+        if note:
+            t.log(note)
+
+
+def _check_val_loss(t: _Trainer, val_loss: float) -> None:
+    """A validation loss above ln V + 1 (``Guard.above_ln_vocab``, agreed by every rank): ``DivergenceError`` with
+    ``on_divergence="stop"``, else one warning line at the first evaluation of such an episode."""
+    diverged = _any_rank(t.guard.above_ln_vocab(t.step, val_loss), t.device)
+    if t.cfg.on_divergence == "stop" and diverged:
+        best = _best_checkpoint(t)
+        kept = (f"the best checkpoint {best[0]} (val loss {best[1]:.4f}) is kept" if best else
+                f"the newest checkpoint {t.saved} is kept (no validation loss recorded)" if t.saved else
+                "no checkpoint was written")
+        start = f" (its weights: --init-from {best[0]})" if best else ""
+        raise DivergenceError(
+            f"training diverged at step {t.step}: validation loss {val_loss:.4f} is more than {LN_VOCAB_MARGIN:g} nat "
+            f"above ln V = {t.guard.ln_vocab:.4f} (V = {t.model.config.vocab_size}: the loss of a uniform "
+            f"prediction); {kept}; "
+            f"lower TrainConfig.lr (now {t.cfg.lr:g}) and train again{start}, or continue this run anyway: "
+            f"depthattn train --resume {t.run_dir} --on-divergence warn",
+            step=t.step, val_loss=val_loss, ln_vocab=t.guard.ln_vocab, best_checkpoint=str(best[0]) if best else None,
+            best_val_loss=best[1] if best else None)
+    if t.guard.first_above(diverged):
+        t.log(f"warning: at step {t.step} the validation loss {val_loss:.4f} is more than {LN_VOCAB_MARGIN:g} nat "
+              f"above ln V = {t.guard.ln_vocab:.4f} (a uniform prediction): the run diverged; it continues "
+              f"(on_divergence=warn)")
+
+
+def _best_checkpoint(t: _Trainer) -> tuple[Path, float] | None:
+    """The run's checkpoint with the lowest recorded validation loss, and that loss (None if none is known)."""
+    dirs = t.folder.checkpoints()
+    losses = checkpoint_val_losses(t.run_dir, dirs)
+    best = best_checkpoint(dirs, losses)
+    return (best, losses[best]) if best is not None else None
+
+
+def _stop_record(t: _Trainer, e: FloatingPointError) -> dict[str, Any]:
+    """What ``diverged.json`` says about a run stopped by ``e``."""
+    if isinstance(e, DivergenceError):
+        return {"step": e.step, "reason": "val_loss", "val_loss": e.val_loss, "ln_vocab": e.ln_vocab,
+                "best_checkpoint": e.best_checkpoint, "best_val_loss": e.best_val_loss, "message": str(e)}
+    best = _best_checkpoint(t)
+    return {"step": e.step if e.step is not None else t.step, "reason": "nonfinite", "val_loss": None,
+            "ln_vocab": t.guard.ln_vocab, "best_checkpoint": str(best[0]) if best else None,
+            "best_val_loss": best[1] if best else None, "message": str(e)}
+
+
+def _checkpoint_val_loss(t: _Trainer) -> float:
+    """The validation loss of the step about to be saved: the periodic one, else measured now (every rank; no RNG
+    is drawn and no row is logged, so the trajectory and the curve are those of a run that never saves) and put
+    through the ln V rule before anything is written."""
+    if t.val_step == t.step and t.val_loss is not None:
+        return t.val_loss
+    val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
+    _check_val_loss(t, val_loss)
+    return val_loss
+
+
 def _maybe_checkpoint(t: _Trainer, metrics: MetricsLogger | None = None) -> None:
-    """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint; ranks meet after periodic ones.
-    The metrics rows up to the checkpoint are made durable first, so a checkpoint never outlives its rows."""
+    """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint (with the validation loss of its
+    step); ranks meet after periodic ones. The metrics rows up to the checkpoint are made durable first, so a
+    checkpoint never outlives its rows."""
     periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0)
-    if periodic or t.step == t.total_steps:
-        _check_weights_finite(t)  # collective: every rank raises, or none
-        if metrics is not None:
-            metrics.sync()
-    if t.cfg.data_parallel == "fsdp":
-        if periodic or t.step == t.total_steps:
-            state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
-                     "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
-                     "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips}
-            t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state)
+    if not (periodic or t.step == t.total_steps):
         return
-    if t.is_main and (periodic or t.step == t.total_steps):
-        state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips)
-        t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state)
+    _check_weights_finite(t)  # collective: every rank raises, or none
+    val_loss = _checkpoint_val_loss(t)  # every rank (FSDP: a collective forward)
+    if metrics is not None:
+        metrics.sync()
+    if t.cfg.data_parallel == "fsdp":
+        state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
+                 "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
+                 "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips,
+                 "val_loss": val_loss, "guard": t.guard.state()}
+        t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state, log=t.log)
+        return
+    if t.is_main:
+        state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips, val_loss,
+                              t.guard.state())
+        t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state, log=t.log)
     if t.cfg.world_size() > 1 and periodic:
         torch.distributed.barrier()
 
@@ -460,19 +567,19 @@ def _finish(t: _Trainer) -> TrainResult:
     tps = t.train_tokens / t.train_time if t.train_time > 0 else None
     skipped = None
     if t.step == t.total_steps:
-        rows = read_metrics(t.run_dir) if t.is_main else None  # read once: skipped steps and, if needed, throughput
+        rows = t.folder.read_metrics() if t.is_main else None  # read once: skipped steps and, if needed, throughput
         skipped = sum(1 for r in rows or () if r.get("skipped"))
         if t.val_loss is None:
             t.val_loss = _final_val_loss(t)
-        old = read_summary(t.run_dir) if t.train_time == 0 else None
+        old = t.folder.read_summary() if t.train_time == 0 else None
         if tps is None:
             tps = (old or {}).get("train_tokens_per_s") or run_tokens_per_s(
-                rows if rows is not None else read_metrics(t.run_dir))
+                rows if rows is not None else t.folder.read_metrics())
         if t.is_main and not (old and old.get("steps") == t.step and old.get("final_val_loss") is not None):
-            write_summary(t.run_dir, {"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
-                                      "skipped_steps": skipped,
-                                      "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
-                                      "checkpoint": str(t.saved) if t.saved else None})
+            t.folder.write_summary({"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
+                                    "skipped_steps": skipped,
+                                    "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
+                                    "checkpoint": str(t.saved) if t.saved else None})
     return TrainResult(t.run_dir, t.step, t.tokens_seen, t.val_loss, tps, t.saved, t.step - t.start_step,
                        skipped or 0)
 
@@ -480,7 +587,7 @@ def _finish(t: _Trainer) -> TrainResult:
 def _final_val_loss(t: _Trainer) -> float:
     """The validation loss at the last step of a run resumed there: the one logged in ``metrics.jsonl`` at that
     step, else measured now on the restored weights."""
-    for row in read_metrics(t.run_dir):
+    for row in t.folder.read_metrics():
         if row.get("step") == t.step and row.get("val_loss") is not None:
             return float(row["val_loss"])
     return mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)

@@ -122,7 +122,7 @@ class MetricsLogger:
 
     ``purge_step``: the first step this session logs. A resumed run redoes the steps after its checkpoint, which an
     earlier session may have logged already: ``metrics.jsonl`` is truncated before the logger opens it
-    (``runs.start_run_files``), and the TensorBoard writer is opened with ``SummaryWriter(purge_step=...)``, whose
+    (``RunFolder.start``), and the TensorBoard writer is opened with ``SummaryWriter(purge_step=...)``, whose
     ``SessionLog.START`` event at that step makes TensorBoard drop the earlier sessions' events at it and after,
     so each step is shown once.
 

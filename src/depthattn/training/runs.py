@@ -1,31 +1,24 @@
-"""Run folders on disk: the run record, metrics log, checkpoints and the trainer state inside them, and the
-policy for resuming a run.
+"""Run folders: the checkpoints and the trainer state inside them, and the policy for resuming a run.
 
-A *run folder* holds::
+The run folder's layout and life (its files, the lock, the metrics log, listing and deleting checkpoints, start-up
+cleanup, the summary) are ``training.run_folder.RunFolder``'s (the names: ``depthattn.run_layout``); this module
+decides what goes into a checkpoint and what may change when a run resumes::
 
-    run.json            resolved model + train config, data folder and fingerprint, resolved precision, package
-                        versions, git revision
-    param_groups.json   which parameters get weight decay (optim.py)
-    metrics.jsonl       one JSON object per logged step: step, tokens, loss, lr, grad_norm, tokens_per_s,
-                        and val_loss when measured
-    summary.json        written when the run reaches its last step (strict JSON: an unknown number is null)
     checkpoints/step_XXXXXXXX/   a Hugging Face model folder (checkpoint.save_model_files: model.safetensors,
                                  config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
                                  configuration.py, modeling.py), plus train_config.json and trainer_state.pt
-                                 (optimizer, scheduler, RNG states, step, tokens seen, data position)
+                                 (optimizer, scheduler, RNG states, step, tokens seen, data position) and
+                                 val_loss.json (the validation loss of the step: ``training.retention``)
                                  (an FSDP run's: dcp/ shards of model and optimizer instead, see ``training.dcp``)
 
-Every file is written atomically and every checkpoint folder is assembled under a temporary name
-(``fileio.write_folder_atomically``), so a failure never damages what is already there. Where the checkpoints
-of a run folder are (``checkpoint_dirs``, ``latest_checkpoint``) is ``depthattn.checkpoint``'s; what may change when
-a run resumes (``config_differences``, ``resume_point``) is decided here.
+Every checkpoint folder is assembled under a temporary name (``fileio.write_folder_atomically``), so a failure never
+damages what is already there. Which checkpoints pruning keeps (``prune_checkpoints``), which checkpoint a run
+resumes from and what may differ (``config_differences``, ``resume_point``, ``read_resume_checkpoint``) and the
+trainer state (``trainer_state``, ``restore_trainer_state``) are decided here.
 
-Crash consistency (docs/reliability.md, "Training runs"): a torn last line of ``metrics.jsonl`` (a kill or a full
-disk mid-append) is dropped with a note; old checkpoints are renamed to ``.trash-step_XXXXXXXX`` before they are
-deleted, so a kill mid-prune never leaves a half-deleted folder under a real name; leftovers of interrupted writes
-(``.tmp-*``, ``.old-*``, ``.trash-*``) are removed when a run starts; resume takes the newest *readable* checkpoint,
-saying which one it skipped and why. ``DEPTHATTN_FAULT_PHASE=<phase>:<n>`` (tests only) kills the process with
-SIGKILL the n-th time a named phase is reached (``fault_point``).
+Crash consistency (docs/reliability.md, "Training runs"): resume takes the newest *readable* checkpoint, saying which
+one it skipped and why; unreadable ones are set aside (``set_aside``). ``DEPTHATTN_FAULT_PHASE=<phase>:<n>`` (tests
+only) kills the process with SIGKILL the n-th time a named phase is reached (``fault_point``).
 """
 
 from __future__ import annotations
@@ -35,7 +28,6 @@ import os
 import shutil
 import signal
 import subprocess
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -43,18 +35,16 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .. import checkpoint as ckpt
-from ..checkpoint import CHECKPOINT_DIR, SHARDED_DIR, checkpoint_dirs
+from ..checkpoint import SHARDED_DIR
 from ..config import ModelConfig
-from ..fileio import atomic_write_text, loads_json, read_json, write_folder_atomically
+from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig
-from .metrics import finite_or_none, json_line
+from .retention import (VAL_LOSS_FILE, best_checkpoint, best_leaves_the_newest, checkpoints_to_prune, read_val_loss,
+                        val_loss_record, val_losses_from_rows)
+from .run_folder import RunFolder
 from .runtime import rng_state, set_rng_state
 
-RUN_FILE = "run.json"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-PARAM_GROUPS_FILE = "param_groups.json"
 STATE_FILE = "trainer_state.pt"
 TRAIN_CONFIG_FILE = "train_config.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -97,80 +87,26 @@ def environment(cfg: TrainConfig, device: torch.device, amp: torch.dtype | None)
 
 # ---------------------------------------------------------------------------------------------------- run folders
 def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The ``run.json`` of a run folder (``ValueError`` / ``FileNotFoundError`` naming it)."""
-    file = Path(run_dir) / RUN_FILE
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} not found: {os.fspath(run_dir)!r} is not a depthattn run folder")
-    try:
-        return read_json(file, "run record")
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {file}: {e}") from e
+    """The ``run.json`` of a run folder (``RunFolder.read_run``)."""
+    return RunFolder(run_dir).read_run()
 
 
 def run_of_checkpoint(checkpoint_dir: Path) -> dict[str, Any] | None:
     """The run.json of the run a checkpoint folder belongs to, if it sits in one."""
-    run_dir = checkpoint_dir.parent.parent
-    if checkpoint_dir.parent.name == CHECKPOINT_DIR and (run_dir / RUN_FILE).is_file():
-        return read_run(run_dir)
+    folder = RunFolder(checkpoint_dir.parent.parent)
+    if checkpoint_dir.parent.name == RunFolder.CHECKPOINT_DIR and folder.is_run():
+        return folder.read_run()
     return None
 
 
 def read_metrics(run_dir: str | os.PathLike, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """The rows of a run's ``metrics.jsonl`` (empty without the file).
-
-    A last line that does not parse (torn by a kill or a full disk mid-append) is dropped with a note through
-    ``log`` (default: a ``UserWarning``) naming the file. Raises ``ValueError`` naming the file and line number for
-    a bad line anywhere else, or a row that is not a JSON object with a ``step``."""
-    file = Path(run_dir) / METRICS_FILE
-    if not file.is_file():
-        return []
-    try:
-        text = file.read_text(encoding="utf-8", errors="replace")  # a bad byte fails that line's parse
-    except OSError as e:
-        raise ValueError(f"cannot read {file}: {e}") from e
-    lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
-    rows = []
-    for i, (n, line) in enumerate(lines):
-        try:
-            row = loads_json(line, f"{file}:{n}")
-            if not (isinstance(row, dict) and "step" in row):
-                raise ValueError("not a JSON object with a step")
-        except ValueError as e:
-            if i == len(lines) - 1:
-                (log or (lambda m: warnings.warn(m, stacklevel=3)))(
-                    f"{file}:{n}: dropped a torn last line (an interrupted write): {line[:60]!r}")
-                break
-            raise ValueError(f"{file}:{n}: not a metrics row ({e}); fix or delete that line") from e
-        rows.append(row)
-    return rows
+    """The rows of a run's ``metrics.jsonl`` (``RunFolder.read_metrics``)."""
+    return RunFolder(run_dir).read_metrics(log)
 
 
-def _truncate_metrics(run_dir: Path, last_step: int, log: Callable[[str], None], log_every: int = 1) -> None:
-    """Drop logged rows past ``last_step`` (logged before a crash, after the checkpoint we resume from); a missing
-    log restarts empty, and a log that ends a ``log_every`` or more before ``last_step`` (rows lost), are said through
-    ``log``.
-
-    The log is rewritten only when a row (or a torn last line) is dropped, and then through
-    ``fileio.atomic_write_text``: the rows are written to a temporary file beside it, fsync'd, and renamed over it
-    (the folder fsync'd after), so a reader, a kill or a full disk (``OSError``, the temporary removed) at any
-    moment leaves the old log whole or the new one, never no file or a part of one."""
-    file = run_dir / METRICS_FILE
-    if not file.is_file() and last_step > 0:
-        log(f"{file} is missing: the metrics log restarts at step {last_step + 1} (rows of steps 1-{last_step} are "
-            f"lost)")
-    rows = [r for r in read_metrics(run_dir, log) if r["step"] <= last_step]
-    last_logged = max((int(r["step"]) for r in rows), default=0)
-    if file.is_file() and last_step - last_logged >= max(1, log_every):
-        log(f"{file} ends at step {last_logged}, before the checkpoint of step {last_step} (logging every "
-            f"{log_every}): the rows in between were lost in a crash before they reached the disk; the curve has a "
-            f"gap there")
-    text = "".join(json_line(r) for r in rows)
-    try:
-        unchanged = file.read_text(encoding="utf-8") == text
-    except (OSError, ValueError):  # missing, or not UTF-8 (read_metrics dropped the torn line): rewrite
-        unchanged = False
-    if not unchanged:
-        atomic_write_text(file, text)
+def read_summary(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The run's ``summary.json`` if it is present and strict JSON, else None (``RunFolder.read_summary``)."""
+    return RunFolder(run_dir).read_summary()
 
 
 # ---------------------------------------------------------------------------------------------------- faults, debris
@@ -191,39 +127,30 @@ def fault_point(phase: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-#: Name prefixes of leftovers of interrupted writes and prunes (fileio temporaries, replaced and trashed folders).
-DEBRIS_PREFIXES = (".tmp-", ".old-", ".trash-")
+def checkpoint_val_losses(run_dir: Path, dirs: list[Path]) -> dict[Path, float | None]:
+    """``{folder: validation loss}``: each checkpoint's ``val_loss.json``, else its step's ``metrics.jsonl`` row
+    (checkpoints of older releases), else None (unknown)."""
+    losses = {d: read_val_loss(d) for d in dirs}
+    missing = [d for d, v in losses.items() if v is None]
+    if missing:
+        losses.update(val_losses_from_rows(missing, RunFolder(run_dir).read_metrics(log=lambda _: None)))
+    return losses
 
 
-def remove_debris(run_dir: Path, log: Callable[[str], None]) -> list[str]:
-    """Delete leftovers of interrupted writes in ``run_dir`` and its ``checkpoints/`` (names starting with
-    ``DEBRIS_PREFIXES``), saying what was removed in one line; returns their names."""
-    removed = []
-    for folder in (run_dir, run_dir / CHECKPOINT_DIR):
-        if not folder.is_dir():
-            continue
-        for p in sorted(folder.iterdir()):
-            if p.name.startswith(DEBRIS_PREFIXES):
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    p.unlink(missing_ok=True)
-                removed.append(str(p.relative_to(run_dir)))
-    if removed:
-        log(f"removed leftovers of an interrupted write in {run_dir}: {', '.join(removed)}")
-    return removed
-
-
-def prune_checkpoints(run_dir: Path, keep_last: int, newest: Path) -> None:
-    """Keep ``newest`` (the checkpoint just written) and the ``keep_last - 1`` newest others; each older folder is
-    renamed to ``.trash-step_XXXXXXXX`` first, then deleted, so no half-deleted folder keeps a checkpoint's name."""
-    others = [d for d in checkpoint_dirs(run_dir) if d != newest]
-    for old in others[:max(0, len(others) - (keep_last - 1))]:
-        trash = old.with_name(f".trash-{old.name}")
-        shutil.rmtree(trash, ignore_errors=True)
-        os.replace(old, trash)
-        fault_point("prune")
-        shutil.rmtree(trash, ignore_errors=True)  # a leftover is removed when the run next starts
+def prune_checkpoints(run_dir: Path, keep_last: int, newest: Path, log: Callable[[str], None] | None = None) -> None:
+    """Keep ``newest`` (the checkpoint just written), the ``keep_last - 1`` newest others and the best one (lowest
+    recorded validation loss: ``retention.checkpoints_to_prune``), saying in one line through ``log`` when the best
+    stays only for being the best; the others are deleted by ``RunFolder.delete_checkpoints`` (through
+    ``.trash-step_XXXXXXXX``; one being read is left for the next prune, said through ``log``)."""
+    folder = RunFolder(run_dir)
+    dirs = folder.checkpoints()
+    losses = checkpoint_val_losses(run_dir, dirs)
+    kept = best_leaves_the_newest(dirs, keep_last, newest, losses)
+    if kept is not None and log is not None:
+        log(f"keeping {kept} (val loss {losses[kept]:.4f}, the lowest of the run) besides the {keep_last} newest "
+            f"checkpoint(s)")
+    folder.delete_checkpoints(checkpoints_to_prune(dirs, keep_last, newest, losses), log or (lambda _: None),
+                              lambda: fault_point("prune"))
 
 
 # ---------------------------------------------------------------------------------------------------- resume policy
@@ -254,9 +181,10 @@ def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainCon
     remaining steps differ from the uninterrupted run's (``data.TokenBatches`` draws each micro-step's windows by
     ``(seed, step, micro_step)`` and splits them among the ranks, so another ``grad_accum`` × world size draws other
     windows: the same number of tokens per step, not the same tokens). Same world size: nothing said."""
-    if not (run_dir / RUN_FILE).is_file():
+    folder = RunFolder(run_dir)
+    if not folder.is_run():
         return train_cfg
-    old = read_run(run_dir)
+    old = folder.read_run()
     was, world = int(old.get("world_size", 1)), train_cfg.world_size()
     if was == world:
         return train_cfg
@@ -322,12 +250,13 @@ def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: 
     precision that differs from the recorded run, and, without ``resume``, a run folder that already holds
     checkpoints. ``grad_accum`` (rescaled by ``keep_tokens_per_step``) and ``data_parallel`` (``check_checkpoint_kind``
     refuses one that cannot read the checkpoint) may differ."""
+    folder = RunFolder(run_dir)
     if not resume:
-        if checkpoint_dirs(run_dir):
+        if folder.checkpoints():
             raise ValueError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue it or "
                              f"choose another --out")
         return None
-    old = read_run(run_dir)
+    old = folder.read_run()
     train = dict(record["train"])
     if old.get("world_size", 1) != record.get("world_size", 1) and old.get("tokens_per_step") == record.get(
             "tokens_per_step"):
@@ -352,8 +281,7 @@ def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: 
                          f"{old['train'].get('precision')!r}), but on device {record['device']} this session would "
                          f"train in {record['resolved_precision']}; resume with --device set to the run's device "
                          f"type so the precision stays {was}")
-    dirs = checkpoint_dirs(run_dir)
-    return dirs[-1] if dirs else None
+    return folder.newest_checkpoint()
 
 
 #: What the checkpoint readers raise for a missing, truncated or corrupt file (or one failing its integrity check).
@@ -445,11 +373,14 @@ def load_resume_weights(model: DecoderLM, model_cfg: ModelConfig, checkpoint_dir
 
 # ---------------------------------------------------------------------------------------------------- state
 def trainer_state(optimizer: torch.optim.Optimizer, scheduler: Any, step: int, tokens_seen: int,
-                  nonfinite_skips: int = 0) -> dict[str, Any]:
-    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position, and
-    the number of consecutive non-finite steps skipped up to ``step`` (``TrainConfig.on_nonfinite="skip"``)."""
+                  nonfinite_skips: int = 0, val_loss: float | None = None,
+                  guard: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position, the
+    number of consecutive non-finite steps skipped up to ``step`` (``TrainConfig.on_nonfinite="skip"``), the
+    validation loss of ``step`` (also in ``val_loss.json``) and the divergence guard's state (``guard.Guard``)."""
     return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-            "step": step, "tokens_seen": tokens_seen, "data_position": step, "nonfinite_skips": nonfinite_skips}
+            "step": step, "tokens_seen": tokens_seen, "data_position": step, "nonfinite_skips": nonfinite_skips,
+            "val_loss": val_loss, "guard": dict(guard or {})}
 
 
 def restore_trainer_state(state: Mapping[str, Any], optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -495,55 +426,35 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict) -> Path:
-    """Write ``checkpoints/step_XXXXXXXX/`` atomically, then keep only the newest ``keep_last``
-    (``prune_checkpoints``; never the one just written); return its path. The caller checks that the weights are
-    finite (``loop._check_weights_finite``)."""
+def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict,
+                    log: Callable[[str], None] | None = None) -> Path:
+    """Write ``checkpoints/step_XXXXXXXX/`` atomically (with ``val_loss.json`` from ``state["val_loss"]``), then
+    keep only the newest ``keep_last`` and the best (``prune_checkpoints``; never the one just written); return its
+    path. The caller checks that the weights are finite (``loop._check_weights_finite``)."""
     step = state["step"]
-    target = run_dir / CHECKPOINT_DIR / f"step_{step:08d}"
+    target = RunFolder(run_dir).checkpoint_path(step)
 
     def fill(tmp: str) -> None:
         ckpt.save_model_files(model, tmp, tokenizer_file=data_dir / TOKENIZER_FILE)  # the Hugging Face files
         fault_point("save")
         atomic_write_text(os.path.join(tmp, TRAIN_CONFIG_FILE), json.dumps(train_cfg.to_dict(), indent=2) + "\n")
         ckpt.save_torch(state, os.path.join(tmp, STATE_FILE))
+        atomic_write_text(os.path.join(tmp, VAL_LOSS_FILE), val_loss_record(step, state.get("val_loss")))
 
     write_folder_atomically(target, fill)
     fault_point("saved")
-    prune_checkpoints(run_dir, train_cfg.keep_last, target)
+    prune_checkpoints(run_dir, train_cfg.keep_last, target, log)
     return target
 
 
-def start_run_files(run_dir: Path, record: Mapping[str, Any], groups: Any, resume: bool, step: int,
-                    finished: bool = False, log: Callable[[str], None] = print) -> None:
-    """Remove leftovers of interrupted writes (``remove_debris``), write ``run.json`` and ``param_groups.json``;
-    ``metrics.jsonl`` starts empty, or on ``resume`` keeps its rows up to ``step`` (a torn last line dropped, a
-    missing log restarted: each said through ``log``). A stale ``summary.json`` is dropped, unless the run resumes
-    at its last step (``finished``): then the summary stays and the trainer checks or re-creates it at the end."""
-    remove_debris(run_dir, log)
-    if resume:
-        _truncate_metrics(run_dir, step, log, int(record.get("train", {}).get("log_every", 1)))
-    else:
-        atomic_write_text(run_dir / METRICS_FILE, "")
-    atomic_write_text(run_dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
-    atomic_write_text(run_dir / PARAM_GROUPS_FILE, json.dumps(groups, indent=2) + "\n")
-    if not finished:
-        (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+def write_divergence(run_dir: Path, record: Mapping[str, Any]) -> None:
+    """``RunFolder.write_divergence``: ``diverged.json``, why the run stopped."""
+    RunFolder(run_dir).write_divergence(record)
 
 
-def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
-    """Write ``summary.json`` as strict JSON (non-finite numbers become null)."""
-    atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(finite_or_none(summary), indent=2, allow_nan=False) + "\n")
-
-
-def read_summary(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The run's ``summary.json`` if it is present and strict JSON, else None."""
-    file = Path(run_dir) / SUMMARY_FILE
-    try:
-        return read_json(file, "run summary",
-                         parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"non-JSON constant {c}")))
-    except (OSError, ValueError):
-        return None
+def read_divergence(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``RunFolder.read_divergence``: the run's ``diverged.json``, or None."""
+    return RunFolder(run_dir).read_divergence()
 
 
 def run_tokens_per_s(rows: list[Mapping[str, Any]]) -> float | None:

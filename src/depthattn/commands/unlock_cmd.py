@@ -1,0 +1,27 @@
+"""``depthattn unlock``: remove the stale lock of a run (or compare) folder whose holder is gone."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+Remove the lock file (depthattn.lock) that a trainer or compare left in RUN when it was killed on a file system
+without working flock (Lustre mounted noflock, or an NFS client that died holding its lock). Refused while the
+holder's heartbeat is fresh, or while the holder is a live process of this host. Where flock works (local disks,
+most NFS and Lustre flock mounts) a killed holder's lock is released by the kernel and unlock is not needed.
+See docs/training-at-scale.md, "The run folder's lock".
+"""
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..training.run_folder import RunLock
+
+    RunLock.unlock(args.run)  # RunFolderLocked (a ValueError: exit 2) while the holder may be alive
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("unlock", help="remove the stale lock of a run folder whose trainer is gone",
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", metavar="RUN", help="run folder (or compare --out folder)")
+    p.set_defaults(func=run)

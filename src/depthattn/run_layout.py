@@ -1,0 +1,98 @@
+"""The names of a run folder's files and the shared lock on a checkpoint folder being read.
+
+The library half of the run folder (``depthattn.training.run_folder.RunFolder`` owns its life: the trainer's
+exclusive lock, run.json, metrics, pruning, start-up cleanup, summary): the names are here so that
+``depthattn.checkpoint`` (which finds a run's checkpoints for eval, generate, export, analyze and convert) and the
+training layer spell them once. A run folder holds::
+
+    run.json            the run record (resolved configs, data, precision, versions)
+    param_groups.json   which parameters get weight decay
+    metrics.jsonl       one JSON object per logged step
+    summary.json        written when the run reaches its last step
+    diverged.json       written when the divergence guard or a non-finite value stopped the run (removed when it
+                        restarts)
+    depthattn.lock      the trainer's lock: host, pid, start time, command, heartbeat (only while it runs, or
+                        after a kill; ``RunFolder`` / ``depthattn unlock``)
+    checkpoints/step_XXXXXXXX/   one checkpoint folder per saved step
+
+Readers (``checkpoint.open_checkpoint``) hold a shared ``fcntl.flock`` on the checkpoint folder they read, taken on
+the folder itself (so the checkpoint's files and checksums stay as they are); pruning tries an exclusive
+non-blocking ``flock`` on the same folder and leaves a folder someone reads for the next prune. Where the file
+system has no ``flock`` (``ENOSYS``, ``EOPNOTSUPP``, ``ENOLCK``, ...) both sides go on without it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no flock, every lock is the fallback
+    fcntl = None  # type: ignore[assignment]
+
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+DIVERGED_FILE = "diverged.json"
+PARAM_GROUPS_FILE = "param_groups.json"
+LOCK_FILE = "depthattn.lock"
+CHECKPOINT_DIR = "checkpoints"
+#: Name prefixes of leftovers of interrupted writes and prunes (fileio temporaries, replaced and trashed folders).
+DEBRIS_PREFIXES = (".tmp-", ".old-", ".trash-")
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+#: ``errno`` values with which a file system refuses ``flock`` (Lustre mounted ``noflock``: ENOSYS; some FUSE and
+#: network file systems: EOPNOTSUPP / ENOLCK / EINVAL; a directory on an NFS emulation: EBADF).
+NO_FLOCK_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.EBADF,
+                             getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
+
+
+def step_dir_name(step: int) -> str:
+    """``step_XXXXXXXX``: the name of the checkpoint folder of a global step."""
+    return f"step_{step:08d}"
+
+
+def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
+    """The run's checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
+
+
+def flock(fd: int, exclusive: bool, wait: bool) -> bool:
+    """``fcntl.flock`` on ``fd``: True when held, False when the file system has no ``flock`` (``NO_FLOCK_ERRNOS``).
+    Raises ``BlockingIOError`` when ``wait`` is False and another process holds a conflicting lock."""
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))
+        return True
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        if e.errno in NO_FLOCK_ERRNOS:
+            return False
+        raise
+
+
+def lock_folder(folder: str | os.PathLike, exclusive: bool, wait: bool) -> int | None:
+    """Open ``folder`` and ``flock`` it (shared: a reader; exclusive: pruning). Returns the descriptor (close it to
+    release), or None when the file system refuses ``flock`` (then nothing is held: callers go on without it).
+
+    Raises ``FileNotFoundError`` when the folder is gone or was renamed away (pruned) while we waited for the lock,
+    ``BlockingIOError`` when another process holds a conflicting lock and not ``wait``."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        if not flock(fd, exclusive, wait):
+            os.close(fd)
+            return None
+        if os.stat(folder).st_ino != os.fstat(fd).st_ino:
+            raise FileNotFoundError(errno.ENOENT, "renamed away while waiting for its lock", os.fspath(folder))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
