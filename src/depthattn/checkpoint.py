@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -89,7 +90,7 @@ def save_torch(obj: object, file: str | os.PathLike) -> None:
         with open(file, "wb") as f:
             torch.save(obj, f)
     except OSError as e:
-        if e.filename is not None:
+        if e.filename is not None or e.errno is None:
             raise
         raise OSError(e.errno, e.strerror, os.fspath(file)) from e
 

@@ -159,9 +159,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_path(folder)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:  # a full disk names no file
+            raise OSError(e.errno, e.strerror, path) from e
         raise
 
 

@@ -89,7 +89,7 @@ def named_os_errors(path: str | os.PathLike):
     try:
         yield
     except OSError as e:
-        if e.filename is not None:
+        if e.filename is not None or e.errno is None:
             raise
         raise OSError(e.errno, e.strerror, os.fspath(path)) from e
 
