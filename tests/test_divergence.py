@@ -217,8 +217,8 @@ def test_compare_reports_a_diverged_method_and_finishes_the_others(tmp_path, dat
     on_divergence=warn trains it on to the end."""
     real = loop_module.mean_loss
 
-    def injected(model, *args):
-        value = real(model, *args)
+    def injected(model, *args, **kwargs):
+        value = real(model, *args, **kwargs)
         return 100.0 if model.config.cross_layer == "depth_attention" else value
 
     monkeypatch.setattr(loop_module, "mean_loss", injected)

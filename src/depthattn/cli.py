@@ -26,7 +26,12 @@ file system, no permission; also what safetensors,                     <file, el
 report as other types: ``checkpoint.save_safetensors``,                the file system of DIR)``
 ``save_torch``, ``training.dcp.write_failure``,
 ``quiet_thread_os_errors``)
-interrupted (Ctrl-C)                                        130        ``depthattn CMD: interrupted``
+preempted: SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 while        128 + n:   ``depthattn CMD: preempted at step N
+training (``TrainingPreempted``: the checkpoint of that     143, 130,  (SIGTERM); checkpoint PATH; resume with:
+step is written; 128 + n is what a shell reports for a      138        ...``
+process signal n ended: schedulers see "ended by a
+signal", neither success nor the command's own failure)
+interrupted (Ctrl-C outside training)                       130        ``depthattn CMD: interrupted``
 the reader of stdout went away (``... | head``)             141        none
 anything else (a bug)                                       1          the exception and a pointer to ``--debug``
 ==========================================================  =========  =============================================
@@ -45,6 +50,7 @@ import threading
 import traceback
 
 from . import __version__
+from .training.preemption import TrainingPreempted
 
 #: (module, attribute) pairs; each module's ``register(subparsers)`` adds its commands.
 COMMAND_MODULES = (
@@ -207,6 +213,15 @@ def quiet_thread_os_errors(args: argparse.Namespace) -> list[OSError]:
     return errors
 
 
+def resume_hint(args: argparse.Namespace) -> str | None:
+    """How to continue a preempted command, for ``TrainingPreempted.line`` (None: ``depthattn train --resume RUN``)."""
+    if getattr(args, "resume_if_exists", False):
+        return "the same command (it has --resume-if-exists)"
+    if args.command == "compare":
+        return "the same depthattn compare command (it resumes interrupted runs)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -221,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         result = args.func(args)
         if thread_errors:  # a writer thread failed and nothing in the command re-raised it
             raise thread_errors[0]
+    except TrainingPreempted as e:  # the checkpoint of the step is written; under torchrun rank 0 says so
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{cmd}: {e.line(resume_hint(args))}", file=sys.stderr)
+        return e.exit_status
     except KeyboardInterrupt:
         _report(args, f"{cmd}: interrupted")
         return 130

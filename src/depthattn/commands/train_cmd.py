@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..training import TrainConfig, load_toml, read_run, resolve_model_config, train
-from ..training.config import parse_value, split_overrides
-from ..training.runs import resumed_data_parallel
+from ..training.config import RESUMABLE_KEYS, parse_value, split_overrides
+from ..run_layout import DEBRIS_PREFIXES, LOCK_FILE, METRICS_FILE, RUN_FILE
+from ..training.runs import config_differences, resumed_data_parallel
 from ..training.runtime import resolve_device
 
 DEFAULT_PRESET = "small"
@@ -189,6 +190,8 @@ def run_train(args: argparse.Namespace) -> int:
         return run_dry_run(args)
     if args.nproc is not None:
         raise ValueError("--nproc applies to --dry-run only (launch N processes with torchrun --nproc_per_node N)")
+    if args.resume and args.resume_if_exists:
+        raise ValueError("--resume-if-exists starts --out or continues it; drop --resume (or --resume-if-exists)")
     if args.resume:
         resume_sets = _resume_settings(args)
         given = [flag for attr, flag in RESUME_FIXED if getattr(args, attr, None) not in (None, [])]
@@ -233,7 +236,11 @@ def run_train(args: argparse.Namespace) -> int:
         prepared = load_prepared(data_dir, verify=False)  # the trainer verifies the shards (rank 0, once)
         model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / "tokenizer.json"))
         out = args.out or os.path.join("runs", f"{preset}-{model_cfg.cross_layer}")
-        result = train(out, model_cfg, train_cfg, data_dir, init_from=args.init_from, progress=not args.no_progress)
+        resume = bool(args.resume_if_exists) and holds_run(Path(out))
+        if resume:  # continue it with its recorded settings, refusing any other
+            train_cfg = recorded_settings(Path(out), model_cfg, train_cfg, train_kw, data_dir)
+        result = train(out, model_cfg, train_cfg, data_dir, resume=resume, init_from=args.init_from,
+                       progress=not args.no_progress)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports (and holds the checkpoint)
         return 0
     if result.final_val_loss is None:
@@ -246,6 +253,48 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"trained {result.steps} steps{skipped}, {result.tokens:,d} tokens; final val loss "
               f"{result.final_val_loss:.4f}; checkpoint {result.checkpoint}")
     return 0
+
+
+def holds_run(out: Path) -> bool:
+    """``--resume-if-exists``: whether ``out`` holds a run to continue (its ``run.json``), or is new (missing, empty,
+    or only leftovers of an interrupted first start, a killed trainer's lock file included). ``ValueError`` naming the folder and what is in it for a folder
+    of other files: never train into them."""
+    if (out / RUN_FILE).is_file():
+        return True
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a run folder")
+    others = sorted(p.name for p in out.iterdir() if not p.name.startswith(DEBRIS_PREFIXES) and p.name != LOCK_FILE
+                    and not (p.name == METRICS_FILE and p.stat().st_size == 0))
+    if others:
+        raise ValueError(f"--resume-if-exists: --out {out} holds files but no {RUN_FILE}, so it is not a run to "
+                         f"continue ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); choose another "
+                         f"--out")
+    return False
+
+
+def recorded_settings(out: Path, model_cfg, train_cfg: TrainConfig, given: dict, data_dir: Path) -> TrainConfig:
+    """``--resume-if-exists`` on an existing run: its recorded train config, with the resumable settings the command
+    gave (``RESUMABLE_KEYS``: device, compile, save cadence, ...). ``ValueError`` in one line listing every other
+    setting (``runs.config_differences``) and the data folder where the command differs from the record. A budget
+    given in tokens is compared as tokens; a ``grad_accum`` that a resume at another world size rescaled (same tokens
+    per step) is not a difference."""
+    run = read_run(out)
+    recorded = TrainConfig.from_recorded(run["train"])
+    want = train_cfg.to_dict()
+    if want["steps"] is None and want["tokens"] == recorded.tokens:
+        want["steps"] = recorded.steps  # resolved from tokens when the run started
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if train_cfg.batch_size * train_cfg.grad_accum * train_cfg.seq_len * world == run.get("tokens_per_step"):
+        want["grad_accum"] = recorded.grad_accum
+    problems = config_differences(run, model_cfg.to_dict(), want)
+    if Path(run["data"]).resolve() != Path(data_dir).resolve():
+        problems.append(f"data: {run['data']!r} vs {str(data_dir)!r}")
+    if problems:
+        raise ValueError(f"--resume-if-exists: {out} was recorded with other settings (recorded vs given: "
+                         f"{'; '.join(problems)}); give the recorded ones to continue it, or choose another --out")
+    return recorded.replace(**{k: v for k, v in given.items() if k in RESUMABLE_KEYS})
 
 
 def run_dry_run(args: argparse.Namespace) -> int:
@@ -286,6 +335,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "--device, --compile, --activation-checkpointing, --no-verify, --on-nonfinite, "
                         "--on-divergence, --no-progress and --set data_parallel=ddp|fsdp|null may be given; under "
                         "torchrun a one-process run resumes with ddp, see docs/training-at-scale.md)")
+    p.add_argument("--resume-if-exists", action="store_true",
+                   help="continue --out if it holds a run (with its recorded settings: a command whose settings "
+                        "differ is refused, naming them), else start it: one command for the first launch and every "
+                        "requeue (docs/training-at-scale.md)")
     p.add_argument("--on-nonfinite", choices=("stop", "skip"), default=None,
                    help="a NaN/inf loss or gradient norm stops the run (stop, the default) or skips that step "
                         "(skip; TrainConfig.on_nonfinite; may be given with --resume)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -154,12 +155,18 @@ def validation_windows(val: np.ndarray, seq_len: int, n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def mean_loss(model: torch.nn.Module, windows_BT1: torch.Tensor, batch_size: int, device: torch.device,
-              amp: torch.dtype | None) -> float:
-    """Mean next-token cross-entropy (nats) over every target of ``windows`` (equal-length rows)."""
+              amp: torch.dtype | None, abandon: Callable[[], bool] | None = None) -> float | None:
+    """Mean next-token cross-entropy (nats) over every target of ``windows`` (equal-length rows).
+
+    ``abandon``: asked before each batch; when it says True the evaluation stops and the result is None (the
+    trainer's preemption; it reads nothing, so it changes no number)."""
     was = model.training
     model.eval()
     total, count = 0.0, 0
     for i in range(0, len(windows_BT1), batch_size):
+        if abandon is not None and abandon():
+            model.train(was)
+            return None
         w = windows_BT1[i:i + batch_size].to(device)
         total += float(next_token_loss(model, w, device, amp, reduction="sum"))
         count += w[:, 1:].numel()

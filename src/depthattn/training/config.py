@@ -24,6 +24,13 @@ class TrainConfig:
     ``steps`` wins when both are set. One step consumes ``batch_size × grad_accum × seq_len`` tokens (per
     data-parallel rank). ``warmup`` is a fraction of the steps (paper: 0.02), at least one step.
 
+    ``save_every_minutes``: also save when this many minutes (rank 0's monotonic clock) have passed since the
+    session started or last saved, at the end of the step where they ran out (0: off). Beside ``save_every``
+    (steps); a run recorded before this key existed reads it as 0 (``LEGACY_DEFAULTS``). ``async_save`` (FSDP only):
+    periodic checkpoints are written in the background (``torch.distributed.checkpoint.async_save``) while the steps
+    go on, and made visible at the first step after the shards are on disk; the next save, a preemption save and
+    the last one wait for it first and are written synchronously.
+
     ``on_nonfinite``: what a step whose loss or gradient norm is NaN/±inf does (checked before the optimizer
     step): ``"stop"`` raises ``training.NonFiniteError``; ``"skip"`` drops the step's gradients without an optimizer
     update (the step still counts: its batch is consumed and the lr schedule advances), logs ``"skipped": true``,
@@ -60,6 +67,8 @@ class TrainConfig:
     eval_windows: int = 16
     eval_batch_size: int = 8
     save_every: int = 0
+    save_every_minutes: float = 30.0
+    async_save: bool = False
     keep_last: int = 2
     log_every: int = 1
     precision: str = "auto"
@@ -107,7 +116,7 @@ class TrainConfig:
                  "must be in [0, 1)")
         need(isinstance(self.warmup, (int, float)) and 0 <= self.warmup < 1, "warmup",
              "must be a fraction of the steps in [0, 1)")
-        for name in ("weight_decay", "grad_clip"):
+        for name in ("weight_decay", "grad_clip", "save_every_minutes"):
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and _finite(v) and v >= 0, name, "must be a finite number >= 0")
         need(self.precision in ("auto", "float32", "bfloat16"), "precision", "must be auto, float32 or bfloat16")
@@ -125,6 +134,9 @@ class TrainConfig:
              "must be a device's peak dense bf16 FLOP/s > 0 (e.g. 989e12 for an H100 SXM), or unset")
         need(isinstance(self.tensorboard, bool), "tensorboard", "must be true or false")
         need(isinstance(self.verify_data, bool), "verify_data", "must be true or false")
+        need(isinstance(self.async_save, bool), "async_save", "must be true or false")
+        need(not self.async_save or self.data_parallel == "fsdp", "async_save",
+             "applies to sharded checkpoints: set data_parallel='fsdp', or async_save=false")
         need(self.on_nonfinite in ("stop", "skip"), "on_nonfinite", "must be 'stop' or 'skip'")
         need(self.on_divergence in ("stop", "warn"), "on_divergence", "must be 'stop' or 'warn'")
         need(isinstance(self.loss_rise_margin, (int, float)) and not isinstance(self.loss_rise_margin, bool)
@@ -137,18 +149,19 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
+    def from_recorded(cls, values: Mapping[str, Any]) -> "TrainConfig":
+        """``from_dict`` of a recorded config (``run.json``'s ``train``, a checkpoint's ``train_config.json``): a key
+        it lacks takes its ``LEGACY_DEFAULTS`` value (what runs written before that key existed did), not the
+        default of a new run."""
+        return cls.from_dict(with_legacy_defaults(values))
+
+    @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
         """Build from a mapping; unknown keys raise ``ValueError`` naming them."""
         unknown = sorted(set(values) - TRAIN_KEYS)
         if unknown:
             raise ValueError(f"unknown TrainConfig key(s) {unknown}; valid keys are {sorted(TRAIN_KEYS)}")
         return cls(**dict(values))
-
-    @classmethod
-    def from_recorded(cls, values: Mapping[str, Any]) -> "TrainConfig":
-        """Build from a config an earlier session recorded (``run.json``'s ``train``): a key it lacks takes its
-        ``LEGACY_DEFAULTS`` value (the behaviour of the release that wrote it) before the dataclass default."""
-        return cls.from_dict({**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in values}, **values})
 
     def replace(self, **overrides: Any) -> "TrainConfig":
         values = self.to_dict()
@@ -182,14 +195,23 @@ class TrainConfig:
 TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 #: Train keys that may change on ``--resume`` without changing the trajectory.
-RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "keep_last", "log_every", "device", "compile",
-                            "activation_checkpointing", "fsdp_replicate", "dist_timeout_s", "peak_flops",
-                            "tensorboard", "wandb_project", "verify_data", "on_nonfinite",
-                            "max_nonfinite_skips", "on_divergence", "loss_rise_margin", "loss_rise_patience"})
-#: What a recorded train config that lacks a key meant when it was written, where that differs from today's default:
-#: ``{key: value}``, applied by ``TrainConfig.from_recorded`` (join another part's dict into this one).
-#: Release 97f8652 had no divergence guard: its runs resume warn-only (same numbers, same exit status, one line).
-LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn"}
+RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes", "async_save", "keep_last",
+                            "log_every", "device", "compile", "activation_checkpointing", "fsdp_replicate",
+                            "dist_timeout_s", "peak_flops", "tensorboard", "wandb_project", "verify_data",
+                            "on_nonfinite", "max_nonfinite_skips", "on_divergence", "loss_rise_margin",
+                            "loss_rise_patience"})
+
+#: The value of a train key that a recorded config written before the key existed must read as: the behaviour of
+#: the release that wrote it (a new run gets the dataclass default). Add a key here with every key added to
+#: ``TrainConfig`` whose default changes what a run does.
+#: Release 97f8652 had no divergence guard (its runs resume warn-only: same numbers, same exit status, one line) and
+#: no time-based saves.
+LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0}
+
+
+def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded train config (as a dict) with every ``LEGACY_DEFAULTS`` key it lacks filled in."""
+    return {**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in recorded}, **recorded}
 
 
 def parse_value(text: str) -> Any:

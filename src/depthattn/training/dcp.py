@@ -8,7 +8,9 @@ DCP) sit beside it. Every rank writes into ``.tmp-step_XXXXXXXX-dcp``; DCP write
 every rank finished its shard, then rank 0 adds its files and renames the folder into place after a barrier, so a
 checkpoint is visible only once complete (the caller has checked that every rank's weights are finite); older
 ones are pruned through ``runs.prune_checkpoints``. ``export_checkpoint`` reads under a shared lock
-(``checkpoint.open_checkpoint``), so a running trainer's pruning leaves the folder until the export is done. DCP reshards on load: a run resumes on any world size, and
+(``checkpoint.open_checkpoint``), so a running trainer's pruning leaves the folder until the export is done.
+``start_async_save`` / ``finish_async_save`` save with the shards written in the background
+(``TrainConfig.async_save``). DCP reshards on load: a run resumes on any world size, and
 ``export`` gathers the full weights in one process (``export_checkpoint``).
 """
 
@@ -19,6 +21,7 @@ import json
 import os
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,7 @@ from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
 from .retention import VAL_LOSS_FILE, val_loss_record
 from .run_folder import RunFolder
-from .runs import prune_checkpoints
+from .runs import fault_point, prune_checkpoints
 
 DCP_DIR = ckpt.SHARDED_DIR
 TOKENIZER_FILE = "tokenizer.json"
@@ -63,26 +66,116 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
     are kept (``runs.prune_checkpoints``, saying so through ``log``). Returns the checkpoint folder (on every rank)."""
     import torch.distributed.checkpoint as dcp
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    pending = _start(run_dir, model, train_cfg, data_dir, state, log)
+    try:
+        dcp.save(_states(model, optimizer), checkpoint_id=str(pending.tmp / DCP_DIR))
+    except CheckpointException as e:  # a BaseException: the CLI's table would not see it
+        raise write_failure(e, pending.tmp / DCP_DIR) from e
+    fault_point("save")
+    return _publish(pending)
+
+
+@dataclass
+class PendingSave:
+    """A sharded checkpoint whose shards are being written in the background (``start_async_save``); rank 0 makes it
+    visible in ``finish_async_save``. ``upload`` is DCP's future (every rank has its own)."""
+
+    run_dir: Path
+    target: Path
+    tmp: Path
+    config: ModelConfig
+    master_dtype: torch.dtype
+    train_cfg: Any
+    data_dir: Path
+    state: dict[str, Any]
+    upload: Any = None
+    log: Any = None  # where pruning says what it kept (None: silent)
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+_checkpoint_group: Any = None  # a gloo group of all ranks for DCP's background collectives (made once)
+
+
+def start_async_save(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimizer, train_cfg: Any,
+                     data_dir: Path, state: dict[str, Any], log: Any = None) -> PendingSave:
+    """Collective: stage this rank's shards in CPU memory (a copy: training may go on changing the weights) and write
+    them in a background thread (``torch.distributed.checkpoint.async_save``, over a gloo group of its own so its
+    collectives never interleave with the training's). Nothing is visible until ``finish_async_save``."""
+    import torch.distributed.checkpoint as dcp
+
+    global _checkpoint_group
+    if _checkpoint_group is None:
+        _checkpoint_group = dist.new_group(backend="gloo")
+    pending = _start(run_dir, model, train_cfg, data_dir, state, log)
+    pending.upload = dcp.async_save(_states(model, optimizer), checkpoint_id=str(pending.tmp / DCP_DIR),
+                                    process_group=_checkpoint_group)
+    fault_point("save")
+    return pending
+
+
+def finish_async_save(pending: PendingSave) -> Path:
+    """Collective: wait for every rank's background write, then make the checkpoint visible as ``save_sharded``
+    does. A failed write on any rank raises on every rank (``OSError`` for the system's refusal, else
+    ``RuntimeError``; one line naming the folder and the step), and nothing is made visible: the earlier
+    checkpoints stay, the temporary folder is removed when the run next starts."""
+    error = None
+    try:
+        pending.upload.result()
+    except BaseException as e:  # DCP wraps a rank's failure in a CheckpointException
+        error = e
+    failed = torch.tensor([0.0 if error is None else 1.0])
+    dist.all_reduce(failed, group=_checkpoint_group)  # gloo, CPU; DCP's own collectives on it are over
+    if failed.item():
+        cause = _root_cause(error)
+        where = "on another rank" if cause is None else f"{type(cause).__name__}: {cause}"
+        message = (f"the asynchronous save of step {pending.step} into {pending.tmp} failed ({where}); it was not "
+                   f"made visible, the earlier checkpoints stay")
+        if error is not None:  # this rank's own failure: an OSError (torch's opaque full disk: ENOSPC, free space)
+            failure = write_failure(error, pending.tmp / DCP_DIR)
+            raise OSError(failure.errno, f"{message}: {failure.strerror}", failure.filename) from error
+        raise RuntimeError(message) from error
+    return _publish(pending)
+
+
+def _root_cause(error: BaseException | None) -> BaseException | None:
+    """The first rank's own exception inside DCP's ``CheckpointException`` (which gathers every rank's), else
+    ``error`` itself."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(error, CheckpointException) and error.failures:
+        return next(iter(error.failures.values()))[0]
+    return error
+
+
+def _start(run_dir: Path, model: DecoderLM, train_cfg: Any, data_dir: Path, state: dict[str, Any],
+           log: Any = None) -> PendingSave:
+    """Rank 0 makes the empty temporary folder; every rank waits for it."""
     target = RunFolder(run_dir).checkpoint_path(state["step"])
     tmp = target.parent / f".tmp-{target.name}-dcp"
-    main = dist.get_rank() == 0
-    if main:
+    if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / DCP_DIR).mkdir(parents=True)
     dist.barrier()
-    from torch.distributed.checkpoint.api import CheckpointException
+    master = next(iter(model.parameters())).dtype  # the sharded master weights' dtype
+    return PendingSave(run_dir, target, tmp, model.config, master, train_cfg, data_dir, state, log=log)
 
-    try:
-        dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / DCP_DIR))
-    except CheckpointException as e:  # a BaseException: the CLI's table would not see it
-        raise write_failure(e, tmp / DCP_DIR) from e
+
+def _publish(p: PendingSave) -> Path:
+    """After every rank's shards and DCP's metadata are on disk: rank 0 adds its files, seals the folder and renames
+    it into place, then prunes; every rank returns the checkpoint folder."""
     dist.barrier()  # every shard and the metadata are on disk
-    if main:
-        master = next(iter(model.parameters())).dtype  # the sharded master weights' dtype
-        ckpt.save_config_files(model.config, tmp, str(master).removeprefix("torch."), data_dir / TOKENIZER_FILE)
-        atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(train_cfg.to_dict(), indent=2) + "\n")
-        ckpt.save_torch(state, tmp / STATE_FILE)
-        atomic_write_text(tmp / VAL_LOSS_FILE, val_loss_record(state["step"], state.get("val_loss")))
+    if dist.get_rank() == 0:
+        tmp, target = p.tmp, p.target
+        ckpt.save_config_files(p.config, tmp, str(p.master_dtype).removeprefix("torch."),
+                               p.data_dir / TOKENIZER_FILE)
+        atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(p.train_cfg.to_dict(), indent=2) + "\n")
+        ckpt.save_torch(p.state, tmp / STATE_FILE)
+        atomic_write_text(tmp / VAL_LOSS_FILE, val_loss_record(p.state["step"], p.state.get("val_loss")))
         # durable before it is visible: umask modes, every file and folder fsync'd (DCP fsyncs its own shards too);
         # checksums.json covers rank 0's files (trainer state, configs, tokenizer), not the dcp/ shards (hashing
         # every rank's shards on rank 0 would cost ~3 s per GiB per checkpoint)
@@ -91,9 +184,9 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
             shutil.rmtree(target)
         os.replace(tmp, target)
         fsync_path(target.parent)
-        prune_checkpoints(run_dir, train_cfg.keep_last, target, log)  # via .trash-step_*, never the newest
+        prune_checkpoints(p.run_dir, p.train_cfg.keep_last, target, p.log)  # via .trash-step_*, never the newest
     dist.barrier()
-    return target
+    return p.target
 
 
 def write_failure(e: BaseException, folder: Path) -> OSError:
@@ -101,7 +194,7 @@ def write_failure(e: BaseException, folder: Path) -> OSError:
     writer reports a full disk as ``RuntimeError`` "unexpected pos", without an errno) ENOSPC when the file system
     has less than 16 MiB left, else EIO, with the rank's message and the free space."""
     failures = getattr(e, "failures", {}) or {}
-    causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()] or [e]
     for cause in causes:
         if isinstance(cause, OSError) and cause.errno is not None:
             return OSError(cause.errno, cause.strerror, cause.filename or os.fspath(folder))

@@ -18,6 +18,11 @@ A finite divergence (a validation loss more than 1 nat above ln V) stops the run
 (measured for it when the step had no periodic validation: no RNG is drawn, so the trajectory is unchanged), and
 pruning keeps the best checkpoint besides the ``keep_last`` newest (``training.retention``). A run stopped by either
 error records why in ``diverged.json`` (``RunFolder.write_divergence``).
+
+Preemption (``preemption``): a SIGTERM, SIGINT or SIGUSR1 while ``train()`` runs is recorded; the current optimizer
+step finishes (an evaluation in flight is abandoned), the checkpoint of that step is written and ``train()`` raises
+``TrainingPreempted``. Ranks agree on the step, and on time-based saves (``save_every_minutes``, rank 0's clock),
+through the one all-reduce each step makes (``_step_verdict``), which also makes the logged loss the mean over ranks.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import time
 import warnings
 from dataclasses import dataclass
@@ -43,10 +49,11 @@ from ..model import DecoderLM
 from .config import TrainConfig
 from .optim import DECAY_RULE, build_optimizer, build_scheduler
 from .build import build_on_meta, materialize
-from .dcp import is_sharded, load_sharded, save_sharded
+from .dcp import PendingSave, finish_async_save, is_sharded, load_sharded, save_sharded, start_async_save
 from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
+from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
 from .retention import best_checkpoint
 from .run_folder import RunFolder
 from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, environment,
@@ -108,6 +115,12 @@ class _Trainer:
     guard: Guard | None = None  # the divergence guard (saved, resumed)
     val_step: int = -1  # the step ``val_loss`` was measured at
     log: Callable[[str], None] = print  # rank 0's one-line messages (other ranks: silent)
+    stop: StopRequest | None = None  # this process's record of stop signals (``preemption.stop_signals``)
+    stopping: bool = False  # some rank got a stop signal: save this step and raise ``TrainingPreempted``
+    save_due: bool = False  # rank 0's clock says ``save_every_minutes`` ran out: save this step
+    last_save: float = 0.0  # ``preemption.clock()`` at the session's start or its last save
+    pending: PendingSave | None = None  # an asynchronous save in flight (``TrainConfig.async_save``)
+    async_done: bool = False  # rank 0's part of ``pending`` is on disk (DCP's metadata too): make it visible
 
     @property
     def total_steps(self) -> int:
@@ -127,7 +140,12 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished;
     an unreadable newest checkpoint skipped, a torn metrics line dropped, leftovers of interrupted writes removed).
 
+    SIGTERM, SIGINT and SIGUSR1 are handled while it runs (the previous handlers come back after): the step in
+    progress finishes, its checkpoint is written, and ``TrainingPreempted`` is raised (see ``preemption``).
+
     Raises:
+        TrainingPreempted: (a ``BaseException``) a stop signal; ``.step`` and ``.checkpoint`` say where the run
+            resumes from bit for bit, ``.exit_status`` is 128 + the signal's number.
         NonFiniteError: (a ``FloatingPointError``) a non-finite loss or gradient norm with ``on_nonfinite="stop"``
             or after more than ``max_nonfinite_skips`` consecutive skips, or non-finite weights at a checkpoint;
             the checkpoints already written are finite and stay.
@@ -141,8 +159,10 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
             nothing was written.
     """
     run_dir, data_dir = Path(run_dir), Path(data_dir).resolve()
-    with contextlib.ExitStack() as held:  # the run folder's lock, taken in _set_up, released however we leave
+    # the run folder's lock (taken in _set_up) and the stop-signal handlers, released however we leave
+    with contextlib.ExitStack() as held, stop_signals() as stop:
         t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log, held)
+        t.stop, t.last_save = stop, clock()
         last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
         t.net.train()
         with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
@@ -155,6 +175,8 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
                     fault_point("logged")
                     _watch(t, row)
                     _maybe_checkpoint(t, metrics)
+                    if t.stopping:
+                        raise TrainingPreempted(t.run_dir, t.step, t.saved, t.stop.signum or signal.SIGTERM)
             except (DivergenceError, NonFiniteError) as e:
                 if t.is_main:
                     t.folder.write_divergence(_stop_record(t, e))
@@ -366,14 +388,16 @@ def _accumulate_gradients(t: _Trainer) -> float:
             loss = next_token_loss(t.net, w, t.device, t.amp)
             (loss / t.cfg.grad_accum).backward()
         loss_sum += float(loss.detach())
+        fault_point("micro")
     return loss_sum
 
 
 def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     """One optimizer step (gradient accumulation, clipping, scheduler); advances the counters and returns the
-    step's metrics row. A non-finite loss or gradient norm (checked on every rank before the update) raises
-    ``NonFiniteError``, or with ``on_nonfinite="skip"`` drops the gradients without an update: the step, its batch
-    and the lr schedule still advance, and the row says ``"skipped": true``."""
+    step's metrics row (``loss``: the mean over ranks). A non-finite loss or gradient norm (checked on every rank
+    before the update) raises ``NonFiniteError``, or with ``on_nonfinite="skip"`` drops the gradients without an
+    update: the step, its batch and the lr schedule still advance, and the row says ``"skipped": true``. Sets
+    ``t.stopping`` and ``t.save_due`` (``_step_verdict``)."""
     t0 = time.perf_counter()
     lr = t.scheduler.get_last_lr()[0]
     loss_sum = _accumulate_gradients(t)
@@ -381,7 +405,7 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     max_norm = t.cfg.grad_clip if t.cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), max_norm)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
-    bad = _nonfinite(t, train_loss, grad_norm)
+    bad, train_loss = _step_verdict(t, train_loss, grad_norm)
     if bad is None:
         t.optimizer.step()
         t.nonfinite_skips = 0
@@ -413,12 +437,27 @@ def _any_rank(flag: bool, device: torch.device) -> bool:
     return bool(x.item())
 
 
-def _nonfinite(t: _Trainer, loss: float, grad_norm: float) -> str | None:
-    """``"loss"`` or ``"grad_norm"`` when that value is not finite on some rank, else None (all ranks agree)."""
+def _step_verdict(t: _Trainer, loss: float, grad_norm: float) -> tuple[str | None, float]:
+    """What every rank must agree on after a step's backward pass, in one all-reduce of five float64s (none in
+    one process): [non-finite here, stop signal here, rank 0's clock says save, rank 0's asynchronous save is on
+    disk, this rank's loss], summed. Returns
+    (``"loss"`` or ``"grad_norm"`` when that value is not finite on some rank, else None; the loss averaged over
+    the ranks, which all see the same number of tokens) and sets ``t.stopping`` (a stop signal on any rank),
+    ``t.save_due`` (``save_every_minutes`` ran out on rank 0's clock) and ``t.async_done``."""
     what = "loss" if not math.isfinite(loss) else "grad_norm" if not math.isfinite(grad_norm) else None
-    if _any_rank(what is not None, t.device) and what is None:
-        what = "loss"  # another rank's loss (gradient norms are global)
-    return what
+    stop = t.stop is not None and t.stop.requested
+    due = t.is_main and t.cfg.save_every_minutes > 0 and clock() - t.last_save >= 60 * t.cfg.save_every_minutes
+    done = t.is_main and t.pending is not None and t.pending.upload.done()
+    if _distributed():
+        x = torch.tensor([what is not None, stop, due, done, loss], dtype=torch.float64, device=t.device)
+        torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.SUM)
+        any_bad, any_stop, any_due, any_done, loss_sum = x.tolist()
+        if any_bad and what is None:
+            what = "loss"  # another rank's loss (gradient norms are global)
+        stop, due, done = any_stop > 0, any_due > 0, any_done > 0
+        loss = loss_sum / torch.distributed.get_world_size()
+    t.stopping, t.save_due, t.async_done = stop, due, done
+    return what, loss
 
 
 def _nonfinite_message(t: _Trainer, what: str, loss: float, grad_norm: float) -> str:
@@ -451,11 +490,26 @@ def _check_weights_finite(t: _Trainer) -> None:
 
 # ---------------------------------------------------------------------------------------------------- periodic work
 def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
-    """Every ``eval_every`` steps and at the last step: measure ``val_loss`` into ``t`` and ``row``."""
-    if (t.cfg.eval_every and t.step % t.cfg.eval_every == 0) or t.step == t.total_steps:
-        t.val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
-        t.val_step = t.step
-        row["val_loss"] = t.val_loss
+    """Every ``eval_every`` steps and at the last step: measure ``val_loss`` into ``t`` and ``row``. Not when the run
+    is stopping; a stop signal during the evaluation abandons it (``_stop_agreed`` between batches: every rank
+    stops at the same batch) and sets ``t.stopping``; the row then has no ``val_loss``."""
+    if t.stopping or not ((t.cfg.eval_every and t.step % t.cfg.eval_every == 0) or t.step == t.total_steps):
+        return
+    val = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp, abandon=lambda: _stop_agreed(
+        t, "eval"))
+    if val is None:
+        t.stopping = True
+        return
+    t.val_loss = row["val_loss"] = val
+    t.val_step = t.step
+
+
+def _stop_agreed(t: _Trainer, phase: str | None = None) -> bool:
+    """Whether a stop signal reached any rank (a one-float all-reduce under torchrun). ``phase``: the fault-injection
+    point passed first (``runs.fault_point``)."""
+    if phase is not None:
+        fault_point(phase)
+    return _any_rank(t.stop is not None and t.stop.requested, t.device)
 
 
 def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last: int) -> None:
@@ -534,14 +588,22 @@ def _checkpoint_val_loss(t: _Trainer) -> float:
 
 
 def _maybe_checkpoint(t: _Trainer, metrics: MetricsLogger | None = None) -> None:
-    """Every ``save_every`` steps and at the last step, rank 0 saves a checkpoint (with the validation loss of its
-    step); ranks meet after periodic ones. The metrics rows up to the checkpoint are made durable first, so a
-    checkpoint never outlives its rows."""
-    periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0)
-    if not (periodic or t.step == t.total_steps):
+    """Every ``save_every`` steps, when ``save_every_minutes`` ran out (``t.save_due``), when the run is stopping
+    (``t.stopping``) and at the last step, rank 0 saves a checkpoint (FSDP: every rank its shards) with the
+    validation loss of its step (not measured for a preemption's: the grace period goes to the save, and that
+    checkpoint's loss counts as unknown); ranks meet after every save but the last. The metrics rows up to the
+    checkpoint are made durable first, so a checkpoint never outlives its rows. A stop signal that arrived during a
+    periodic save stops the run at this step. With ``async_save`` (FSDP) a periodic save is started in the background
+    (``dcp.start_async_save``) and made visible at the first step where rank 0's shards are on disk, or before the
+    next save, which is then synchronous if it is a preemption's or the last."""
+    periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0) or t.save_due or t.stopping
+    final = t.step == t.total_steps
+    if t.pending is not None and (t.async_done or periodic or final):
+        t.saved, t.pending = finish_async_save(t.pending), None  # waits for the shards, then makes it visible
+    if not (periodic or final):
         return
     _check_weights_finite(t)  # collective: every rank raises, or none
-    val_loss = _checkpoint_val_loss(t)  # every rank (FSDP: a collective forward)
+    val_loss = None if t.stopping and not final else _checkpoint_val_loss(t)  # every rank (FSDP: a collective)
     if metrics is not None:
         metrics.sync()
     if t.cfg.data_parallel == "fsdp":
@@ -549,14 +611,20 @@ def _maybe_checkpoint(t: _Trainer, metrics: MetricsLogger | None = None) -> None
                  "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
                  "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips,
                  "val_loss": val_loss, "guard": t.guard.state()}
-        t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state, log=t.log)
-        return
-    if t.is_main:
-        state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips, val_loss,
-                              t.guard.state())
-        t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state, log=t.log)
-    if t.cfg.world_size() > 1 and periodic:
-        torch.distributed.barrier()
+        if t.cfg.async_save and not (t.stopping or final):
+            t.pending = start_async_save(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state, log=t.log)
+        else:
+            t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state, log=t.log)
+    else:
+        if t.is_main:
+            state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips, val_loss,
+                                  t.guard.state())
+            t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state, log=t.log)
+        if t.cfg.world_size() > 1 and periodic:
+            torch.distributed.barrier()
+    t.last_save = clock()
+    if periodic and not t.stopping:
+        t.stopping = _stop_agreed(t)
 
 
 # ---------------------------------------------------------------------------------------------------- the end
@@ -564,6 +632,8 @@ def _finish(t: _Trainer) -> TrainResult:
     """When the run reached its last step: ``summary.json`` (rank 0). A session that resumed at the last step keeps
     an intact summary of that step, or re-creates it (final validation loss from the metrics log or measured now,
     whole-run throughput from the log). Returns the result of this session."""
+    if t.pending is not None:  # a session that stopped before its last step (stop_after) with a save in flight
+        t.saved, t.pending = finish_async_save(t.pending), None
     tps = t.train_tokens / t.train_time if t.train_time > 0 else None
     skipped = None
     if t.step == t.total_steps:

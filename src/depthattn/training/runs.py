@@ -39,7 +39,8 @@ from ..checkpoint import SHARDED_DIR
 from ..config import ModelConfig
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
-from .config import RESUMABLE_KEYS, TrainConfig
+from .config import RESUMABLE_KEYS, TrainConfig, with_legacy_defaults
+from .preemption import deliver_fault_signal
 from .retention import (VAL_LOSS_FILE, best_checkpoint, best_leaves_the_newest, checkpoints_to_prune, read_val_loss,
                         val_loss_record, val_losses_from_rows)
 from .run_folder import RunFolder
@@ -118,7 +119,10 @@ def fault_point(phase: str) -> None:
     """Test hook: with ``DEPTHATTN_FAULT_PHASE=<phase>:<n>`` set, SIGKILL this process the n-th time ``phase`` is
     reached (phases: ``step`` after an optimizer step, ``logged`` after its metrics row, ``save`` inside a
     checkpoint write, ``saved`` after the rename before pruning, ``prune`` after a folder moved to the trash).
-    Does nothing when the variable is unset."""
+    Does nothing when the variable is unset. ``DEPTHATTN_FAULT_SIGNAL`` sends a signal at a phase instead
+    (``preemption.deliver_fault_signal``; further phases: ``micro`` after each micro-batch's backward pass, ``eval``
+    between validation batches)."""
+    deliver_fault_signal(phase)
     spec = os.environ.get(FAULT_ENV)
     if not spec or spec.partition(":")[0] != phase:
         return
@@ -161,8 +165,9 @@ def _diff(a: Mapping[str, Any], b: Mapping[str, Any], ignore: frozenset = frozen
 
 def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], train: Mapping[str, Any]) -> list[str]:
     """``"key: recorded vs requested"`` for every field where a run's ``run.json`` differs from a requested model
-    and train config (as dicts), ignoring ``RESUMABLE_KEYS``: empty when the run may be resumed with them."""
-    return _diff(recorded["model"], model) + _diff(recorded["train"], train, RESUMABLE_KEYS)
+    and train config (as dicts), ignoring ``RESUMABLE_KEYS``; a key the recorded train config lacks compares as its
+    ``config.LEGACY_DEFAULTS`` value. Empty when the run may be resumed with them."""
+    return _diff(recorded["model"], model) + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS)
 
 
 def _recorded_precision(run: dict[str, Any]) -> str | None:
