@@ -250,6 +250,7 @@ def test_tied_config_refuses_an_untied_checkpoint(tmp_path):
     from depthattn.checkpoint import load_model, save_model
     model = make_model(cross_layer="none")
     save_model(model, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "checksums.json").unlink()  # issue 24: else the edit is refused as damage first
     cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     cfg["tie_word_embeddings"] = True
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))

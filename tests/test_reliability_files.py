@@ -260,9 +260,10 @@ def test_manifest_lists_every_file_of_a_checkpoint_and_verifies(run_dir):
     assert fileio.verify_manifest(folder) == sorted(files)
 
 
-def test_a_deliberate_rewrite_after_the_manifest_loads_with_a_note(run_dir, tmp_path, capsys):
-    """``save_pretrained`` into an exported folder rewrites model.safetensors (new mtime) and leaves checksums.json
-    stale: the folder still loads, with a note naming the file; the same bytes with the old mtime are bit rot."""
+def test_a_rewrite_after_the_manifest_is_refused_whatever_its_mtime(run_dir, tmp_path):
+    """Issue 24 item 10: a file rewritten after checksums.json (newer mtime: a bad copy, a tool that rewrote it) is
+    verified like any other and refused; with the old mtime restored too. Our own writers rewrite the entry
+    (tests/test_bounds_integrity.py: save_pretrained)."""
     from safetensors.torch import save_file
 
     folder = _copy(_checkpoint(run_dir), tmp_path / "edited")
@@ -272,16 +273,11 @@ def test_a_deliberate_rewrite_after_the_manifest_loads_with_a_note(run_dir, tmp_
     state[key] = state[key] + 0.01
     sealed = (folder / fileio.MANIFEST_NAME).stat().st_mtime_ns
     save_file(state, str(weights), metadata={"format": "pt"})
-    os.utime(weights, ns=(sealed + 10**9, sealed + 10**9))  # written a second after the manifest
-    capsys.readouterr()
-    loaded = ckpt.load_state(folder)
-    assert torch.equal(loaded[key], state[key])
-    err = capsys.readouterr().err
-    assert f"note: {weights} was rewritten after checksums.json" in err and err.count("\n") == 1, err
-    os.utime(weights, ns=(sealed, sealed))  # the same bytes looking untouched since sealing: refused
-    with pytest.raises(ckpt.IntegrityError) as e:
-        ckpt.load_state(folder)
-    _one_line(e, str(weights), "if you replaced it on purpose, delete checksums.json")
+    for mtime in (sealed + 10**9, sealed):  # written a second after the manifest, then looking untouched
+        os.utime(weights, ns=(mtime, mtime))
+        with pytest.raises(ckpt.IntegrityError) as e:
+            ckpt.load_state(folder)
+        _one_line(e, str(weights), "if you replaced it on purpose, delete checksums.json")
 
 
 def test_bit_flip_in_model_safetensors_is_refused_by_every_loader(run_dir, data_dir, tmp_path, capsys):
@@ -343,6 +339,10 @@ def test_bit_flips_in_config_json_are_refused_naming_it(run_dir, tmp_path):
     config.write_bytes(original)
     _flip(config, text.index(b'"num_hidden_layers": ') + len(b'"num_hidden_layers": '))
     assert json.loads(config.read_text())["num_hidden_layers"] == 5
+    with pytest.raises(ckpt.IntegrityError) as e:  # issue 24: every listed file is verified before it is parsed
+        ckpt.load_model(bad)
+    _one_line(e, str(config), "does not match checksums.json")
+    (bad / fileio.MANIFEST_NAME).unlink()  # without the manifest the value itself is refused
     with pytest.raises(ValueError) as e:
         ckpt.load_model(bad)
     _one_line(e, str(config), "num_hidden_layers=5", "4 layers")
@@ -432,6 +432,7 @@ def no_model_built(monkeypatch):
                                           ("hidden_size", 10**6), ("num_hidden_layers", 5000)])
 def test_hostile_config_json_is_refused_before_allocation(run_dir, tmp_path, no_model_built, field, value):
     bad = _copy(_checkpoint(run_dir), tmp_path / "bad")
+    (bad / fileio.MANIFEST_NAME).unlink()  # issue 24: a sealed folder refuses any edit as damage; without it the value itself
     values = json.loads((bad / "config.json").read_text())
     values[field] = value
     (bad / "config.json").write_text(json.dumps(values))
@@ -454,6 +455,7 @@ def test_hostile_qwen3_config_is_refused_before_allocation(tmp_path, monkeypatch
     from depthattn.hf.convert import load_qwen3, save_qwen3
 
     save_qwen3(DecoderLM(ModelConfig.from_preset("tiny")), tmp_path / "q3")
+    (tmp_path / "q3" / fileio.MANIFEST_NAME).unlink()  # issue 24: a sealed folder refuses any edit as damage; without it the value itself
     values = json.loads((tmp_path / "q3" / "config.json").read_text())
     values[field] = value
     (tmp_path / "q3" / "config.json").write_text(json.dumps(values))

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from depthattn import DecoderLM, ModelConfig
+from depthattn import DecoderLM, ModelConfig, fileio
 from depthattn.checkpoint import checkpoint_dirs
 from depthattn.data import embedded_corpus_documents, load_prepared, prepare_corpus
 from depthattn.eval.perplexity import evaluate_perplexity, token_byte_lengths
@@ -304,7 +304,10 @@ def test_truncated_checkpoint_and_other_config_leave_run_untouched(run_a, tmp_pa
     # a checkpoint of another architecture dropped into the run folder
     other = json.loads((run / "checkpoints/step_00000008/config.json").read_text())
     other["num_hidden_layers"] = 2
+    sealed = fileio.file_states(run / "checkpoints/step_00000008")
     (run / "checkpoints/step_00000008/config.json").write_text(json.dumps(other))
+    # a whole checkpoint of another run carries its own consistent checksums.json (issue 24: else it is damage)
+    fileio.rewrite_manifest_entries(run / "checkpoints/step_00000008", sealed)
     before = tree_hashes(run)
     with pytest.raises(ValueError, match=r"step_00000008 was written for another model config "
                                          r"\(num_hidden_layers: 2 vs 4\)"):

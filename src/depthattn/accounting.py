@@ -80,3 +80,71 @@ def inflight_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat
     holds T times this."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     return cross_layer.get(cfg.cross_layer).inflight_elements(cfg) * itemsize
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# memory: what an allocation needs against what the device has, checked before anything is built
+
+#: cgroup files of the memory limit and usage (v2, then v1): a container's limit is what the kernel enforces.
+_CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                  ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):  # absent, "max" (no limit), unreadable
+        return None
+
+
+def available_memory(device: torch.device | str = "cpu") -> int | None:
+    """Bytes that can still be allocated on ``device``: for CUDA the free memory ``torch.cuda.mem_get_info``
+    reports; for the CPU ``MemAvailable`` of ``/proc/meminfo``, lowered to the cgroup's limit minus its usage when
+    the process runs in a memory-limited container. None where it cannot be known (another device or OS)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    known = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            known += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file in _CGROUP_MEMORY:
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:
+            known.append(max(0, limit - usage))
+            break
+    return min(known) if known else None
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.3g} GiB"
+
+
+def check_fits(nbytes: int, what: str, device: torch.device | str, fix: str) -> None:
+    """Refuse an allocation of ``nbytes`` that exceeds :func:`available_memory` of ``device`` before it is tried:
+    one ``ValueError`` "``what`` needs N GiB, more than the M GiB available on ``device``; ``fix``". Nothing is
+    checked where the available memory is unknown. Only what cannot fit at all is refused (no headroom is kept)."""
+    free = available_memory(device)
+    if free is not None and nbytes > free:
+        raise ValueError(f"{what} needs {_gib(nbytes)}, more than the {_gib(free)} of memory available on "
+                         f"{torch.device(device)}; {fix}")
+
+
+def check_model_fits(cfg: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                     source: str = "the model") -> None:
+    """:func:`check_fits` for the parameters of ``DecoderLM(cfg)`` in ``dtype`` (:func:`num_params`), before it is
+    built; ``source`` names the checkpoint or config in the message."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    check_fits(num_params(cfg) * itemsize, f"{source}: {num_params(cfg):.3g} parameters in {str(dtype)[6:]}",
+               device, "use a machine with more memory, or check the config's sizes")
+
+
+def kv_cache_bytes(cfg: ModelConfig, batch_size: int, max_seq_len: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of ``KVCache.empty(cfg, batch_size, max_seq_len, dtype)``: K and V for every virtual layer, plus the
+    one-byte slot mask ``[B, S]``."""
+    return batch_size * max_seq_len * (kv_cache_bytes_per_token(cfg, dtype) + 1)

@@ -10,17 +10,23 @@ crash never leaves a half-written checkpoint under the real name. Loading checks
 against the config's shapes (before the model is built), every key and every shape, and raises ``ValueError``
 naming the file on any mismatch. Folders of the previous format (flat ``config.json``) still load.
 
-Integrity: ``write_folder_atomically`` records the sha256 of every file in ``checksums.json`` (written last);
-``load_state`` (hence ``load_model``, resume, ``--init-from``, export, convert) verifies ``model.safetensors``
-against it, and the trainer-state loader ``trainer_state.pt``; a mismatch is an :class:`IntegrityError` (a
-``ValueError``) naming the file. Folders without a manifest load unchecked. ``config.json`` and the other small
-JSON files are recorded but not enforced (Hugging Face folders are edited by hand): they are validated instead.
+Integrity: ``write_folder_atomically`` records the sha256 of every file in ``checksums.json`` (written last).
+Opening a folder (``check_folder_shapes``, hence ``load_model``, ``from_pretrained``, eval, generate, export,
+convert) first verifies every file the manifest lists (:func:`verify_folder`; ``trainer_state.pt`` only when resume
+reads it), whatever its modification time, and only then parses ``config.json`` and the safetensors header; a
+mismatch is an :class:`IntegrityError` (a ``ValueError``) naming the file. Each file is hashed once per process
+(``fileio.verify_manifest``): ``sha256_file`` ran at 0.5 GiB/s (2 s per GiB) on the shared 2-core CI machine
+(docs/reliability.md).
+Our writers that rewrite a file of a sealed folder (``DepthAttnForCausalLM.save_pretrained``) rewrite its entry
+(``fileio.rewrite_manifest_entries``); a file edited by hand is refused until ``checksums.json`` is deleted.
+Folders without a manifest load unchecked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -30,6 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from . import checkpoint_files as files
+from .accounting import check_model_fits
 from .config import ModelConfig, read_json_object
 from .fileio import IntegrityError, verify_manifest, write_folder_atomically  # noqa: F401  (IntegrityError: re-export)
 from .model import DecoderLM
@@ -40,6 +47,9 @@ WEIGHTS_NAME = "model.safetensors"
 SHARDED_DIR = "dcp"
 CONFIG_NAME = "config.json"
 TOKENIZER_NAME = files.TOKENIZER_NAME
+#: Files of a checkpoint folder only ``--resume`` reads, and verifies when it reads them (``training.runs``);
+#: :func:`verify_folder` leaves them out, so eval and export do not hash the optimizer state.
+RESUME_ONLY_FILES = ("trainer_state.pt",)
 
 
 def model_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
@@ -59,6 +69,32 @@ def model_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
     return state
 
 
+def save_safetensors(state: dict[str, torch.Tensor], file: str | os.PathLike) -> None:
+    """``safetensors.torch.save_file(state, file, metadata={"format": "pt"})``; a write the file system refuses
+    (a full disk, a quota) is the ``OSError`` it is, naming ``file`` (safetensors reports it as a
+    ``SafetensorError`` whose message ends in ``(os error N)``)."""
+    try:
+        save_file(state, os.fspath(file), metadata={"format": "pt"})
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), os.fspath(file)) from e
+
+
+def save_torch(obj: object, file: str | os.PathLike) -> None:
+    """``torch.save(obj, file)`` through a Python file object (the same bytes), so that a write the file system
+    refuses is an ``OSError`` naming ``file`` (``torch.save`` to a path reports a full disk as a ``RuntimeError``
+    "unexpected pos")."""
+    try:
+        with open(file, "wb") as f:
+            torch.save(obj, f)
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, os.fspath(file)) from e
+
+
 def save_model_files(model: DecoderLM, folder: str, tokenizer_file: str | os.PathLike | None = None,
                      token_ids: dict[str, int | None] | None = None) -> None:
     """Write the Hugging Face model files into an existing folder (no atomicity of its own).
@@ -69,7 +105,7 @@ def save_model_files(model: DecoderLM, folder: str, tokenizer_file: str | os.Pat
     ``pad_token_id``, ``bos_token_id``) default to the tokenizer's ``<|endoftext|>`` for EOS and padding.
     """
     state = model_state_dict(model)
-    save_file(state, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    save_safetensors(state, os.path.join(folder, WEIGHTS_NAME))
     dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
     save_config_files(model.config, folder, dtype, tokenizer_file, token_ids)
 
@@ -138,7 +174,10 @@ def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None)
     The raw ``config.json`` sizes are compared with the header first (``checkpoint_files.check_header_fields``:
     layer count and embedding), then ``ModelConfig`` validates them (upper bounds included),
     and only then is a meta-device model built for the full name and shape comparison: a hostile
-    ``num_hidden_layers`` or ``vocab_size`` is one line, never an allocation."""
+    ``num_hidden_layers`` or ``vocab_size`` is one line, never an allocation. Before any of it, every file the
+    folder's ``checksums.json`` lists is verified (:func:`verify_folder`): a flipped bit in the safetensors header
+    or ``config.json`` is an :class:`IntegrityError` naming the file, never a parse error or a shape complaint."""
+    verify_folder(path)
     config_file = os.path.join(os.fspath(path), CONFIG_NAME)
     file = os.path.join(os.fspath(path), WEIGHTS_NAME)
     stored = files.safetensors_shapes(file) if os.path.isfile(file) else None
@@ -163,12 +202,19 @@ def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None)
     return cfg
 
 
+def verify_folder(path: str | os.PathLike) -> list[str]:
+    """Verify every file of a checkpoint folder that its ``checksums.json`` lists (but :data:`RESUME_ONLY_FILES`)
+    against its sha256, before anything in it is parsed; returns the names checked (none without a manifest).
+    Raises :class:`IntegrityError` naming the first damaged or missing file."""
+    return verify_manifest(path, skip=RESUME_ONLY_FILES)
+
+
 def verify_file(folder: str | os.PathLike, name: str) -> bool:
     """Check file ``name`` of a checkpoint folder against the folder's ``checksums.json`` (written by
     ``fileio.write_folder_atomically``); raises :class:`IntegrityError` (a ``ValueError``) naming the file, with
     the expected and actual digest prefixes, on a mismatch. Returns False, checking nothing, for a folder without
     a manifest (written before manifests existed, or by another tool) or a file it does not list. Reads the whole
-    file once (sha256 in 1 MiB chunks: about 3 s per GiB on one shared CPU core)."""
+    file once per process (sha256 in 1 MiB chunks: about 2 s per GiB on one shared core, ``fileio.verify_manifest``)."""
     return bool(verify_manifest(folder, [name]))
 
 
@@ -259,8 +305,14 @@ def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: 
 def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None) -> DecoderLM:
     """Build the model of a depthattn checkpoint folder and load its weights (strict). A Hugging Face Qwen3 folder
-    raises ``ValueError``: ``depthattn.hf.convert.load_any_model`` opens any folder, native or Qwen3."""
-    model = DecoderLM(check_folder_shapes(path))
+    raises ``ValueError``: ``depthattn.hf.convert.load_any_model`` opens any folder, native or Qwen3. Parameters
+    that cannot fit in the memory available (on the CPU, where the model is built, and on ``device``) are refused
+    before anything is built (``accounting.check_model_fits``)."""
+    cfg = check_folder_shapes(path)
+    check_model_fits(cfg, "cpu", torch.float32, os.fspath(path))
+    if torch.device(device).type != "cpu":
+        check_model_fits(cfg, device, dtype or torch.float32, os.fspath(path))
+    model = DecoderLM(cfg)
     load_weights_into(model, load_state(path), os.path.join(os.fspath(path), WEIGHTS_NAME))
     model.to(device=device)
     if dtype is not None:

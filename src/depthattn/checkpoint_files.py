@@ -15,7 +15,6 @@ must not); it writes JSON by hand and a test checks it against ``DepthAttnConfig
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -25,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import ModelConfig
-from .data.tokenizer import EOS_TOKEN
-from .fileio import atomic_write_json
+from .data.tokenizer import EOS_TOKEN, read_tokenizer
+from .fileio import atomic_write_json, loads_json
 
 MODEL_TYPE = "depthattn"
 ARCHITECTURE = "DepthAttnForCausalLM"
@@ -106,9 +105,7 @@ def model_config_from_json(values: dict[str, Any], source: str) -> ModelConfig:
 def tokenizer_token_ids(tokenizer_file: str | os.PathLike) -> dict[str, int | None]:
     """``eos_token_id`` and ``pad_token_id`` (both ``<|endoftext|>``, as training pads) of a ``tokenizer.json``;
     empty when it has no ``<|endoftext|>``."""
-    from tokenizers import Tokenizer
-
-    eos = Tokenizer.from_file(os.fspath(tokenizer_file)).token_to_id(EOS_TOKEN)
+    eos = read_tokenizer(tokenizer_file).token_to_id(EOS_TOKEN)
     return {} if eos is None else {"eos_token_id": eos, "pad_token_id": eos}
 
 
@@ -116,10 +113,8 @@ def write_tokenizer_config(folder: str | os.PathLike, max_length: int | None = N
     """A ``tokenizer_config.json`` so that ``AutoTokenizer.from_pretrained(folder)`` loads ``tokenizer.json`` as it is
     (``PreTrainedTokenizerFast``; without it transformers would pick a tokenizer class from ``model_type``), with
     ``<|endoftext|>`` as EOS and padding token when the tokenizer has it."""
-    from tokenizers import Tokenizer
-
     values: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-    if Tokenizer.from_file(os.path.join(os.fspath(folder), TOKENIZER_NAME)).token_to_id(EOS_TOKEN) is not None:
+    if read_tokenizer(os.path.join(os.fspath(folder), TOKENIZER_NAME)).token_to_id(EOS_TOKEN) is not None:
         values.update(eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
     if max_length is not None:
         values["model_max_length"] = int(max_length)
@@ -151,7 +146,11 @@ def safetensors_shapes(file: str | os.PathLike) -> dict[str, tuple[int, ...]]:
             (n,) = struct.unpack("<Q", f.read(8))
             if n > 100_000_000:
                 raise ValueError(f"header length {n}")
-            header = json.loads(f.read(n))
+            header = loads_json(f.read(n), os.fspath(file))
+            if not isinstance(header, dict) or not all(
+                    isinstance(v, dict) and isinstance(v.get("shape"), list) for k, v in header.items()
+                    if k != "__metadata__"):
+                raise ValueError("not a safetensors header (expected {name: {dtype, shape, data_offsets}})")
     except (OSError, struct.error, ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read weights {os.fspath(file)} (truncated or corrupt?): {e}") from e
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}

@@ -12,11 +12,20 @@ an input path that does not exist                           2          ``depthat
                                                                        exist``
 bad input (``ValueError``: a bad file, a decoding error,    2          ``depthattn CMD: error: <message naming the
 incl. ``UnicodeError``, JSON and TOML errors), missing                 file, flag or field>``
-file (``FileNotFoundError``)
+file (``FileNotFoundError``); also a file whose sha256
+differs from ``checksums.json`` (``IntegrityError``), a
+JSON file nested too deep or too large, a tokenizer.json
+beyond its bounds or a dangling link, a config beyond
+``MAX_VIRTUAL_LAYERS`` / ``MAX_DEPTH_CANDIDATES``, and a
+model or KV cache that cannot fit in the memory available
 divergence (``FloatingPointError``: non-finite loss or      1          ``depthattn CMD: error: <message>``
 gradients, a NaN evaluation, a validation loss above ln V)
 the system refused (``OSError``: disk full, read-only       1          ``depthattn CMD: error: <strerror> [ENAME]:
-file system, no permission)                                            <file, else the command's output flag>``
+file system, no permission; also what safetensors,                     <file, else the command's output flag>``;
+``torch.save``, DCP and TensorBoard's writer thread                    for ENOSPC / EDQUOT also ``(N free of M on
+report as other types: ``checkpoint.save_safetensors``,                the file system of DIR)``
+``save_torch``, ``training.dcp.write_failure``,
+``quiet_thread_os_errors``)
 preempted: SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 while        128 + n:   ``depthattn CMD: preempted at step N
 training (``TrainingPreempted``: the checkpoint of that     143, 130,  (SIGTERM); checkpoint PATH; resume with:
 step is written; 128 + n is what a shell reports for a      138        ...``
@@ -35,7 +44,9 @@ import difflib
 import errno
 import importlib
 import os
+import shutil
 import sys
+import threading
 import traceback
 
 from . import __version__
@@ -142,20 +153,64 @@ def check_input_paths(args: argparse.Namespace) -> None:
             raise FileNotFoundError(f"{flag} {value} does not exist")
 
 
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def free_space(path: str | os.PathLike) -> str:
+    """``"N free of M on the file system of DIR"`` for the nearest existing folder at or above ``path``
+    (``shutil.disk_usage``; a quota, EDQUOT, is not visible there); empty if it cannot be read."""
+    folder = os.path.abspath(os.fspath(path))
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return ""
+    return f"{_size(usage.free)} free of {_size(usage.total)} on the file system of {folder}"
+
+
 def describe_os_error(e: OSError, args: argparse.Namespace) -> str:
     """One line for an ``OSError``: the reason, the errno name, and the file (or, when the error names none, the
-    command's output flag and its value)."""
+    command's output flag and its value); for a full disk or quota (ENOSPC, EDQUOT) also the free space there."""
     reason = e.strerror or str(e)
     name = errno.errorcode.get(e.errno or -1)
     where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f)
+    flag = next(((f, getattr(args, a)) for a, f in OUTPUT_FLAGS if getattr(args, a, None)), None)
     if not where:
-        flag = next(((f, getattr(args, a)) for a, f in OUTPUT_FLAGS if getattr(args, a, None)), None)
         where = f"while writing {flag[0]} {flag[1]}" if flag else "(the error names no file)"
+    elif flag and os.fspath(flag[1]) not in where:
+        where += f" (writing {flag[0]} {flag[1]})"
     hint = {errno.ENOSPC: "; free some space and run the command again (a run continues with --resume)",
             errno.EDQUOT: "; free some space and run the command again (a run continues with --resume)",
             errno.EROFS: "; choose a writable folder", errno.EACCES: "; check the folder's permissions",
             errno.EPERM: "; check the folder's permissions"}.get(e.errno or -1, "")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = free_space(e.filename or (flag[1] if flag else "."))
+        hint = f" ({free}){hint}" if free else hint
     return f"{reason}{f' [{name}]' if name else ''}: {where}{hint}"
+
+
+def quiet_thread_os_errors(args: argparse.Namespace) -> list[OSError]:
+    """Keep an ``OSError`` in a background thread (TensorBoard's event writer on a full disk) from printing its
+    own traceback: the writer re-raises it in the command's thread, which reports it in one line. The errors are
+    collected in the list returned, which ``main`` reports if the command ends without having met them. Other
+    exceptions, and everything under ``--debug``, go to the default hook."""
+    errors: list[OSError] = []
+    default = threading.excepthook
+
+    def hook(exc: threading.ExceptHookArgs) -> None:
+        if isinstance(exc.exc_value, OSError) and not getattr(args, "debug", False):
+            errors.append(exc.exc_value)
+        else:
+            default(exc)
+
+    threading.excepthook = hook
+    return errors
 
 
 def resume_hint(args: argparse.Namespace) -> str | None:
@@ -174,9 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         sub = command_parser(parser, args)
         sub.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(sub, extra)}")
     cmd = f"depthattn {command_name(args)}"
+    default_hook = threading.excepthook
+    thread_errors = quiet_thread_os_errors(args)
     try:
         check_input_paths(args)
         result = args.func(args)
+        if thread_errors:  # a writer thread failed and nothing in the command re-raised it
+            raise thread_errors[0]
     except TrainingPreempted as e:  # the checkpoint of the step is written; under torchrun rank 0 says so
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"{cmd}: {e.line(resume_hint(args))}", file=sys.stderr)
@@ -196,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug: still one line, the traceback with --debug
         return _report(args, f"{cmd}: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
                        1)
+    finally:
+        threading.excepthook = default_hook
     return int(result or 0)
 
 

@@ -33,7 +33,7 @@ import torch
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
 from .config import ModelConfig
 from .cross_layer import names as method_names
-from .fileio import atomic_path, atomic_write_text
+from .fileio import atomic_path, atomic_write_text, read_json
 from .stats import binomial_se, paired_difference, tokens_to_target, verdict
 from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
 from .training.run_folder import RunFolder, RunLock
@@ -217,7 +217,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
 
     files = RunFolder(run_dir)
     run = files.read_run()
-    summary = json.loads(files.summary_file.read_text(encoding="utf-8"))
+    summary = read_json(files.summary_file, "run summary")
     cfg = ModelConfig.from_dict(run["model"])
     seq_len = run["train"]["seq_len"]
     model, tokenizer, folder, dev = load_for_inference(run_dir, run["train"].get("device", "auto"),
@@ -226,8 +226,9 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     data = load_prepared(run["data"])
     key = {"checkpoint": str(folder), "eval_tokens": eval_tokens, "seq_len": seq_len,
            "data_fingerprint": data.fingerprint}
-    if cache.is_file() and json.loads(cache.read_text(encoding="utf-8")).get("key") == key:
-        ev = json.loads(cache.read_text(encoding="utf-8"))["result"]
+    cached = read_json(cache, "evaluation cache") if cache.is_file() else None
+    if isinstance(cached, dict) and cached.get("key") == key:
+        ev = cached["result"]
     else:
         res = evaluate_perplexity(model, data.val, tokenizer, seq_len=seq_len, batch_size=eval_batch_size,
                                   max_tokens=eval_tokens, device=dev, amp_dtype=autocast_dtype("auto", dev),
@@ -371,7 +372,7 @@ def _utc_now() -> str:
 def _previous_history(path: Path) -> list[dict]:
     """The invocation history of an earlier ``results.json`` in the same folder ([] if none or unreadable)."""
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
+        old = read_json(path, "results file")
     except (OSError, ValueError):
         return []
     history = old.get("history") if isinstance(old, dict) else None

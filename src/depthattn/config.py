@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .cross_layer import loopable as loopable_methods, names as method_names
-from .fileio import atomic_write_text
+from .fileio import atomic_write_text, read_json
 
 
 def _finite(v) -> bool:
@@ -40,9 +40,14 @@ def _sci(n: int) -> str:
         return f"{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
 
 
-#: Upper bounds checked by ``ModelConfig.validate`` before any model is built: layers (each is a few Python modules)
-#: and float32 parameter bytes (1 TiB: ~275B parameters, far beyond any machine this runs on).
+#: Upper bounds checked by ``ModelConfig.validate`` before any model is built: layers (each is a few Python modules),
+#: virtual layers ``num_hidden_layers × num_loops`` (each has its KV-cache slot set and its candidate list), the
+#: Depth-Attention candidates summed over virtual layers (each a tensor the forward stacks per token; stride 1 makes
+#: them quadratic in depth), and float32 parameter bytes (1 TiB: ~275B parameters, far beyond any machine this runs
+#: on). The paper's largest configs (48 layers, a few loops, stride ≥ 1) are far below each.
 MAX_LAYERS = 1 << 16
+MAX_VIRTUAL_LAYERS = 1 << 16
+MAX_DEPTH_CANDIDATES = 1 << 24
 MAX_PARAMETER_BYTES = 1 << 40
 
 
@@ -164,6 +169,20 @@ class ModelConfig:
         if self.num_hidden_layers > MAX_LAYERS:
             raise ValueError(f"ModelConfig.num_hidden_layers={self.num_hidden_layers} is invalid: more than "
                              f"{MAX_LAYERS} layers (depthattn.config.MAX_LAYERS) cannot be built")
+        if self.num_virtual_layers > MAX_VIRTUAL_LAYERS:
+            raise ValueError(f"ModelConfig.num_loops={self.num_loops} is invalid: num_hidden_layers="
+                             f"{self.num_hidden_layers} × num_loops={self.num_loops} = {_sci(self.num_virtual_layers)} "
+                             f"virtual layers, more than {MAX_VIRTUAL_LAYERS} (depthattn.config.MAX_VIRTUAL_LAYERS)")
+        if self.cross_layer.startswith("depth_attention"):  # the plan Depth-Attention and its control build
+            from .cross_layer.depth_attention import candidate_count
+
+            n = candidate_count(self.num_virtual_layers, self.depth_attention_stride, self.depth_attention_window)
+            if n > MAX_DEPTH_CANDIDATES:
+                raise ValueError(f"ModelConfig.depth_attention_stride={self.depth_attention_stride} is invalid with "
+                                 f"depth_attention_window={self.depth_attention_window} over "
+                                 f"{self.num_virtual_layers} virtual layers: {_sci(n)} depth candidates in all, more "
+                                 f"than {MAX_DEPTH_CANDIDATES} (depthattn.config.MAX_DEPTH_CANDIDATES); raise the "
+                                 f"stride or shrink the window")
         C, H, K, D, F = (self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim,
                          self.intermediate_size)
         per_layer = C * H * D + 2 * C * K * D + H * D * C + 2 * D + 3 * C * F + 2 * C  # = accounting.layer_params
@@ -234,11 +253,11 @@ def check_keys(values: Mapping[str, Any], what: str) -> None:
 
 
 def read_json_object(path: str | os.PathLike, what: str = "file") -> dict[str, Any]:
-    """Read a JSON object; ``ValueError`` naming ``what`` and the file if it is unreadable or not an object."""
+    """Read a JSON object; ``ValueError`` naming ``what`` and the file if it is unreadable, too large or too deeply
+    nested (``fileio.read_json``), or not an object."""
     try:
-        with open(path, encoding="utf-8") as f:
-            values = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+        values = read_json(path, what)
+    except OSError as e:
         raise ValueError(f"cannot read {what} {os.fspath(path)!r}: {e}") from e
     if not isinstance(values, dict):
         raise ValueError(f"{what} {os.fspath(path)!r} must hold a JSON object")

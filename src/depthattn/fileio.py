@@ -15,6 +15,8 @@ import graph).
 - :func:`write_folder_atomically` -- a whole folder (checkpoints, exported models), with a ``checksums.json``
   manifest of its files' sha256 (:func:`verify_manifest` checks a file against it when it is read).
 - :func:`sha256_bytes` / :func:`sha256_file` -- hex digests.
+- :func:`read_json` / :func:`loads_json` -- every JSON file the package reads, with its size and nesting depth
+  bounded (a ``config.json`` nested 10⁶ deep is one ``ValueError``, not a ``RecursionError``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -36,6 +38,67 @@ _CHUNK = 1 << 20  # hash and copy in 1 MiB pieces
 
 class IntegrityError(ValueError):
     """A file's sha256 differs from the one recorded when it was written (bit rot, a torn copy, an edit)."""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# bounded JSON reading
+
+#: Deepest nesting accepted in a JSON document read from disk (ours are at most 4 deep; serde_json, which reads
+#: ``tokenizer.json`` inside ``tokenizers``, stops at 128 as well). Python's own parser would raise
+#: ``RecursionError`` near 1000 levels, and deep values would make every later recursive walk fail too.
+MAX_JSON_DEPTH = 128
+#: Largest JSON file :func:`read_json` reads unless the caller states another bound (configs, manifests, run
+#: records and metadata are kilobytes; a safetensors header has its own bound).
+MAX_JSON_BYTES = 64 << 20
+
+
+def json_depth(value: object) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0, ``[]`` and ``{}`` are 1), walked without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            depth += 1
+            deepest = max(deepest, depth)
+            todo.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def loads_json(text: str | bytes, source: str, max_depth: int = MAX_JSON_DEPTH, **kwargs) -> object:
+    """``json.loads(text, **kwargs)`` with the nesting depth bounded: ``ValueError`` naming ``source`` (a file, or
+    ``file:line``) for a document nested deeper than ``max_depth``. Parse errors are ``json.JSONDecodeError`` (a
+    ``ValueError``) as usual."""
+    try:
+        value = json.loads(text, **kwargs)
+    except RecursionError:  # Python's parser gives up near sys.getrecursionlimit() levels, in microseconds
+        value = None
+        too_deep = True
+    else:
+        too_deep = json_depth(value) > max_depth
+    if too_deep:
+        raise ValueError(f"{source}: JSON nested more than {max_depth} levels deep (depthattn.fileio.MAX_JSON_DEPTH); "
+                         f"the file is damaged or not one depthattn reads")
+    return value
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file", max_bytes: int = MAX_JSON_BYTES,
+              max_depth: int = MAX_JSON_DEPTH, **kwargs) -> object:
+    """The parsed JSON of file ``path``, its size checked before it is read and its depth after
+    (:func:`loads_json`). Raises ``ValueError`` naming ``what`` and the file when it is larger than ``max_bytes``,
+    not UTF-8, not JSON or too deep; ``OSError`` (``FileNotFoundError`` included) as the file system reports it."""
+    path = os.fspath(path)
+    size = os.stat(path).st_size
+    if size > max_bytes:
+        raise ValueError(f"{what} {path} is {size} bytes, above the bound of {max_bytes} bytes for such a file; it "
+                         f"is not one depthattn wrote")
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    try:
+        return loads_json(data.decode("utf-8"), path, max_depth, **kwargs)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"cannot read {what} {path}: not UTF-8 ({e})") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"cannot read {what} {path}: {e}") from e
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -96,9 +159,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_path(folder)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:  # a full disk names no file
+            raise OSError(e.errno, e.strerror, path) from e
         raise
 
 
@@ -247,8 +312,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, str] | None:
     manifests existed, or by other tools). Raises :class:`IntegrityError` naming it if it is unreadable."""
     file = os.path.join(os.fspath(folder), MANIFEST_NAME)
     try:
-        with open(file, encoding="utf-8") as f:
-            values = json.load(f)
+        values = read_json(file, "checksum manifest")
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
@@ -260,35 +324,96 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, str] | None:
     return digests
 
 
-def verify_manifest(folder: str | os.PathLike, names: Sequence[str] | None = None) -> list[str]:
+#: Files this process has hashed and found as their manifest says: real path -> (size, mtime_ns, ctime_ns, inode,
+#: device, sha256). A later check of the same file in the same process (the shape check, then the weight read) is
+#: skipped while all of these are unchanged. Every write through the file system sets the ctime to the current
+#: time, and user space cannot set it back (``os.utime`` sets the mtime and makes the ctime *now*), so a rewrite,
+#: a copy over it or a rename onto it is hashed again -- unless it lands in the same timestamp tick as the ctime
+#: recorded, which :func:`is_racy` rules out by never remembering a file changed within a tick of its hash (git's
+#: "racy clean" rule). Not caught, as by any stat-keyed cache: a change below the file system (bit rot, a
+#: raw-device write) during the process's life.
+_VERIFIED: dict[str, tuple] = {}
+#: How long after its last change a file is too fresh to be remembered as verified: a timestamp tick of the file
+#: system. Linux stamps files from the kernel's coarse clock (one tick, at most 10 ms at HZ=100) on ext4, xfs,
+#: btrfs and tmpfs; a file system that keeps whole seconds (ctime a multiple of 1 s) gets 2 s (FAT, ext3, some NFS).
+RACY_FINE_NS = 10_000_000
+RACY_NS = 2_000_000_000
+
+
+def is_racy(st: os.stat_result, started_ns: int) -> bool:
+    """Whether a file with status ``st``, hashed from ``time.time_ns() == started_ns`` on, changed so shortly
+    before that a later rewrite could keep its (size, mtime, ctime, inode): then it must not be remembered as
+    verified (:data:`_VERIFIED`, ``data.integrity``'s ``.verified.json``)."""
+    window = RACY_NS if st.st_ctime_ns % 1_000_000_000 == 0 else RACY_FINE_NS
+    return started_ns - st.st_ctime_ns <= window
+
+
+def _stat_key(st: os.stat_result) -> tuple:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
+def verify_manifest(folder: str | os.PathLike, names: Sequence[str] | None = None,
+                    skip: Sequence[str] = ()) -> list[str]:
     """Check files of ``folder`` against its ``checksums.json``: those in ``names`` (relative paths) that the
-    manifest lists, or with ``names=None`` every file it lists. Returns the names checked (empty without a
-    manifest: nothing to check against). A file modified after the manifest (newer mtime: rewritten on purpose,
-    e.g. by ``save_pretrained``; bit rot keeps the mtime) is skipped with a note on stderr.
-    Raises :class:`IntegrityError` naming the first file whose sha256
-    differs (with both digests' first 16 hex digits) or that is missing."""
+    manifest lists, or with ``names=None`` every file it lists but those in ``skip``; whatever their modification
+    time (a file rewritten after the manifest is checked like any other: our own writers that rewrite a file of a
+    sealed folder rewrite its entry, :func:`rewrite_manifest_entries`). Returns the names checked (empty without
+    a manifest: nothing to check against). Reads each file once per process (see :data:`_VERIFIED`).
+    Raises :class:`IntegrityError` naming the first file whose sha256 differs (with both digests' first 16 hex
+    digits) or that is missing (a dangling symlink included)."""
     digests = read_manifest(folder)
     if digests is None:
         return []
-    sealed_ns = os.stat(os.path.join(os.fspath(folder), MANIFEST_NAME)).st_mtime_ns
     checked = []
-    for rel in (sorted(digests) if names is None else [n for n in names if n in digests]):
+    wanted = [n for n in sorted(digests) if n not in skip] if names is None else [n for n in names if n in digests]
+    for rel in wanted:
         file = os.path.join(os.fspath(folder), rel)
         if not os.path.isfile(file):
             raise IntegrityError(f"{file}: missing, but {MANIFEST_NAME} lists it; the folder is incomplete")
-        if os.stat(file).st_mtime_ns > sealed_ns:
-            # Rewritten on purpose after the folder was sealed (e.g. ``save_pretrained`` into it): bit rot and a
-            # torn write keep the modification time; a deliberate rewrite does not. Said, not refused.
-            print(f"note: {file} was rewritten after {MANIFEST_NAME} was written (newer modification time), so it "
-                  f"is not checked against it; delete {MANIFEST_NAME} to silence this note", file=sys.stderr)
+        want, real = digests[rel], os.path.realpath(file)
+        st = os.stat(real)
+        if _VERIFIED.get(real) == (*_stat_key(st), want):
+            checked.append(rel)
             continue
-        got, want = sha256_file(file), digests[rel]
+        started = time.time_ns()
+        got = sha256_file(real)
         if got != want:
             raise IntegrityError(f"{file}: sha256 {got[:16]}… does not match {MANIFEST_NAME} ({want[:16]}…): the file "
                                  f"is truncated or corrupt; restore it or use another checkpoint (if you replaced it "
                                  f"on purpose, delete {MANIFEST_NAME})")
+        if not is_racy(st, started) and _stat_key(os.stat(real)) == _stat_key(st):
+            _VERIFIED[real] = (*_stat_key(st), want)
         checked.append(rel)
     return checked
+
+
+def file_states(folder: str | os.PathLike) -> dict[str, tuple]:
+    """``{relative path: (size, mtime_ns, ctime_ns, inode, device)}`` of the regular files under ``folder`` (the
+    manifest excepted; empty for a folder that does not exist): what :func:`rewrite_manifest_entries` compares."""
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        return {}
+    return {rel: _stat_key(os.stat(os.path.join(folder, rel))) for rel in _files_under(folder)}
+
+
+def rewrite_manifest_entries(folder: str | os.PathLike, before: dict[str, tuple]) -> list[str]:
+    """After a writer of ours rewrote files of a sealed ``folder`` in place (``save_pretrained`` into a checkpoint
+    folder): hash the files that are new or changed since ``before`` (:func:`file_states` taken before the write),
+    drop the entries of files the writer removed, and write ``checksums.json`` again (atomically). Files the writer
+    did not touch keep their recorded digest, so damage they had before is still caught. Nothing happens in a
+    folder without a manifest. Returns the relative paths (re)hashed."""
+    digests = read_manifest(folder)
+    if digests is None:
+        return []
+    now = file_states(folder)
+    changed = [rel for rel, key in now.items() if before.get(rel) != key]
+    for rel in changed:
+        digests[rel] = sha256_file(os.path.join(os.fspath(folder), rel))
+    for rel in [r for r in digests if r not in now and r in before]:
+        del digests[rel]
+    body = json.dumps({"algorithm": "sha256", "sha256": digests}, indent=2, sort_keys=True) + "\n"
+    atomic_write_text(os.path.join(os.fspath(folder), MANIFEST_NAME), body)
+    return changed
 
 
 # ------------------------------------------------------------------------------------------------------------------

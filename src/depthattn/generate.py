@@ -27,6 +27,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from .accounting import check_fits, kv_cache_bytes
 from .cache import KVCache
 from .checks import check_forward_inputs, check_forward_shapes, check_text
 from .model import DecoderLM
@@ -297,6 +298,10 @@ def _stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos_tok
     was_training = model.training
     model.eval()
     try:
+        p = model.lm_head.weight
+        check_fits(kv_cache_bytes(model.config, B, T + max_new_tokens, p.dtype),
+                   f"the KV cache for {B} × {T + max_new_tokens} tokens over {model.config.num_virtual_layers} "
+                   f"virtual layers", p.device, "lower max_new_tokens (--max-new-tokens), the prompt or the batch")
         cache = model.new_cache(B, T + max_new_tokens)
         run_prefill, run_decode = (prefill, decode_one_token) if steps is None else (steps.prefill,
                                                                                        steps.decode_one_token)

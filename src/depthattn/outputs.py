@@ -19,12 +19,11 @@ deleted last). A refused command has written nothing. Errors are ``ValueError`` 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .fileio import MANIFEST_NAME, IntegrityError, read_manifest
+from .fileio import MANIFEST_NAME, IntegrityError, read_json, read_manifest
 
 #: How many names a refusal lists before "and N more".
 SHOWN_NAMES = 5
@@ -153,7 +152,7 @@ def check_result_file(out: str | os.PathLike, sources: Iterable[str | os.PathLik
     if real.is_dir():
         raise ValueError(f"{flag} {given} is a folder; give a file name (e.g. {given / 'results.json'})")
     try:
-        own = real.stat().st_size <= MAX_RESULT_BYTES and is_own(json.loads(real.read_text(encoding="utf-8")))
+        own = real.stat().st_size <= MAX_RESULT_BYTES and is_own(read_json(real, "result file"))
     except (OSError, ValueError, UnicodeDecodeError):
         own = False
     if not own:

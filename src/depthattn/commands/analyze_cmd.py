@@ -38,11 +38,11 @@ def run(args: argparse.Namespace) -> int:
         model = load_any_model(folder)
         tok_path = args.tokenizer or os.path.join(folder, TOKENIZER_FILE)
         if args.prompt:
-            from tokenizers import Tokenizer
+            from ..data.tokenizer import read_tokenizer
 
-            if not os.path.isfile(tok_path):
+            if not os.path.lexists(tok_path):
                 raise ValueError(f"--prompt needs a tokenizer: {tok_path} not found (pass --tokenizer PATH)")
-            tokenizer = Tokenizer.from_file(tok_path)
+            tokenizer = read_tokenizer(tok_path, model.config.vocab_size)  # bounded before it is parsed
     if args.prompt:
         ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
         if not ids:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..eval.inference import load_for_inference
-from ..fileio import atomic_write_text, sha256_file
+from ..fileio import atomic_write_text, read_json, sha256_file
 from ..outputs import check_result_file
 from ..training.runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, run_of_checkpoint
 from ..training.runtime import autocast_dtype
@@ -49,8 +49,8 @@ def default_seq_len(folder: Path, model) -> tuple[int, str | None]:
                    f"(min({FALLBACK_SEQ_LEN}, max_position_embeddings={model.config.max_position_embeddings})); "
                    f"pass --seq-len to choose")
     try:
-        values = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        values = read_json(file, "training config")
+    except ValueError as e:
         raise ValueError(f"{file}: not a valid JSON file ({e}); pass --seq-len to evaluate without it") from None
     n = values.get("seq_len") if isinstance(values, dict) else None
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:

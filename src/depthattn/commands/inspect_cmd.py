@@ -20,6 +20,7 @@ import torch
 from ..accounting import inflight_bytes_per_token, kv_cache_bytes_per_token, num_flops, num_params
 from ..config import PRESETS, ModelConfig, check_keys
 from ..cross_layer import loopable as loopable_methods, names as method_names
+from ..fileio import loads_json
 
 
 def inspect_rows(preset: str, methods: list[str], loops: int, seq_len: int, prompt_len: int = 2048,
@@ -76,8 +77,8 @@ def parse_overrides(items: list[str]) -> dict:
         if not sep or not key:
             raise ValueError(f"--set {item!r} must look like KEY=VALUE")
         try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
+            out[key] = loads_json(value, f"--set {key}")
+        except json.JSONDecodeError:  # a plain string (a JSON value nested too deep is a ValueError)
             out[key] = value
     check_keys(out, "--set")
     return out

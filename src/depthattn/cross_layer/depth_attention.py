@@ -53,10 +53,20 @@ def candidate_plan(num_layers: int, stride: int, window: int) -> Plan:
         raise ValueError(f"depth_attention_window={window} must be >= 0")
     plan = []
     for layer in range(num_layers):
-        by_stride = {j for j in range(layer) if j % stride == 0}
+        by_stride = set(range(0, layer, stride))
         by_window = set(range(max(0, layer - window), layer))
         plan.append(tuple(sorted(by_stride | by_window)))
     return tuple(plan)
+
+
+def candidate_count(num_layers: int, stride: int, window: int) -> int:
+    """Σ_l |candidates of layer l| of :func:`candidate_plan`, without building it: layer l has the ``l - a`` layers
+    of its window ``[a, l)`` (``a = max(0, l - w)``) plus the multiples of ``s`` below ``a``, ``ceil(a / s)``."""
+    total = 0
+    for layer in range(num_layers):
+        start = max(0, layer - window)
+        total += layer - start + -(-start // stride)
+    return total
 
 
 def model_plan(cfg: ModelConfig) -> Plan:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from depthattn.data.document import Document, surrogate_at
-from depthattn.fileio import atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file
+from depthattn.fileio import atomic_write_bytes, atomic_write_json, loads_json, read_json, sha256_bytes, sha256_file
 from depthattn.outputs import OutputKind, describe_entries
 
 CORPUS_FORMAT = "depthattn-corpus"
@@ -67,8 +67,9 @@ def is_corpus_dir(path: str | Path) -> bool:
     if not manifest.is_file():
         return False
     try:
-        return json.loads(manifest.read_text(encoding="utf-8")).get("format") == CORPUS_FORMAT
-    except (ValueError, UnicodeDecodeError):
+        values = read_json(manifest, "corpus manifest")
+        return isinstance(values, dict) and values.get("format") == CORPUS_FORMAT
+    except (ValueError, OSError):
         return False
 
 
@@ -92,10 +93,10 @@ def read_manifest(corpus_dir: str | Path) -> dict:
     if not path.is_file():
         raise ValueError(f"{path}: corpus manifest not found")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = read_json(path, "corpus manifest")
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from e
-    if manifest.get("format") != CORPUS_FORMAT or not isinstance(manifest.get("sources"), list):
+    if not isinstance(manifest, dict) or manifest.get("format") != CORPUS_FORMAT or not isinstance(manifest.get("sources"), list):
         raise ValueError(f"{path}: not a {CORPUS_FORMAT} manifest (missing `format` or `sources`)")
     return manifest
 
@@ -171,7 +172,7 @@ def read_jsonl(path: str | Path, text_column: str = "text", source: str = "") ->
                 except UnicodeDecodeError as e:
                     raise ValueError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {start + e.start})") from e
                 try:
-                    row = json.loads(line)
+                    row = loads_json(line, f"{path}:{lineno}")
                 except ValueError as e:
                     raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
                 if not isinstance(row, dict) or not isinstance(row.get(text_column), str):

@@ -5,7 +5,9 @@ A file that matched is remembered in ``<folder>/.verified.json`` by its size, mo
 time (ns) and inode number, so later loads hash nothing; a file with any of these changed is hashed again. Every
 write through the file system changes the ctime, and user space cannot set it back (``os.utime`` restores the
 mtime but sets the ctime to now), so an edit that restores the mtime is caught too, as is a copy or a replacement
-(new inode). Not caught from the cache: a change below the file system (bit rot on the medium, a raw-device write),
+(new inode). A file whose ctime lies within one timestamp tick of the start of its hash (``fileio.is_racy``: 10 ms,
+2 s on a file system that keeps whole seconds) is not remembered, so a rewrite within that tick cannot keep its
+key (git's "racy clean" rule). Not caught from the cache: a change below the file system (bit rot on the medium, a raw-device write),
 which alters no metadata -- a load without the cache catches it (``recheck=True``, or delete ``.verified.json``).
 ``verify=False`` / ``--no-verify`` skips hashing deliberately. The cache is written atomically and only as a
 convenience: a read-only folder is verified on every load.
@@ -14,18 +16,18 @@ convenience: a read-only folder is verified on every load.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import time
 from pathlib import Path
 
-from depthattn.fileio import atomic_write_json, sha256_file
+from depthattn.fileio import atomic_write_json, is_racy, read_json, sha256_file
 
 VERIFY_CACHE = ".verified.json"
 
 
 def _read_cache(folder: Path) -> dict:
     try:
-        cache = json.loads((folder / VERIFY_CACHE).read_text(encoding="utf-8"))
+        cache = read_json(folder / VERIFY_CACHE, "verification cache")
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
     return cache if isinstance(cache, dict) else {}
@@ -45,15 +47,18 @@ def verify_files(folder: str | Path, expected: dict[str, str], recheck: bool = F
     changed = False
     for name, digest in expected.items():
         path = folder / name
-        key = cache_key(path.stat(), digest)
+        st = path.stat()
+        key = cache_key(st, digest)
         if cache.get(name) == key:
             continue
+        started = time.time_ns()
         got = sha256_file(path)
         if got != digest:
             raise ValueError(f"{path}: sha256 {got[:16]}... does not match meta.json ({digest[:16]}...): the shard "
                              f"is corrupt or was changed; prepare the data again (or restore the file)")
-        cache[name] = key
-        changed = True
+        if not is_racy(st, started):
+            cache[name] = key
+            changed = True
     if changed:
         with contextlib.suppress(OSError):
             atomic_write_json(folder / VERIFY_CACHE, cache)

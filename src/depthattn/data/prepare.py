@@ -44,7 +44,7 @@ from depthattn.data.shards import DTYPES, META_FORMAT, SPLITS
 from depthattn.data.staging import claimed, touch
 from depthattn.data.tokenizer import (EOS_TOKEN, MIN_VOCAB_SIZE, add_special_tokens, check_special_tokens,
                                       load_tokenizer, special_tokens_of, tokenizer_bytes, tokenizer_config, train_bpe)
-from depthattn.fileio import sha256_bytes, write_folder_atomically
+from depthattn.fileio import read_json, sha256_bytes, write_folder_atomically
 from depthattn.outputs import OutputKind, check_output, describe_entries
 
 UINT16_MAX_VOCAB = 1 << 16
@@ -332,8 +332,8 @@ def data_folder_foreign(folder: Path) -> str | None:
     meta = folder / "meta.json"
     if meta.is_file():
         try:
-            ok = json.loads(meta.read_text(encoding="utf-8")).get("format") == META_FORMAT
-        except (ValueError, UnicodeDecodeError, AttributeError):
+            ok = read_json(meta, "data meta.json").get("format") == META_FORMAT
+        except (OSError, ValueError, AttributeError):
             ok = False
         if not ok:
             return f"its meta.json is not a {META_FORMAT} meta.json"
@@ -414,7 +414,7 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
     out_dir = check_output(out_dir, _input_paths(sources, inputs, tokenizer), DATA_FOLDER, overwrite)
     with claimed(out_dir, log, wait_s) as staging:
         if if_missing and (out_dir / "meta.json").is_file():
-            return json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
+            return read_json(out_dir / "meta.json", "data meta.json")
         check_output(out_dir, (), DATA_FOLDER, overwrite)  # again: it may have changed while this one waited
         lengths, records = _scan(sources)
         is_val = split_by_lengths(lengths, val_fraction, seed)

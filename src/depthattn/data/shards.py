@@ -40,7 +40,7 @@ from tokenizers import Tokenizer
 from depthattn.data.integrity import verify_files
 from depthattn.data.tokenizer import load_tokenizer
 from depthattn.data.tokenstream import ShardedTokens
-from depthattn.fileio import sha256_bytes
+from depthattn.fileio import read_json, sha256_bytes
 
 META_FORMAT = "depthattn-prepared"
 SPLITS = ("train", "val")
@@ -151,7 +151,7 @@ def load_prepared(path: str | Path, verify: bool = True, recheck: bool = False) 
         raise ValueError(f"{meta_path}: not found; prepare a data folder with `depthattn data prepare --input TEXT "
                          f"--out {path}` first")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = read_json(meta_path, "data meta.json")
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{meta_path}: not valid JSON ({e})") from e
     required = ("format", "tokenizer_sha256", "vocab_size", "eos_token_id", "dtype", "splits")

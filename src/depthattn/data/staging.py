@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from depthattn.fileio import read_json
+
 WRITER_FILE = "writer.json"
 CONTENT_DIR = "folder"
 #: A ``.partial`` younger than this without a ``writer.json`` is taken to be starting (its claimant about to write
@@ -54,7 +56,7 @@ def partial_path(out: str | os.PathLike) -> Path:
 def read_writer(partial: Path) -> dict | None:
     """The ``writer.json`` record of a ``.partial`` (None when missing or unreadable)."""
     try:
-        record = json.loads((partial / WRITER_FILE).read_text(encoding="utf-8"))
+        record = read_json(partial / WRITER_FILE, "writer record")
     except (OSError, ValueError):
         return None
     ok = isinstance(record, dict) and isinstance(record.get("pid"), int) and isinstance(record.get("host"), str)

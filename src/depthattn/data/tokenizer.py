@@ -12,6 +12,8 @@ special token. No normaliser runs, so byte counts of the text are exact.
 
 from __future__ import annotations
 
+import mmap
+import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -22,6 +24,17 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 #: The end-of-document token, the only special token (defined here only; hf/, eval/ and generate import it).
 EOS_TOKEN = "<|endoftext|>"
 MIN_VOCAB_SIZE = 257  # 256 byte symbols + EOS (+1 per extra special token)
+
+#: Bounds checked before a ``tokenizer.json`` is parsed (:func:`check_tokenizer_file`): its size (released
+#: tokenizers take 40–130 bytes per vocabulary entry: GPT-NeoX 42, Qwen3 75, Gemma 3 126), with a model's
+#: ``vocab_size`` known at most ``TOKENIZER_BYTES_PER_TOKEN`` per entry plus 1 MiB, and its added tokens (at most
+#: the model's ``vocab_size``, else ``MAX_ADDED_TOKENS``).
+MAX_TOKENIZER_BYTES = 256 << 20
+TOKENIZER_BYTES_PER_TOKEN = 1024
+MAX_ADDED_TOKENS = 1 << 18
+#: One entry of ``added_tokens`` (every entry has ``"special": true|false``; vocabulary values are ids, never
+#: booleans, and a quote inside a JSON string is escaped, so nothing else matches).
+_ADDED_TOKEN = re.compile(rb'"special"\s*:\s*(?:true|false)')
 
 
 def _chunks(texts: Iterable[str], max_chars: int = 1 << 16) -> Iterator[str]:
@@ -95,9 +108,55 @@ def tokenizer_bytes(tok: Tokenizer) -> bytes:
     return (tok.to_str(pretty=True) + "\n").encode("utf-8")
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def check_tokenizer_file(path: str | os.PathLike, vocab_size: int | None = None) -> None:
+    """Refuse, before it is parsed, a ``tokenizer.json`` that cannot be one (one ``ValueError`` naming it): a
+    symbolic link to nothing (or a loop), not a regular file, empty, larger than its vocabulary allows (with a
+    model's ``vocab_size``: ``TOKENIZER_BYTES_PER_TOKEN`` per entry + 1 MiB; else ``MAX_TOKENIZER_BYTES``), or with
+    more added tokens than ``vocab_size`` (else ``MAX_ADDED_TOKENS``). The count is one regular-expression pass over
+    the mapped file (C speed, no JSON parse); ``tokenizers`` would otherwise parse the whole file first (a 100 MB
+    one took 287 s and 5 GB)."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise ValueError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist (a dangling link "
+                         f"or a loop); restore the tokenizer file")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a file (a tokenizer.json is a regular file)")
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError(f"{path}: empty file, not a tokenizer.json (truncated?)")
+    limit = MAX_TOKENIZER_BYTES if vocab_size is None else min(
+        MAX_TOKENIZER_BYTES, vocab_size * TOKENIZER_BYTES_PER_TOKEN + (1 << 20))
+    if size > limit:
+        why = (f"for the model's vocab_size={vocab_size} ({TOKENIZER_BYTES_PER_TOKEN} bytes per token + 1 MiB)"
+               if vocab_size is not None and limit < MAX_TOKENIZER_BYTES else "(depthattn.data.tokenizer."
+               "MAX_TOKENIZER_BYTES)")
+        raise ValueError(f"{path} is {size} bytes, more than the {limit} bytes a tokenizer.json may have {why}; it "
+                         f"is not this model's tokenizer")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        added = sum(1 for _ in _ADDED_TOKEN.finditer(data))
+    bound = MAX_ADDED_TOKENS if vocab_size is None else vocab_size
+    if added > bound:
+        why = f"the model's vocab_size={vocab_size}" if vocab_size is not None else \
+            "depthattn.data.tokenizer.MAX_ADDED_TOKENS"
+        raise ValueError(f"{path} declares {added} added tokens, more than {bound} ({why}); it is not this "
+                         f"model's tokenizer")
+
+
+def read_tokenizer(path: str | os.PathLike, vocab_size: int | None = None) -> Tokenizer:
+    """A ``tokenizer.json`` file as a ``tokenizers.Tokenizer``, after :func:`check_tokenizer_file`; ``ValueError``
+    naming the file if it does not parse (truncated or corrupt)."""
+    check_tokenizer_file(path, vocab_size)
+    try:
+        return Tokenizer.from_file(os.fspath(path))
+    except Exception as e:  # tokenizers raises a plain Exception (serde's message) on a bad file
+        raise ValueError(f"{os.fspath(path)}: not a valid tokenizer.json ({e}); the file is truncated or "
+                         f"corrupt") from None
+
+
+def load_tokenizer(path: str | Path, vocab_size: int | None = None) -> Tokenizer:
     """Load a ``tokenizer.json``, or the ``tokenizer.json`` of a Hugging Face tokenizer folder (e.g. Qwen3's or
-    GPT-NeoX's), as is; raises ValueError naming the file if it is missing, unreadable or has no EOS."""
+    GPT-NeoX's), as is; raises ValueError naming the file if it is missing, unreadable, beyond the bounds of
+    :func:`check_tokenizer_file` (``vocab_size``: the model's, when one will use it) or has no EOS."""
     path = Path(path)
     if path.is_dir():
         if not (path / "tokenizer.json").is_file():
@@ -105,12 +164,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             raise ValueError(f"{path}: tokenizer folder has no tokenizer.json (found: {found}); only fast "
                              f"tokenizers saved as tokenizer.json can be used")
         path = path / "tokenizer.json"
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         raise ValueError(f"{path}: tokenizer file not found")
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a plain Exception on a bad file
-        raise ValueError(f"{path}: not a valid tokenizer.json ({e})") from e
+    tok = read_tokenizer(path, vocab_size)
     if tok.token_to_id(EOS_TOKEN) is None:
         raise ValueError(f"{path}: tokenizer has no {EOS_TOKEN} token (needed as the end-of-document token)")
     return tok

@@ -23,9 +23,9 @@ def load_for_inference(path: str | os.PathLike, device: str = "auto", device_opt
     with ckpt.open_checkpoint(path) as folder:  # a shared lock for the read: a running trainer's pruning waits
         model = load_any_model(folder, device=dev)
         tok_file = folder / TOKENIZER_FILE
-        if not tok_file.is_file():
+        if not tok_file.is_file() and not tok_file.is_symlink():
             raise FileNotFoundError(f"{tok_file} not found: the checkpoint has no tokenizer")
-        tokenizer = load_tokenizer(tok_file)
+        tokenizer = load_tokenizer(tok_file, model.config.vocab_size)  # size and added tokens bounded first
     if tokenizer.get_vocab_size(with_added_tokens=True) > model.config.vocab_size:
         raise ValueError(f"{tok_file} has {tokenizer.get_vocab_size(with_added_tokens=True)} tokens, more than the "
                          f"model's vocab_size={model.config.vocab_size}")

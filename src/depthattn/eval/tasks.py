@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
+
+from ..fileio import loads_json
 
 #: Offset OLMES adds to ``doc_id`` for unconditional requests.
 UNCOND_OFFSET = 1_000_000
@@ -106,7 +107,7 @@ def load_task(name: str, limit: int | None = None) -> list[Item]:
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             for line in f:
-                row = json.loads(line)
+                row = loads_json(line, os.fspath(path))
                 doc_id = int(row["doc_id"])
                 if doc_id >= UNCOND_OFFSET:
                     continue
@@ -115,7 +116,7 @@ def load_task(name: str, limit: int | None = None) -> list[Item]:
                 req = row["request"]
                 docs.setdefault(doc_id, []).append((int(row["idx"]), req["context"], req["continuation"]))
                 golds[doc_id] = row.get("label")
-    except (OSError, EOFError, KeyError, TypeError, json.JSONDecodeError) as e:
+    except (OSError, EOFError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"cannot read benchmark file {path}: {e}") from e
     items = []
     for doc_id, reqs in docs.items():

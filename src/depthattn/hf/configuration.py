@@ -3,7 +3,8 @@
 The only translation anywhere (style.md, "Transformers v5 caveat"): transformers v5 stores RoPE settings as
 ``rope_parameters = {"rope_theta": θ, "rope_type": "default"}``; ``ModelConfig`` has a flat ``rope_theta``.
 Every other field is copied unchanged, so ``DepthAttnConfig.from_model_config(cfg).to_model_config() == cfg``.
-This file must import only transformers and the core config (it is copied next to ``trust_remote_code`` exports).
+This file must import only transformers, the core config and ``fileio`` (it is copied next to ``trust_remote_code``
+exports).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 from depthattn.config import ModelConfig
+from depthattn.fileio import file_states, rewrite_manifest_entries
 
 
 @strict
@@ -90,6 +92,14 @@ class DepthAttnConfig(PreTrainedConfig):
     def rope_theta(self, value: float) -> None:
         """Writes ``rope_parameters["rope_theta"]`` (tools such as vLLM set the flat v4 name)."""
         self.rope_parameters = {**(self.rope_parameters or {"rope_type": "default"}), "rope_theta": float(value)}
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PreTrainedConfig.save_pretrained``; in a folder with our ``checksums.json`` the rewritten
+        ``config.json``'s entry is rewritten too (``fileio.rewrite_manifest_entries``)."""
+        before = file_states(save_directory)
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        rewrite_manifest_entries(save_directory, before)
+        return out
 
     def to_model_config(self) -> ModelConfig:
         """The core ``ModelConfig`` (raises ``ValueError`` naming any invalid field)."""

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from depthattn.checkpoint import expected_shapes, load_model, load_weights_into, read_safetensors, save_model_files
+from depthattn.accounting import check_model_fits
+from depthattn.checkpoint import (expected_shapes, load_model, load_weights_into, read_safetensors, save_model_files,
+                                  save_safetensors)
 from depthattn.checkpoint_files import check_header_fields, check_shapes, safetensors_shapes, write_tokenizer_config
 from depthattn.config import MAX_LAYERS, ModelConfig, read_json_object
 from depthattn.fileio import read_manifest, verify_manifest, write_folder_atomically
@@ -189,6 +190,7 @@ def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
     """
     path = os.fspath(path)
     file = os.path.join(path, "config.json")
+    verify_manifest(path)  # a folder we wrote (convert --to-qwen3): every file before any header is parsed
     values = _read_json(file)
     if not _is_qwen3_config(values):
         hint = (" (it looks like a depthattn checkpoint: use it as it is, or export it with --to-qwen3)"
@@ -200,6 +202,7 @@ def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
     cfg = qwen3_to_model_config(values, source=file, **overrides)
     if header is not None:  # every shape against a meta-device model, before the real one is allocated
         check_shapes(cfg, expected_shapes(cfg), header[0], file, header[1])
+    check_model_fits(cfg, "cpu", torch.float32, path)
     state = read_qwen3_state(path)
     model = DecoderLM(cfg)
     load_weights_into(model, state, path, kind="qwen3")
@@ -241,7 +244,7 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
     written: list[str] = []
 
     def fill(tmp: str) -> None:
-        save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(state, os.path.join(tmp, "model.safetensors"))
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             json.dump(values, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -273,12 +276,9 @@ def _check_tokenizer_file(file: str) -> None:
     if os.path.basename(file) != "tokenizer.json":
         read_json_object(file, "tokenizer file")
         return
-    from tokenizers import Tokenizer
+    from depthattn.data.tokenizer import read_tokenizer
 
-    try:
-        Tokenizer.from_file(file)
-    except Exception as e:  # tokenizers raises a plain Exception (serde's message) for a bad file
-        raise ValueError(f"{file}: not a valid tokenizer.json ({e}); the file is truncated or corrupt") from None
+    read_tokenizer(file)
 
 
 def qwen3_token_ids(path: str | os.PathLike) -> dict[str, int | None] | None:

@@ -24,9 +24,11 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from depthattn import checkpoint as core_checkpoint
+from depthattn.accounting import check_fits, kv_cache_bytes
 from depthattn.cache import KVCache
 from depthattn.checks import IGNORE_INDEX, check_forward_inputs
 from depthattn.config import ModelConfig
+from depthattn.fileio import file_states, rewrite_manifest_entries
 from depthattn.model import Backbone, DecoderLM, init_module_weights, next_token_loss, next_token_targets
 
 from .configuration import DepthAttnConfig
@@ -52,8 +54,12 @@ class DepthAttnCache(Cache):
                  device: torch.device) -> KVCache:
         """The core cache, with room for ``new_tokens`` more tokens per row."""
         kv = self.kv
+        if kv is None or kv.length + new_tokens > kv.capacity:
+            cap = max(self.initial_capacity, new_tokens) if kv is None else max(2 * kv.capacity, kv.length + new_tokens)
+            check_fits(kv_cache_bytes(model_config, batch_size, cap, dtype), f"the KV cache for {batch_size} × {cap} "
+                       f"tokens over {model_config.num_virtual_layers} virtual layers", device,
+                       "lower max_new_tokens or the batch")
         if kv is None:
-            cap = max(self.initial_capacity, new_tokens)
             self.kv = KVCache(model_config.num_virtual_layers, batch_size, model_config.num_key_value_heads,
                               model_config.head_dim, cap, dtype=dtype, device=device)
             return self.kv
@@ -165,6 +171,16 @@ class DepthAttnPreTrainedModel(PreTrainedModel):
                     cfg = cfg.replace(**overrides)
             core_checkpoint.check_folder_shapes(folder, cfg)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained``, then, in a folder that has our ``checksums.json`` (a checkpoint or
+        export saved into again), the entries of the files it wrote or removed are rewritten
+        (``fileio.rewrite_manifest_entries``), so the folder still verifies on load; files it did not touch keep
+        their recorded digests."""
+        before = file_states(save_directory)
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        rewrite_manifest_entries(save_directory, before)
+        return out
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -16,6 +16,7 @@ ones are pruned through ``runs.prune_checkpoints``. ``export_checkpoint`` reads 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -28,7 +29,9 @@ import torch
 import torch.distributed as dist
 
 from .. import checkpoint as ckpt
+from ..accounting import check_model_fits
 from ..config import ModelConfig
+from ..data.tokenizer import read_tokenizer
 from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
 from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
@@ -63,8 +66,13 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
     are kept (``runs.prune_checkpoints``, saying so through ``log``). Returns the checkpoint folder (on every rank)."""
     import torch.distributed.checkpoint as dcp
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
     pending = _start(run_dir, model, train_cfg, data_dir, state, log)
-    dcp.save(_states(model, optimizer), checkpoint_id=str(pending.tmp / DCP_DIR))
+    try:
+        dcp.save(_states(model, optimizer), checkpoint_id=str(pending.tmp / DCP_DIR))
+    except CheckpointException as e:  # a BaseException: the CLI's table would not see it
+        raise write_failure(e, pending.tmp / DCP_DIR) from e
     fault_point("save")
     return _publish(pending)
 
@@ -127,8 +135,9 @@ def finish_async_save(pending: PendingSave) -> Path:
         where = "on another rank" if cause is None else f"{type(cause).__name__}: {cause}"
         message = (f"the asynchronous save of step {pending.step} into {pending.tmp} failed ({where}); it was not "
                    f"made visible, the earlier checkpoints stay")
-        if isinstance(cause, OSError):
-            raise OSError(cause.errno, message) from error
+        if error is not None:  # this rank's own failure: an OSError (torch's opaque full disk: ENOSPC, free space)
+            failure = write_failure(error, pending.tmp / DCP_DIR)
+            raise OSError(failure.errno, f"{message}: {failure.strerror}", failure.filename) from error
         raise RuntimeError(message) from error
     return _publish(pending)
 
@@ -165,7 +174,7 @@ def _publish(p: PendingSave) -> Path:
         ckpt.save_config_files(p.config, tmp, str(p.master_dtype).removeprefix("torch."),
                                p.data_dir / TOKENIZER_FILE)
         atomic_write_text(tmp / TRAIN_CONFIG_FILE, json.dumps(p.train_cfg.to_dict(), indent=2) + "\n")
-        torch.save(p.state, tmp / STATE_FILE)
+        ckpt.save_torch(p.state, tmp / STATE_FILE)
         atomic_write_text(tmp / VAL_LOSS_FILE, val_loss_record(p.state["step"], p.state.get("val_loss")))
         # durable before it is visible: umask modes, every file and folder fsync'd (DCP fsyncs its own shards too);
         # checksums.json covers rank 0's files (trainer state, configs, tokenizer), not the dcp/ shards (hashing
@@ -178,6 +187,24 @@ def _publish(p: PendingSave) -> Path:
         prune_checkpoints(p.run_dir, p.train_cfg.keep_last, target, p.log)  # via .trash-step_*, never the newest
     dist.barrier()
     return p.target
+
+
+def write_failure(e: BaseException, folder: Path) -> OSError:
+    """The ``OSError`` of a failed ``dcp.save`` into ``folder``: a rank's own ``OSError`` as it is; otherwise (torch's
+    writer reports a full disk as ``RuntimeError`` "unexpected pos", without an errno) ENOSPC when the file system
+    has less than 16 MiB left, else EIO, with the rank's message and the free space."""
+    failures = getattr(e, "failures", {}) or {}
+    causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()] or [e]
+    for cause in causes:
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return OSError(cause.errno, cause.strerror, cause.filename or os.fspath(folder))
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    code = errno.ENOSPC if free is not None and free < (16 << 20) else errno.EIO
+    said = next((str(c).splitlines()[0] for c in causes if str(c)), type(e).__name__)
+    return OSError(code, f"{os.strerror(code)} (DCP could not write its shards: {said})", os.fspath(folder))
 
 
 def check_config(checkpoint_dir: Path, model_cfg: ModelConfig) -> None:
@@ -231,17 +258,22 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike, overwri
     (``checkpoint.open_checkpoint``): a running trainer's pruning leaves it in place until the export is done."""
     with ckpt.open_checkpoint(source) as src:
         out = check_output(out, [source, src], MODEL_FOLDER, overwrite)
+        ckpt.verify_folder(src)  # checksums.json before any file is parsed (DCP shards are not listed)
         # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
-        model = DecoderLM(ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src))
+        cfg = ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src)
+        check_model_fits(cfg, "cpu", torch.float32, str(src))
+        model = DecoderLM(cfg)
         if is_sharded(src):
             load_sharded(src, model, None)
         else:
             ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
 
         tokenizer = src / TOKENIZER_FILE
+        if tokenizer.is_file() or tokenizer.is_symlink():  # the copy must be a tokenizer (a dangling link: refused)
+            read_tokenizer(tokenizer, model.config.vocab_size)
 
         def fill(tmp: str) -> None:  # the Hugging Face files (config, generation, tokenizer configs) and weights
-            ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.is_file() else None)
+            ckpt.save_model_files(model, tmp, tokenizer_file=tokenizer if tokenizer.exists() else None)
 
         write_folder_atomically(out, fill)
     return src

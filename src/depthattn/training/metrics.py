@@ -9,6 +9,7 @@ backward costs twice the forward; activation-checkpointing recomputation is not 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -80,6 +81,18 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
+
+@contextlib.contextmanager
+def named_os_errors(path: str | os.PathLike):
+    """Re-raise an ``OSError`` that names no file (a ``write`` or ``flush`` on a full disk) as the same error naming
+    ``path``, so the CLI's line says which file could not be written."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, os.fspath(path)) from e
+
 class Throughput:
     """Adds ``tokens_per_s`` (all ranks), ``flops_per_s`` (model FLOP/s per device), ``mfu`` (when the peak is
     known) and ``peak_memory_gib`` (this rank) to a step's metrics row."""
@@ -133,7 +146,8 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
+            with named_os_errors(run_dir / "tensorboard"):  # its writer thread's full disk, re-raised here
+                self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
         if wandb_project is not None:
             self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), name=run_dir.name,
                                     config=dict(config or {}), resume="allow",
@@ -142,37 +156,46 @@ class MetricsLogger:
     def log(self, row: Mapping[str, Any]) -> None:
         if self.file is None:
             return
-        self.file.write(json_line(row))
-        self.file.flush()
+        with named_os_errors(self.file.name):  # a full disk names metrics.jsonl, not only the run folder
+            self.file.write(json_line(row))
+            self.file.flush()
         step = int(row["step"])
         scalars = {k: float(v) for k, v in row.items()
                    if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
         if self.tb is not None:
-            for key, value in scalars.items():
-                self.tb.add_scalar(f"train/{key}" if key != "val_loss" else "val/loss", value, step)
-            self.tb.flush()
+            with named_os_errors(self.tb.log_dir):
+                for key, value in scalars.items():
+                    self.tb.add_scalar(f"train/{key}" if key != "val_loss" else "val/loss", value, step)
+                self.tb.flush()
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)
 
     def sync(self) -> None:
         """Make the rows written so far durable (``fsync``): called before a checkpoint is written."""
         if self.file is not None:
-            self.file.flush()
-            os.fsync(self.file.fileno())
+            with named_os_errors(self.file.name):
+                self.file.flush()
+                os.fsync(self.file.fileno())
 
     def close(self) -> None:
         if self.file is not None:
-            self.file.close()
+            with named_os_errors(self.file.name):
+                self.file.close()
         if self.tb is not None:
-            self.tb.close()
+            with named_os_errors(self.tb.log_dir):
+                self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
 
     def __enter__(self) -> "MetricsLogger":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except OSError:
+            if exc is None:  # a failure of its own; while another error is on its way out, that one is reported
+                raise
 
 
 def progress_postfix(row: Mapping[str, Any], val_loss: float | None) -> dict[str, str]:

@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..fileio import read_json
+
 VAL_LOSS_FILE = "val_loss.json"
 
 
@@ -29,7 +31,7 @@ def read_val_loss(checkpoint_dir: Path) -> float | None:
     """The validation loss a checkpoint folder records (``val_loss.json``), or None when it has no readable record
     or the record holds no finite number (an unreadable record only loses the checkpoint its "best" status)."""
     try:
-        value = json.loads((checkpoint_dir / VAL_LOSS_FILE).read_text(encoding="utf-8")).get("val_loss")
+        value = read_json(checkpoint_dir / VAL_LOSS_FILE, "validation-loss record").get("val_loss")
     except (OSError, ValueError, AttributeError):
         return None
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None

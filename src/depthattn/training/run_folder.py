@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import run_layout as layout
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_text, loads_json, read_json
 from .metrics import finite_or_none, json_line
 
 
@@ -102,7 +102,7 @@ def _read_holder(file: Path) -> LockHolder | None:
     rewriting it)."""
     for attempt in range(3):
         try:
-            values = json.loads(file.read_text(encoding="utf-8"))
+            values = read_json(file, "lock file")
             return LockHolder(**{k: values[k] for k in LockHolder.__dataclass_fields__})
         except FileNotFoundError:
             return None
@@ -383,7 +383,7 @@ class RunFolder:
         if not file.is_file():
             raise FileNotFoundError(f"{file} not found: {os.fspath(self.path)!r} is not a depthattn run folder")
         try:
-            return json.loads(file.read_text(encoding="utf-8"))
+            return read_json(file, "run record")
         except (OSError, ValueError) as e:
             raise ValueError(f"cannot read {file}: {e}") from e
 
@@ -396,8 +396,8 @@ class RunFolder:
     def read_summary(self) -> dict[str, Any] | None:
         """The ``summary.json`` if it is present and strict JSON, else None."""
         try:
-            return json.loads(self.summary_file.read_text(encoding="utf-8"),
-                              parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"non-JSON constant {c}")))
+            return read_json(self.summary_file, "run summary",
+                             parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"non-JSON constant {c}")))
         except (OSError, ValueError):
             return None
 
@@ -418,7 +418,7 @@ class RunFolder:
         """The ``diverged.json`` of a run the divergence guard or a non-finite value stopped, or None without a
         readable one."""
         try:
-            record = json.loads((self.path / self.DIVERGED_FILE).read_text(encoding="utf-8"))
+            record = read_json(self.path / self.DIVERGED_FILE, "divergence record")
         except (OSError, ValueError):
             return None
         return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
@@ -441,7 +441,7 @@ class RunFolder:
         rows = []
         for i, (n, line) in enumerate(lines):
             try:
-                row = json.loads(line)
+                row = loads_json(line, f"{file}:{n}")
                 if not (isinstance(row, dict) and "step" in row):
                     raise ValueError("not a JSON object with a step")
             except ValueError as e:

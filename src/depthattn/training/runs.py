@@ -443,7 +443,7 @@ def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, dat
         ckpt.save_model_files(model, tmp, tokenizer_file=data_dir / TOKENIZER_FILE)  # the Hugging Face files
         fault_point("save")
         atomic_write_text(os.path.join(tmp, TRAIN_CONFIG_FILE), json.dumps(train_cfg.to_dict(), indent=2) + "\n")
-        torch.save(state, os.path.join(tmp, STATE_FILE))
+        ckpt.save_torch(state, os.path.join(tmp, STATE_FILE))
         atomic_write_text(os.path.join(tmp, VAL_LOSS_FILE), val_loss_record(step, state.get("val_loss")))
 
     write_folder_atomically(target, fill)

@@ -4,11 +4,11 @@ source, returning documents. :mod:`depthattn.data.sources.catalogue` pairs them 
 from __future__ import annotations
 
 import gzip
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from depthattn.data.document import Document
+from depthattn.fileio import read_json
 from depthattn.data.sources.rds import read_r_lazyload
 from depthattn.data.sources.sword import read_sword_module
 from depthattn.data.sources.text import normalize_text, strip_gutenberg
@@ -40,7 +40,7 @@ def read_austen(root: Path) -> list[Document]:
 
 def read_moby_dick(root: Path) -> list[Document]:
     data = _find_one(root, "package/moby-dick/data")
-    files = [f for f in json.loads((data / "file_list.json").read_text()) if f != "contents.txt"]
+    files = [f for f in read_json(data / "file_list.json", "file list") if f != "contents.txt"]
     parts = [(data / f).read_text(encoding="utf-8") for f in files]
     text = strip_gutenberg("\n\n".join(p.strip("\n") for p in parts))
     return [Document(id="moby_dick/moby_dick", text="MOBY-DICK; or, THE WHALE\n\nby Herman Melville\n\n" + text,
