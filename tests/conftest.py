@@ -44,3 +44,22 @@ def left_padded_batch(vocab: int, lengths: list[int], seed: int = 0, pad_id: int
         ids[b, T - n:] = torch.randint(1, vocab, (n,), generator=g)
         mask[b, T - n:] = True
     return ids, mask
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """A prepared data folder of real text (``test_train.make_data``: six embedded documents, BPE vocab 512) shared
+    by the training tests that do not define their own; never written to."""
+    from test_train import make_data
+
+    return make_data(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def model_cfg(data_dir):
+    """The tiny depth_attention config for ``data_dir``'s vocabulary."""
+    from depthattn.data import load_prepared
+    from depthattn.training import resolve_model_config
+
+    return resolve_model_config("tiny", {"cross_layer": "depth_attention"}, load_prepared(data_dir).vocab_size,
+                                "tokenizer.json")

@@ -20,28 +20,15 @@ import torch
 from safetensors.torch import load_file
 
 from depthattn.cli import main
-from depthattn.data import load_prepared
-from depthattn.training import TrainConfig, read_metrics, resolve_model_config, train
+from depthattn.training import TrainConfig, read_metrics, train
 from depthattn.training import config as config_module
 from depthattn.training.runs import check_checkpoint_kind, keep_tokens_per_step, resumed_data_parallel
 
-from test_train import make_data
 
 STEPS, BATCH, SEQ, ACCUM = 4, 2, 32, 2
 CFG = dict(steps=STEPS, batch_size=BATCH, seq_len=SEQ, grad_accum=ACCUM, lr=3e-3, warmup=0.1, eval_every=0,
            eval_windows=2, eval_batch_size=2, save_every=2, keep_last=3, device="cpu")
 DIFFER = "the batches of the remaining steps differ from the uninterrupted run's"
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
-def model_cfg(data_dir):
-    return resolve_model_config("tiny", {"cross_layer": "depth_attention"}, load_prepared(data_dir).vocab_size,
-                                "tokenizer.json")
 
 
 def run_quiet(folder, model_cfg, data_dir, *, resume=False, stop_after=None, init_from=None, **overrides):

@@ -21,7 +21,7 @@ from depthattn.cli import main
 from depthattn.data import load_prepared
 from depthattn.eval.perplexity import mean_loss, validation_windows
 from depthattn.model import DecoderLM
-from depthattn.training import TrainConfig, read_metrics, read_run, resolve_model_config, train
+from depthattn.training import TrainConfig, read_metrics, read_run, train
 from depthattn.training import loop as loop_module
 from depthattn.training.config import LEGACY_DEFAULTS, RESUMABLE_KEYS
 from depthattn.training.guard import Guard
@@ -30,7 +30,6 @@ from depthattn.training.retention import (best_checkpoint, best_leaves_the_newes
 from depthattn.training.runs import checkpoint_val_losses, read_divergence
 
 from release_fixtures import copy_release_fixture
-from test_train import make_data
 
 LN_V = math.log(512)
 #: A learning rate too high for the tiny preset (measured on float32 CPU): validation losses 6.20, 6.06, 6.04, 6.15
@@ -41,17 +40,6 @@ DIVERGING = ["--steps", "24", "--set", "batch_size=2", "--set", "seq_len=32", "-
              "--set", "keep_last=1", "--set", "tensorboard=false"]
 HEALTHY = dict(steps=18, batch_size=2, seq_len=32, lr=3e-3, warmup=0.1, eval_every=3, eval_windows=2,
                eval_batch_size=2, save_every=0, tensorboard=False, loss_rise_margin=1.0, loss_rise_patience=2)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
-def model_cfg(data_dir):
-    return resolve_model_config("tiny", {"cross_layer": "depth_attention"}, load_prepared(data_dir).vocab_size,
-                                "tokenizer.json")
 
 
 def cli(args: list[str]) -> tuple[int, str, str]:

@@ -22,29 +22,17 @@ from safetensors.torch import load_file
 from depthattn.checkpoint import checkpoint_dirs
 from depthattn.cli import main
 from depthattn.data import load_prepared
-from depthattn.training import NonFiniteError, TrainConfig, read_metrics, resolve_model_config, train
+from depthattn.training import NonFiniteError, TrainConfig, read_metrics, train
 from depthattn.training import loop as loop_module
 from depthattn.training import metrics as metrics_module
 from depthattn.training.metrics import MEASURED_KEYS
 from depthattn.training.runs import FAULT_ENV
 
-from test_train import make_data
 
 STEPS = 8
 CFG = dict(steps=STEPS, batch_size=2, seq_len=32, lr=3e-3, warmup=0.1, eval_every=4, eval_windows=2,
            eval_batch_size=2, save_every=2, keep_last=2, tensorboard=False)
 CHECKPOINT_FILES = {"model.safetensors", "config.json", "train_config.json", "trainer_state.pt", "tokenizer.json"}
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
-def model_cfg(data_dir):
-    return resolve_model_config("tiny", {"cross_layer": "depth_attention"}, load_prepared(data_dir).vocab_size,
-                                "tokenizer.json")
 
 
 def train_quiet(folder, model_cfg, data_dir, *, resume=False, **overrides) -> list[str]:
