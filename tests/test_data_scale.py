@@ -280,6 +280,10 @@ def test_killed_prepare_leaves_nothing_valid_and_a_rerun_equals_an_uninterrupted
 def test_flipped_byte_refused_at_load_and_cache_skips_rehashing(ref, tmp_path, monkeypatch):
     for p in ref.iterdir():
         (tmp_path / p.name).write_bytes(p.read_bytes())
+    from depthattn import fileio
+
+    coarse = (tmp_path / "meta.json").stat().st_ctime_ns % 1_000_000_000 == 0
+    time.sleep((fileio.RACY_NS if coarse else fileio.RACY_FINE_NS) / 1e9 + 0.02)  # past the racy-clean tick
     load_prepared(tmp_path)  # hashes, remembers
     assert (tmp_path / integrity.VERIFY_CACHE).is_file()
     monkeypatch.setattr(integrity, "sha256_file", lambda path: pytest.fail(f"re-hashed {path}"))
