@@ -15,7 +15,7 @@ import math
 import os
 import resource
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 

@@ -41,8 +41,8 @@ from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig, with_legacy_defaults
 from .preemption import deliver_fault_signal
-from .retention import (VAL_LOSS_FILE, best_checkpoint, best_leaves_the_newest, checkpoints_to_prune, read_val_loss,
-                        val_loss_record, val_losses_from_rows)
+from .retention import (VAL_LOSS_FILE, best_leaves_the_newest, checkpoints_to_prune, read_val_loss, val_loss_record,
+                        val_losses_from_rows)
 from .run_folder import RunFolder
 from .runtime import rng_state, set_rng_state
 
