@@ -63,6 +63,17 @@ def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one owned by another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    return True
+
+
 def flock(fd: int, exclusive: bool, wait: bool) -> bool:
     """``fcntl.flock`` on ``fd``: True when held, False when the file system has no ``flock`` (``NO_FLOCK_ERRNOS``).
     Raises ``BlockingIOError`` when ``wait`` is False and another process holds a conflicting lock."""

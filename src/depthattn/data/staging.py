@@ -22,8 +22,6 @@ A process that finds a ``.partial`` asks :func:`writer_state` who wrote it:
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import shutil
@@ -33,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from depthattn.fileio import read_json
+from depthattn.run_layout import flock, pid_alive
 
 WRITER_FILE = "writer.json"
 CONTENT_DIR = "folder"
@@ -43,8 +42,6 @@ POLL_S = 0.2
 #: How long a ``.partial`` whose writer's pid is dead may keep its lock held: its forked encoding workers (which
 #: share the lock) are exiting. Waited out even by ``data prepare``, which otherwise does not wait.
 EXIT_GRACE_S = 10.0
-#: errnos of a file system that does not do ``flock`` (Lustre mounted without ``flock``: ENOSYS).
-NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL}
 
 
 def partial_path(out: str | os.PathLike) -> Path:
@@ -63,16 +60,6 @@ def read_writer(partial: Path) -> dict | None:
     return record if ok else None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, owned by someone else
-        return True
-    return True
-
-
 def writer_state(partial: Path) -> tuple[str, dict | None]:
     """``("gone" | "alive" | "foreign", writer record)`` of an existing ``.partial`` (see the module docstring)."""
     record = read_writer(partial)
@@ -89,14 +76,12 @@ def writer_state(partial: Path) -> tuple[str, dict | None]:
     except FileNotFoundError:
         return "gone", record
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return "gone", record  # nobody holds it: its writer is dead (released at once: the fd is closed below)
+        if flock(fd, exclusive=True, wait=False):
+            return "gone", record  # nobody holds it: its writer is dead (released at once: the fd is closed below)
+        # no flock on this file system (run_layout.NO_FLOCK_ERRNOS): the writer's pid decides
+        return ("alive" if pid_alive(record["pid"]) and record["pid"] != os.getpid() else "gone"), record
     except BlockingIOError:
         return "alive", record
-    except OSError as e:
-        if e.errno not in NO_FLOCK:
-            raise
-        return ("alive" if _pid_alive(record["pid"]) and record["pid"] != os.getpid() else "gone"), record
     finally:
         os.close(fd)
 
@@ -152,11 +137,7 @@ def _start(partial: Path) -> int | None:
     record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
     fd = os.open(partial / WRITER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in NO_FLOCK:
-                raise
+        flock(fd, exclusive=True, wait=False)  # held until the writer ends (none where there is no flock)
         os.write(fd, (json.dumps(record) + "\n").encode())
         os.fsync(fd)
         (partial / CONTENT_DIR).mkdir()
@@ -184,7 +165,7 @@ def claimed(out: str | os.PathLike, log: Callable[[str], None] = print, wait_s: 
             _remove_stale(partial, record, log)
             continue
         active = time.time() - _newest_mtime(partial) < max(wait_s, START_GRACE_S)
-        exiting = state == "alive" and record is not None and not _pid_alive(record["pid"])
+        exiting = state == "alive" and record is not None and not pid_alive(record["pid"])
         if exiting:
             deadline = max(deadline, started + EXIT_GRACE_S)
         if time.monotonic() < deadline and (state == "alive" or active):

@@ -81,15 +81,7 @@ class LockHolder:
 
     def alive_here(self) -> bool:
         """Whether the holder is a live process of this host (False for another host: unknown here)."""
-        if self.host != socket.gethostname():
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return self.host == socket.gethostname() and layout.pid_alive(self.pid)
 
 
 #: A lock file is rewritten in place at this size (JSON padded with spaces), so a reader never sees a shorter
