@@ -19,15 +19,9 @@ from depthattn import accounting, checkpoint as ckpt, fileio
 from depthattn.cli import main
 from depthattn.config import MAX_DEPTH_CANDIDATES, ModelConfig
 
-from test_train import make_data
 
 TINY = ["--preset", "tiny", "--no-progress", "--cross-layer", "depth_attention", "--set", "batch_size=2", "--set",
         "seq_len=32", "--set", "eval_windows=2", "--set", "eval_every=2", "--set", "save_every=2"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("bounds_corpus"))
 
 
 @pytest.fixture(scope="module")

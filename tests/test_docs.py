@@ -32,6 +32,7 @@ def test_every_block_is_tagged_and_marked():
             except AssertionError as e:
                 problems.append(str(e))
     assert problems == []
+    assert _runnable_files(), "no doc block is marked run"
 
 
 def _runnable_files() -> list[Path]:

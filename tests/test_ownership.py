@@ -35,12 +35,6 @@ from depthattn.data import staging
 from depthattn.data.prepare import DATA_FOLDER
 from depthattn.outputs import MODEL_FOLDER, check_output
 
-from test_train import make_data
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("own_corpus"))
 
 
 def _model_folder(path: Path, data_dir: Path, seed: int = 0) -> Path:

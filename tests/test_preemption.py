@@ -35,7 +35,6 @@ from depthattn.training.runs import config_differences
 
 from release_fixtures import copy_release_fixture, reference_losses
 from test_reliability_train import assert_checkpoints_complete, curve
-from test_train import make_data
 
 STEPS = 8
 CFG = dict(steps=STEPS, batch_size=2, grad_accum=2, seq_len=32, lr=3e-3, warmup=0.1, eval_every=4, eval_windows=4,
@@ -43,11 +42,6 @@ CFG = dict(steps=STEPS, batch_size=2, grad_accum=2, seq_len=32, lr=3e-3, warmup=
 #: The tiny preset shrunk further (as the old-release fixtures are): these tests are about the loop, not the model.
 MODEL = dict(cross_layer="depth_attention", hidden_size=32, intermediate_size=64, num_attention_heads=2,
              num_key_value_heads=1, num_hidden_layers=3, depth_attention_stride=1)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +165,6 @@ def test_cli_exits_128_plus_n_with_one_line_and_resume_if_exists_continues(tmp_p
 
 def test_stop_signals_restores_handlers_and_leaves_an_ignored_signal_ignored(monkeypatch):
     old_term = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(signal, "SIGUSR1", signal.SIGUSR1)
     previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         with stop_signals() as request:

@@ -22,12 +22,15 @@ def test_an_old_release_run_resumes_bit_exactly(tmp_path, capsys):
 def test_an_old_release_compare_folder_is_reused_unchanged(tmp_path, capsys):
     out = copy_release_fixture("compare", tmp_path)
     before = json.loads((out / "results.json").read_text())
+    logs = {f: f.read_bytes() for f in sorted(out.glob("runs/*/metrics.jsonl"))}
     args = ["compare", "--preset", "tiny", "--set", "hidden_size=32", "--set", "intermediate_size=64",
             "--set", "num_attention_heads=2", "--set", "num_key_value_heads=1", "--set", "num_hidden_layers=3",
             "--set", "depth_attention_stride=1", "--steps", "6", "--set", "batch_size=2", "--set", "seq_len=32",
             "--set", "eval_every=3", "--set", "eval_windows=2", "--set", "eval_batch_size=2", "--set", "save_every=3",
             "--set", "tensorboard=false", "--data", str(tmp_path / "data"), "--out", str(out), "--no-progress"]
     assert main(args) == 0
+    assert capsys.readouterr().out.count("reusing finished run") == 2  # reused, not retrained
+    assert len(logs) == 2 and {f: f.read_bytes() for f in logs} == logs
     after = json.loads((out / "results.json").read_text())
     for m in ("none", "depth_attention"):
         old, new = before["methods"][m], after["methods"][m]

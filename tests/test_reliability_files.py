@@ -192,16 +192,10 @@ def test_every_fileio_writer_gives_the_umask_modes(tmp_path, umask, mask, file_m
         tmp.write_bytes(b"1")
     fileio.write_folder_atomically(tmp_path / "ck", lambda d: (Path(d, "sub").mkdir(), Path(d, "sub", "f").write_text(
         "f"), Path(d, "w.bin").write_bytes(b"w")))
-    staging = tmp_path / "staging"
-    staging.mkdir()
-    (staging / "s.bin").write_bytes(b"s")
-    (tmp_path / "out").mkdir()
-    fileio.install_staged_files(staging, tmp_path / "out", ["s.bin"])
     modes = _modes(tmp_path)
     files = {k: v for k, v in modes.items() if (tmp_path / k).is_file()}
-    folders = {k: v for k, v in modes.items() if (tmp_path / k).is_dir() and k not in (".", "data", "out", "staging")}
-    assert set(files) == {"report.md", "results.json", "data/x.bin", "ck/sub/f", "ck/w.bin", "ck/checksums.json",
-                          "out/s.bin"}
+    folders = {k: v for k, v in modes.items() if (tmp_path / k).is_dir() and k not in (".", "data")}
+    assert set(files) == {"report.md", "results.json", "data/x.bin", "ck/sub/f", "ck/w.bin", "ck/checksums.json"}
     assert files == dict.fromkeys(files, file_mode)
     assert folders == {"ck": dir_mode, "ck/sub": dir_mode}
 

@@ -28,18 +28,12 @@ from depthattn.training import loop as loop_module
 from depthattn.training import train
 from depthattn.training.runs import prune_checkpoints
 
-from test_train import make_data
 
 STEPS = 6
 CFG = dict(steps=STEPS, batch_size=2, seq_len=32, lr=3e-3, warmup=0.1, eval_every=0, eval_windows=2,
            eval_batch_size=2, save_every=2, keep_last=2, tensorboard=False)
 TRAIN_FLAGS = ["--preset", "tiny", "--no-progress", "--steps", str(STEPS), "--set", "batch_size=2", "--set",
                "seq_len=32", "--set", "eval_every=0", "--set", "eval_windows=2", "--set", "save_every=2"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")

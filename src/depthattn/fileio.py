@@ -285,26 +285,36 @@ def write_folder_atomically(path: str | os.PathLike, fill: Callable[[str], None]
     try:
         fill(tmp)
         seal_folder(tmp, manifest)
-        if os.path.lexists(path):
-            old = tempfile.mkdtemp(dir=parent, prefix=f".old-{os.path.basename(path)}-")
-            os.rmdir(old)
-            os.replace(path, old)
-            try:
-                os.replace(tmp, path)
-            except BaseException:
-                os.replace(old, path)  # put the old folder back: never neither
-                raise
-            fsync_path(parent)
-            if os.path.islink(old) or not os.path.isdir(old):
-                os.unlink(old)  # a symlink (or a file) was there: the link goes, never what it points to
-            else:
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-            fsync_path(parent)
+        replace_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def replace_folder(new: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Rename the finished folder ``new`` to ``path`` (same file system) so that ``path`` is at every moment the old
+    folder or the new one: an existing ``path`` is renamed aside (``.old-<name>-*``, a leftover a run's start-up
+    cleanup removes) first, put back if the second rename fails, and deleted after it (a symlink there is unlinked,
+    never what it points to); the parent is fsync'd."""
+    new, path = os.fspath(new), os.path.abspath(os.fspath(path))
+    parent = os.path.dirname(path)
+    if not os.path.lexists(path):
+        os.replace(new, path)
+        fsync_path(parent)
+        return
+    old = tempfile.mkdtemp(dir=parent, prefix=f".old-{os.path.basename(path)}-")
+    os.rmdir(old)
+    os.replace(path, old)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        os.replace(old, path)  # put the old folder back: never neither
+        raise
+    fsync_path(parent)
+    if os.path.islink(old) or not os.path.isdir(old):
+        os.unlink(old)
+    else:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, str] | None:
@@ -436,26 +446,3 @@ def sha256_file(path: str | Path) -> str:
 
 # ------------------------------------------------------------------------------------------------------------------
 # staged folders (many files, one index written last)
-
-
-def install_staged_files(staging: str | Path, folder: str | Path, names: Sequence[str],
-                         stale: Sequence[str] = ()) -> None:
-    """Move files ``names`` from folder ``staging`` into ``folder`` (both on one file system), ``names[-1]`` (the
-    index that vouches for the others) last.
-
-    The index already in ``folder`` is removed first, so an interruption part-way leaves a folder without an index
-    (never an old index beside new files); then each file is fsync'd, given :func:`file_mode` and renamed into
-    place, the files in ``stale`` (left over from a previous content, not in ``names``) are deleted, and ``folder``
-    is fsync'd."""
-    staging, folder = Path(staging), Path(folder)
-    with contextlib.suppress(FileNotFoundError):
-        (folder / names[-1]).unlink()
-    for name in names:
-        fsync_path(staging / name)
-        os.chmod(staging / name, file_mode())
-        os.replace(staging / name, folder / name)
-    for name in stale:
-        if name not in names:
-            with contextlib.suppress(FileNotFoundError):
-                (folder / name).unlink()
-    fsync_path(folder)

@@ -223,8 +223,9 @@ def parse_value(text: str, key: str | None = None) -> Any:
     is ``None``, except for ``key`` in ``NONE_IS_A_NAME`` (``--set cross_layer=none`` is the vanilla model)."""
     import tomllib
 
-    if text.strip().lower() in ("none", "null"):
-        return text.strip().lower() if key in NONE_IS_A_NAME and text.strip().lower() == "none" else None
+    word = text.strip().lower()
+    if word in ("none", "null"):
+        return "none" if key in NONE_IS_A_NAME and word == "none" else None
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:

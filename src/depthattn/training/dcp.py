@@ -32,17 +32,14 @@ from .. import checkpoint as ckpt
 from ..accounting import check_model_fits
 from ..config import ModelConfig
 from ..data.tokenizer import read_tokenizer
-from ..fileio import atomic_write_text, fsync_path, seal_folder, write_folder_atomically
+from ..fileio import atomic_write_text, replace_folder, seal_folder, write_folder_atomically
 from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
 from .retention import VAL_LOSS_FILE, val_loss_record
 from .run_folder import RunFolder
-from .runs import fault_point, prune_checkpoints
+from .runs import STATE_FILE, TOKENIZER_FILE, TRAIN_CONFIG_FILE, fault_point, prune_checkpoints
 
 DCP_DIR = ckpt.SHARDED_DIR
-TOKENIZER_FILE = "tokenizer.json"
-TRAIN_CONFIG_FILE = "train_config.json"
-STATE_FILE = "trainer_state.pt"
 
 
 def is_sharded(checkpoint_dir: str | os.PathLike) -> bool:
@@ -123,10 +120,12 @@ def finish_async_save(pending: PendingSave) -> Path:
     does. A failed write on any rank raises on every rank (``OSError`` for the system's refusal, else
     ``RuntimeError``; one line naming the folder and the step), and nothing is made visible: the earlier
     checkpoints stay, the temporary folder is removed when the run next starts."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     error = None
     try:
         pending.upload.result()
-    except BaseException as e:  # DCP wraps a rank's failure in a CheckpointException
+    except (Exception, CheckpointException) as e:  # DCP wraps a rank's failure in a CheckpointException
         error = e
     failed = torch.tensor([0.0 if error is None else 1.0])
     dist.all_reduce(failed, group=_checkpoint_group)  # gloo, CPU; DCP's own collectives on it are over
@@ -180,10 +179,7 @@ def _publish(p: PendingSave) -> Path:
         # checksums.json covers rank 0's files (trainer state, configs, tokenizer), not the dcp/ shards (hashing
         # every rank's shards on rank 0 would cost ~3 s per GiB per checkpoint)
         seal_folder(tmp, manifest=True, unhashed=(f"{DCP_DIR}/",))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-        fsync_path(target.parent)
+        replace_folder(tmp, target)  # a folder of the same step (an earlier session's) is never lost first
         prune_checkpoints(p.run_dir, p.train_cfg.keep_last, target, p.log)  # via .trash-step_*, never the newest
     dist.barrier()
     return p.target

@@ -69,15 +69,13 @@ class Guard:
         """A guard for a run at ``step``; ``state`` (a checkpoint's) restores it. Without one (a fresh run, or a
         checkpoint of an older release) it starts empty, armed when ``step`` is past warm-up."""
         g = cls(math.log(vocab_size), warmup_steps, float(margin), int(patience), armed=step > warmup_steps)
-        for key in ("armed", "above", "ema", "ema_min", "ema_min_step", "rise_evals", "rise_warned"):
-            if state and key in state:
-                setattr(g, key, state[key])
+        for key in _STATE_KEYS & set(state or ()):
+            setattr(g, key, state[key])
         return g
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps (plain numbers and booleans)."""
-        keep = ("armed", "above", "ema", "ema_min", "ema_min_step", "rise_evals", "rise_warned")
-        return {k: v for k, v in asdict(self).items() if k in keep}
+        return {k: v for k, v in asdict(self).items() if k in _STATE_KEYS}
 
     def observe_train_loss(self, loss: float) -> None:
         """Fold one optimizer step's training loss into the moving average (a non-finite one is left out)."""
@@ -120,3 +118,7 @@ class Guard:
                 f"{self.ema_min:.4f} (step {self.ema_min_step}) for {self.rise_evals} evaluations; the run "
                 f"continues — check the learning rate and the data (TrainConfig.loss_rise_margin / "
                 f"loss_rise_patience tune this warning)")
+
+
+#: The fields of ``Guard`` a checkpoint keeps (``state``) and restores (``for_run``); the rest is the run's config.
+_STATE_KEYS = frozenset({"armed", "above", "ema", "ema_min", "ema_min_step", "rise_evals", "rise_warned"})

@@ -132,10 +132,11 @@ def fault_point(phase: str) -> None:
 
 
 def checkpoint_val_losses(run_dir: Path, dirs: list[Path]) -> dict[Path, float | None]:
-    """``{folder: validation loss}``: each checkpoint's ``val_loss.json``, else its step's ``metrics.jsonl`` row
-    (checkpoints of older releases), else None (unknown)."""
+    """``{folder: validation loss}``: each checkpoint's ``val_loss.json``, else (checkpoints of older releases, which
+    have none) its step's ``metrics.jsonl`` row, else None (unknown; a record of ``null``, e.g. a preemption's
+    checkpoint, stays unknown without reading the log)."""
     losses = {d: read_val_loss(d) for d in dirs}
-    missing = [d for d, v in losses.items() if v is None]
+    missing = [d for d, v in losses.items() if v is None and not (d / VAL_LOSS_FILE).exists()]
     if missing:
         losses.update(val_losses_from_rows(missing, RunFolder(run_dir).read_metrics(log=lambda _: None)))
     return losses
