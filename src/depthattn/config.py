@@ -22,6 +22,12 @@ from .cross_layer import loopable as loopable_methods, names as method_names
 from .fileio import atomic_write_text, read_json
 
 
+#: ``ModelConfig.qk_norm_position`` values; the first is the default (Qwen3).
+QK_NORM_POSITIONS = ("before_rope", "k_after_rope")
+#: ``ModelConfig.mhc_sinkhorn`` values; the first is the default.
+MHC_SINKHORN_FORMS = ("log", "exp")
+
+
 def _finite(v) -> bool:
     """``math.isfinite`` that says False (instead of raising ``OverflowError``) for an int beyond float's range, so
     that validation reports ``10**400`` as an invalid value."""
@@ -71,6 +77,9 @@ class ModelConfig:
     max_position_embeddings: int = 256
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
+    # Where q_norm / k_norm sit relative to RoPE: "before_rope" (Qwen3: both before) or "k_after_rope" (q_norm
+    # before, k_norm after RoPE: the SDPA attention class of hyq718/Depth-Attention; docs/authors-checkpoints.md).
+    qk_norm_position: str = "before_rope"
 
     cross_layer: str = "none"
     num_loops: int = 1
@@ -84,6 +93,9 @@ class ModelConfig:
     mhc_num_streams: int = 4
     mhc_alpha_init: float = 0.01
     mhc_sinkhorn_iters: int = 20
+    # "log": log domain, columns then rows each round (ours); "exp": exp domain with 1e-12 clamps, rows then columns
+    # each round (hyq718/Depth-Attention's modeling_llama_mhc.py).
+    mhc_sinkhorn: str = "log"
     # Attention Residuals (arXiv 2603.15031); block size counted in sublayers; recency None = Kimi form.
     attnres_block_size: int = 12
     attnres_recency_bias: float | None = None
@@ -136,6 +148,9 @@ class ModelConfig:
         need(isinstance(self.rms_norm_eps, (int, float)) and _finite(self.rms_norm_eps)
              and self.rms_norm_eps >= 0, "rms_norm_eps", "must be a finite number >= 0")
         need(isinstance(self.tie_word_embeddings, bool), "tie_word_embeddings", "must be true or false")
+        need(self.qk_norm_position in QK_NORM_POSITIONS, "qk_norm_position",
+             f"must be one of {QK_NORM_POSITIONS}")
+        need(self.mhc_sinkhorn in MHC_SINKHORN_FORMS, "mhc_sinkhorn", f"must be one of {MHC_SINKHORN_FORMS}")
         methods, loopable = method_names(), loopable_methods()  # from the registry; "none" is the plain Qwen3
         need(self.cross_layer in methods, "cross_layer", f"must be one of {methods}")
         need(is_int(self.num_loops) and self.num_loops >= 1,

@@ -42,6 +42,7 @@ class DepthAttnConfig(PreTrainedConfig):
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
     use_cache: bool = True
+    qk_norm_position: str = "before_rope"
 
     cross_layer: str = "none"
     num_loops: int = 1
@@ -52,6 +53,7 @@ class DepthAttnConfig(PreTrainedConfig):
     mhc_num_streams: int = 4
     mhc_alpha_init: float = 0.01
     mhc_sinkhorn_iters: int = 20
+    mhc_sinkhorn: str = "log"
     attnres_block_size: int = 12
     attnres_recency_bias: float | None = None
     value_residual_lambda: float = 0.5

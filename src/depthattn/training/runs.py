@@ -28,7 +28,7 @@ import os
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -167,8 +167,15 @@ def _diff(a: Mapping[str, Any], b: Mapping[str, Any], ignore: frozenset = frozen
 def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], train: Mapping[str, Any]) -> list[str]:
     """``"key: recorded vs requested"`` for every field where a run's ``run.json`` differs from a requested model
     and train config (as dicts), ignoring ``RESUMABLE_KEYS``; a key the recorded train config lacks compares as its
-    ``config.LEGACY_DEFAULTS`` value. Empty when the run may be resumed with them."""
-    return _diff(recorded["model"], model) + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS)
+    ``config.LEGACY_DEFAULTS`` value, and a key the recorded model config lacks as its ``ModelConfig`` default (a
+    model field added later defaults to what older releases computed). Empty when the run may be resumed with them."""
+    return _diff(with_model_defaults(recorded["model"]), model) + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS)
+
+
+def with_model_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded model config (as a dict) with every ``ModelConfig`` field it lacks at its default."""
+    defaults = {f.name: f.default for f in fields(ModelConfig) if f.name not in recorded}
+    return {**defaults, **recorded}
 
 
 def _recorded_precision(run: dict[str, Any]) -> str | None:
