@@ -34,8 +34,9 @@ BASELINE_ALIASES = {"denseformer": "denseformer", "densetransformer": "denseform
                     "attention-residual": "attnres", "mhc": "mhc"}
 DEPTH_PATTERNS = ("depth_attention", "depth_softmax")
 #: LlamaConfig defaults (transformers 4.46) for keys a Trainer-saved config.json leaves out (``to_diff_dict``).
-LLAMA_DEFAULTS = dict(rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu", tie_word_embeddings=False,
-                      attention_bias=False, mlp_bias=False, pretraining_tp=1, rope_scaling=None)
+LLAMA_DEFAULTS = dict(max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu",
+                      tie_word_embeddings=False, attention_bias=False, mlp_bias=False, pretraining_tp=1,
+                      rope_scaling=None)
 
 
 # ----------------------------------------------------------------------------- switches

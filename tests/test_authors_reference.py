@@ -153,7 +153,7 @@ def our_config(config: dict, spec: dict) -> ModelConfig:
         num_attention_heads=config["num_attention_heads"], num_key_value_heads=config["num_key_value_heads"],
         head_dim=config["head_dim"], rope_theta=float(config.get("rope_theta", 10000.0)),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=config["max_position_embeddings"],
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         cross_layer="none" if method == "vanilla" else method)
     if method == "depth_attention":
