@@ -104,9 +104,8 @@ class DepthAttnConfig(PreTrainedConfig):
         return out
 
     def to_model_config(self) -> ModelConfig:
-        """The core ``ModelConfig`` (raises ``ValueError`` naming any invalid field). A ``ModelConfig`` field this
-        class does not know (a copy of this file next to an older checkpoint, read by a newer depthattn) takes its
-        ``ModelConfig`` default, which is the older behaviour (house rule 7)."""
+        """The core ``ModelConfig`` (raises ``ValueError`` naming any invalid field)."""
+        # getattr with the default: a copy of this file beside an older checkpoint must survive fields added later
         values = {f.name: getattr(self, f.name, f.default) for f in dataclasses.fields(ModelConfig)
                   if f.name != "rope_theta"}
         return ModelConfig(rope_theta=self.rope_theta, **values)
