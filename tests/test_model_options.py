@@ -327,3 +327,31 @@ def test_mhc_logits_depend_on_the_sinkhorn_form():
                     p.add_(2.0 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
             logits[form] = model(ids, attention_mask=mask).logits[mask]
     assert (logits["log"] - logits["exp"]).abs().max() > 1e-3
+
+
+# ----------------------------------------------------------------------------- against the authors' forward
+def _authors_fixtures():
+    from test_authors_reference import FOLDERS
+
+    return FOLDERS
+
+
+@pytest.mark.parametrize("name", _authors_fixtures())
+@pytest.mark.parametrize("position", POSITIONS)
+def test_the_options_compute_the_authors_forward_on_their_fixtures(name, position):
+    """Their tiny folders (tests/fixtures/authors), hand-mapped into a DecoderLM with ``mhc_sinkhorn="exp"`` and
+    ``qk_norm_position``, equal the float64 reference of their forward (tests/authors_reference.py) in the matching
+    attention class: k_after_rope ↔ their SDPA class, before_rope ↔ their FlashAttention-2 class; and not the other."""
+    from test_authors_reference import (TOL, authors_logits, fixture, ids, max_abs, our_config, our_state,
+                                        resolve)
+
+    config, state = fixture(name)
+    spec = resolve(config)
+    model = DecoderLM(our_config(config, spec).replace(qk_norm_position=position, mhc_sinkhorn="exp"))
+    model.load_state_dict(our_state(config, state, spec), strict=True)
+    x = ids(config["vocab_size"])
+    with torch.no_grad():
+        logits = model.eval()(x).logits
+    order, other = ("sdpa", "fa2") if position == "k_after_rope" else ("fa2", "sdpa")
+    assert max_abs(logits, authors_logits(config, state, x, order)) <= TOL
+    assert max_abs(logits, authors_logits(config, state, x, other)) > 0.1
