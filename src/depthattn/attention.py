@@ -14,7 +14,7 @@ the cache stores. Keys are never mixed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from torch import Tensor, nn
 
@@ -22,7 +22,7 @@ from .cache import KVCache
 from .config import ModelConfig
 from .cross_layer import get as method_record
 from .cross_layer.depth_attention import depth_mix
-from .functional import apply_rope, attention
+from .functional import apply_rope, attention, flex_attention
 from .layers import RMSNorm
 
 
@@ -40,6 +40,8 @@ class LayerContext:
         cache_start: the slot of this call's first token (``cache.length`` before the call).
         cache_slots: int64 ``[T]`` device slot indices of this call's tokens on the static (fixed-shape) path, or
             None; then K̂ and Ṽ are written with ``index_copy_`` and the attention reads all ``S`` slots.
+        block_mask: a FlexAttention ``BlockMask`` (``functional.document_block_mask``: document masking on CUDA);
+            then the attention is FlexAttention with it and ``mask`` is None. No cache with it.
     """
 
     cos: Tensor
@@ -48,6 +50,7 @@ class LayerContext:
     cache: KVCache | None = None
     cache_start: int = 0
     cache_slots: Tensor | None = None
+    block_mask: Any = None
 
 
 class Attention(nn.Module):
@@ -105,6 +108,9 @@ class Attention(nn.Module):
             k_all, v_all = ctx.cache.write(layer_idx, ctx.cache_start, k_BKTD, v_BKTD)
         else:
             k_all, v_all = k_BKTD, v_BKTD
-        o_BHTD = attention(q_BHTD, k_all, v_all, ctx.mask, is_causal=ctx.mask is None and x_BTC.shape[1] > 1)
+        if ctx.block_mask is not None:
+            o_BHTD = flex_attention(q_BHTD, k_all, v_all, ctx.block_mask)
+        else:
+            o_BHTD = attention(q_BHTD, k_all, v_all, ctx.mask, is_causal=ctx.mask is None and x_BTC.shape[1] > 1)
         B, T, _ = x_BTC.shape
         return self.o_proj(o_BHTD.transpose(1, 2).reshape(B, T, -1)), (k_BKTD, v_BKTD)

@@ -66,21 +66,22 @@ def check_text(text, what: str = "prompt") -> None:
 
 
 def check_forward_inputs(cfg: ModelConfig, input_ids, attention_mask, position_ids, labels,
-                         cache: KVCache | None) -> None:
+                         cache: KVCache | None, document_ids=None) -> None:
     """The boundary check: ``check_forward_shapes`` then ``check_forward_values`` (one device synchronisation)."""
-    check_forward_shapes(cfg, input_ids, attention_mask, position_ids, labels, cache)
+    check_forward_shapes(cfg, input_ids, attention_mask, position_ids, labels, cache, document_ids)
     check_forward_values(cfg, input_ids, attention_mask, position_ids, labels, cache)
 
 
 def check_forward_shapes(cfg: ModelConfig, input_ids, attention_mask, position_ids, labels,
-                         cache: KVCache | None) -> None:
+                         cache: KVCache | None, document_ids=None) -> None:
     """Raise ``ValueError`` for inputs whose types or shapes ``DecoderLM.forward`` cannot use; reads no data.
 
     Checked: ``input_ids`` is an integer tensor ``[B, T]`` with B, T >= 1; ``attention_mask`` is bool/integer of
     shape ``[B, T]`` or ``[B, past + T]``; ``position_ids`` is an integer ``[B, T]`` tensor; ``labels`` is an integer
     ``[B, T]`` tensor; ``cache`` matches the model (virtual layers, KV heads, head dim, batch) and has room; without
     ``position_ids``, ``past + T`` slots fit ``max_position_embeddings`` (derived positions stay below the slot
-    count, so this bounds them without reading the mask).
+    count, so this bounds them without reading the mask); ``document_ids`` is an integer ``[B, T]`` tensor and comes
+    without a ``cache`` (document masking is a training-time feature). Any integer values are valid document ids.
     """
     if not _is_int_tensor(input_ids) or input_ids.dim() != 2:
         raise ValueError(f"input_ids must be an integer tensor [B, T], got "
@@ -112,6 +113,13 @@ def check_forward_shapes(cfg: ModelConfig, input_ids, attention_mask, position_i
     if position_ids is None and past + T > cfg.max_position_embeddings:
         raise ValueError(f"the sequence reaches position {past + T - 1}, beyond max_position_embeddings="
                          f"{cfg.max_position_embeddings}")
+    if document_ids is not None and (not _is_int_tensor(document_ids) or tuple(document_ids.shape) != (B, T)):
+        raise ValueError(f"document_ids must be an integer tensor of shape ({B}, {T}), got "
+                         f"{getattr(document_ids, 'dtype', type(document_ids).__name__)} "
+                         f"{tuple(getattr(document_ids, 'shape', ()))}")
+    if document_ids is not None and cache is not None:
+        raise ValueError("document_ids cannot be combined with a KV cache: document masking is a training-time "
+                         "feature (run packed documents without cache=, or generate each document on its own)")
     if labels is not None and (not _is_int_tensor(labels) or tuple(labels.shape) != (B, T)):
         raise ValueError(f"labels must be an integer tensor of input_ids' shape ({B}, {T}), got "
                          f"{getattr(labels, 'dtype', type(labels).__name__)} {tuple(getattr(labels, 'shape', ()))}")

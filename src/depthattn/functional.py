@@ -59,21 +59,108 @@ def repeat_kv(x_BKSD: Tensor, groups: int) -> Tensor:
 
 
 def causal_padding_mask(
-    key_mask_BS: Tensor | None, q_start: int, T: int, S: int, dtype: torch.dtype, device
+    key_mask_BS: Tensor | None, q_start: int, T: int, S: int, dtype: torch.dtype, device,
+    documents_BT: Tensor | None = None,
 ) -> Tensor:
     """Additive attention mask ``[B or 1, 1, T, S]`` aligned to absolute slots.
 
     Query i sits at slot ``q_start + i`` and may see keys at slots ``<= q_start + i`` that are real tokens
-    (``key_mask`` True). Masked entries hold ``finfo(dtype).min`` (not -inf) so a fully masked row of a padded
-    query stays finite (spec-depth-attention.md §7.4).
+    (``key_mask`` True) and, with ``documents`` (int64 ``[B, T]`` document indices from ``document_runs``, only
+    without a cache: ``q_start = 0``, ``S = T``), in the query's document (block-diagonal causal). Masked entries
+    hold ``finfo(dtype).min`` (not -inf) so a fully masked row of a padded query stays finite
+    (spec-depth-attention.md §7.4).
     """
     q_slot = torch.arange(q_start, q_start + T, device=device)[:, None]
     k_slot = torch.arange(S, device=device)[None, :]
     allowed = (k_slot <= q_slot)[None, None]  # [1, 1, T, S]
     if key_mask_BS is not None:
         allowed = allowed & key_mask_BS[:, None, None, :S].bool()
+    if documents_BT is not None:
+        allowed = allowed & (documents_BT[:, None, :, None] == documents_BT[:, None, None, :])
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+# ----------------------------------------------------------------------------- documents (packed sequences)
+def document_runs(document_ids_BT: Tensor) -> Tensor:
+    """Document index of every position, int64 ``[B, T]``: 0 for the first token of a row, +1 wherever
+    ``document_ids`` changes from one position to the next. A document is a run of equal ids, so any integer labels
+    work (a label that comes back after another one starts a new document)."""
+    change = document_ids_BT[:, 1:] != document_ids_BT[:, :-1]
+    return F.pad(change.long().cumsum(1), (1, 0), value=0)
+
+
+def document_positions(documents_BT: Tensor, key_mask_BT: Tensor | None = None) -> Tensor:
+    """RoPE positions ``[B, T]`` int64 restarting at 0 at each document: the count of real tokens (``key_mask``
+    True; every token without a mask) before a token in its own document. ``documents``: ``document_runs``'s
+    output. Without documents (one per row) it is ``Backbone._positions``' count; left pads get 0."""
+    B, T = documents_BT.shape
+    t = torch.arange(T, device=documents_BT.device).expand(B, T)
+    real = torch.ones_like(t) if key_mask_BT is None else key_mask_BT.long()
+    before = real.cumsum(1) - real  # real tokens strictly before t
+    start = F.pad(documents_BT[:, 1:] != documents_BT[:, :-1], (1, 0), value=True)
+    first = torch.where(start, t, torch.zeros_like(t)).cummax(1).values  # first slot of t's document
+    return before - before.gather(1, first)
+
+
+def packed_document_ids(position_ids_BT: Tensor) -> Tensor:
+    """Hugging Face's packing convention (``DataCollatorWithFlattening``): a new document starts wherever the
+    position does not grow by exactly 1 (transformers' ``find_packed_sequence_indices``). int64 ``[B, T]``, 0 for
+    each row's first document."""
+    step = position_ids_BT[:, 1:] - position_ids_BT[:, :-1]
+    return F.pad((step != 1).long().cumsum(1), (1, 0), value=0)
+
+
+def document_block_mask(documents_BT: Tensor, key_mask_BT: Tensor | None = None):
+    """FlexAttention ``BlockMask`` of the block-diagonal causal mask ``causal_padding_mask`` builds with
+    ``documents`` (and ``key_mask``) for one call without a cache: query q may see key k ≤ q of its own document
+    (that is a real token). Batch-specific, broadcast over heads; 128 × 128 blocks (``create_block_mask``'s
+    default), built eagerly from a ``[B, 1, T, T]`` boolean evaluation of the mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    docs = documents_BT
+    if key_mask_BT is None:
+        def mask_mod(b, h, q, k):
+            return (k <= q) & (docs[b, q] == docs[b, k])
+    else:
+        real = key_mask_BT.bool()
+
+        def mask_mod(b, h, q, k):
+            return (k <= q) & (docs[b, q] == docs[b, k]) & real[b, k]
+    B, T = docs.shape
+    return create_block_mask(mask_mod, B, None, T, T, device=docs.device)
+
+
+_COMPILED_FLEX = None
+
+
+def flex_serves(device: torch.device) -> bool:
+    """Whether document masking runs on FlexAttention (``document_block_mask`` + ``flex_attention``) on ``device``:
+    on CUDA, where its fused kernel is made; elsewhere SDPA with ``causal_padding_mask``'s additive mask."""
+    return device.type == "cuda"
+
+
+def flex_attention(q_BHTD: Tensor, k_BKSD: Tensor, v_BKSD: Tensor, block_mask, compiled: bool = True) -> Tensor:
+    """FlexAttention (``torch.nn.attention.flex_attention``) with ``block_mask`` (``document_block_mask``), scale
+    ``1/sqrt(D)``, GQA by ``enable_gqa``; ``[B, H, T, D]``. ``compiled``: through one ``torch.compile`` of
+    ``flex_attention`` shared by all layers (its fused kernel; the eager form materialises the scores and is
+    for tests). Under autocast q, k and v are cast to the autocast dtype, as SDPA is; otherwise to v's dtype.
+    Fully masked query rows (a pad before any real token) give 0 here (SDPA with ``causal_padding_mask``:
+    a finite mean); they are padding, which no output reads. ``attention`` with ``causal_padding_mask`` is the
+    twin."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    if not compiled or torch.compiler.is_compiling():  # traced: the enclosing graph compiles it
+        fn = flex
+    else:
+        if _COMPILED_FLEX is None:
+            _COMPILED_FLEX = torch.compile(flex, dynamic=False)
+        fn = _COMPILED_FLEX
+    kind = q_BHTD.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else v_BKSD.dtype
+    q, k, v = q_BHTD.to(dtype), k_BKSD.to(dtype), v_BKSD.to(dtype)
+    return fn(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def static_padding_mask(key_mask_BS: Tensor, slots_T: Tensor, dtype: torch.dtype) -> Tensor:

@@ -23,7 +23,8 @@ from .cache import KVCache
 from .checks import IGNORE_INDEX, as_index, check_forward_shapes
 from .config import ModelConfig
 from .cross_layer import get as method_record, source_layers
-from .functional import causal_padding_mask, static_padding_mask
+from .functional import (causal_padding_mask, document_block_mask, document_positions, document_runs, flex_serves,
+                         static_padding_mask)
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU
 
 
@@ -91,18 +92,20 @@ class Backbone(nn.Module):
         self.activation_checkpointing = False
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                cache: KVCache | None = None, *, validate: bool = True) -> Tensor:
+                cache: KVCache | None = None, *, validate: bool = True, document_ids: Tensor | None = None) -> Tensor:
         """Final hidden states for ``input_ids``; with a ``cache``, the tokens continue the cached ones at slot
         ``cache.length``. ``validate=False`` skips ``check_forward_shapes`` for a caller that ran the checks
         already. Values are not checked here (``check_forward_inputs`` at the boundary): the forward never waits
-        for the device, and makes no Python branch on tensor data."""
+        for the device, and makes no Python branch on tensor data. ``document_ids``: see ``DecoderLM.forward``."""
         if validate:
-            check_forward_shapes(self.config, input_ids, attention_mask, position_ids, None, cache)
+            check_forward_shapes(self.config, input_ids, attention_mask, position_ids, None, cache, document_ids)
         B, T = input_ids.shape
         input_ids, position_ids = as_index(input_ids), as_index(position_ids)  # uint8 ... uint64 ids: widened
         new_mask = None if attention_mask is None else attention_mask[:, -T:].bool()
         h = self.embed_tokens(input_ids)
-        if cache is not None and cache.static:
+        if document_ids is not None:
+            ctx, position_ids = self._document_context(new_mask, position_ids, document_ids, h.dtype)
+        elif cache is not None and cache.static:
             ctx, position_ids = self._static_context(new_mask, position_ids, cache, B, T, h.dtype)
         else:
             ctx, position_ids = self._dynamic_context(new_mask, position_ids, cache, T, h.dtype, h.device)
@@ -131,6 +134,19 @@ class Backbone(nn.Module):
         if key_mask is not None or (past > 0 and T > 1):
             mask = causal_padding_mask(key_mask, past, T, past + T, dtype, device)
         return dict(mask=mask, cache=cache, cache_start=past), position_ids
+
+    @staticmethod
+    def _document_context(new_mask, position_ids, document_ids, dtype):
+        """Mask and positions of packed documents (no cache): block-diagonal causal attention (and the padding of
+        ``new_mask``), as a FlexAttention block mask on CUDA and an additive SDPA mask elsewhere; positions
+        restart at each document unless ``position_ids`` are given."""
+        docs = document_runs(as_index(document_ids))
+        if position_ids is None:
+            position_ids = document_positions(docs, new_mask)
+        T = docs.shape[1]
+        if flex_serves(docs.device):
+            return dict(block_mask=document_block_mask(docs, new_mask)), position_ids
+        return dict(mask=causal_padding_mask(new_mask, 0, T, T, dtype, docs.device, docs)), position_ids
 
     def _static_context(self, new_mask, position_ids, cache, B: int, T: int, dtype):
         """Mask and positions over all ``S`` cache slots at the device slot ``cache.slot`` (fixed shapes; the
@@ -222,9 +238,10 @@ class DecoderLM(nn.Module):
     """Qwen3-style causal LM with an optional cross-layer method (``cfg.cross_layer``): ``Backbone`` + LM head.
 
     ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,past+T] bool/int, position_ids [B,T], cache,
-    labels [B,T])`` → ``ModelOutput``. Raises ``ValueError`` naming the argument for inputs of the wrong type or
-    shape, too little cache room, or more slots than ``max_position_embeddings``; values (ids in the vocabulary,
-    0/1 masks, position range) are checked at the boundary (``depthattn.checks.check_forward_inputs``).
+    labels [B,T], document_ids [B,T] int)`` → ``ModelOutput``. Raises ``ValueError`` naming the argument for inputs
+    of the wrong type or shape, too little cache room, more slots than ``max_position_embeddings``, or
+    ``document_ids`` with a cache; values (ids in the vocabulary, 0/1 masks, position range) are checked at the
+    boundary (``depthattn.checks.check_forward_inputs``).
     """
 
     def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None):
@@ -294,14 +311,26 @@ class DecoderLM(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                cache: KVCache | None = None, labels: Tensor | None = None) -> ModelOutput:
+                cache: KVCache | None = None, labels: Tensor | None = None,
+                document_ids: Tensor | None = None) -> ModelOutput:
         """Logits for ``input_ids`` (and the loss when ``labels`` are given; labels are shifted inside, -100 and
         padded positions ignored). With a ``cache``, the tokens continue the cached ones at slot ``cache.length``.
 
+        ``document_ids`` (integer ``[B, T]``): packed documents (document masking, as torchtitan's block-causal
+        FlexAttention and OLMo-core's intra-document masking). A document is a run of equal ids along a row; a
+        token attends only to earlier tokens of its own document (block-diagonal causal), and RoPE positions
+        restart at 0 at each document (unless ``position_ids`` are given, which are then used as they are). The
+        depth mix of every method is per position, so nothing else changes: a document packed after others gets
+        the logits it gets alone (tests/test_doc_mask.py). Combines with a left-padding ``attention_mask`` (keys must
+        be real tokens of the query's document; positions count real tokens). Sequence attention is FlexAttention
+        with a block mask on CUDA (``functional.document_block_mask``), SDPA with an additive ``[B, 1, T, T]`` mask
+        elsewhere. A training-time feature: ``ValueError`` with a ``cache`` (no KV-cache decode of packed rows).
+        The loss is not changed: the target of a document's last token is the next document's first.
+
         Only shapes are checked here (no device synchronisation); the values of user input are checked once at
         the boundary (``depthattn.checks.check_forward_inputs``: ``generate``, evaluation, the HF forward)."""
-        check_forward_shapes(self.config, input_ids, attention_mask, position_ids, labels, cache)
-        h = self.model(input_ids, attention_mask, position_ids, cache, validate=False)
+        check_forward_shapes(self.config, input_ids, attention_mask, position_ids, labels, cache, document_ids)
+        h = self.model(input_ids, attention_mask, position_ids, cache, validate=False, document_ids=document_ids)
         logits = self.lm_head(h)
         loss = None if labels is None else next_token_loss(logits, labels, attention_mask)
         return ModelOutput(logits=logits, loss=loss)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..checks import check_token_array
+from ..data.boundaries import window_document_ids
 from ..data.tokenizer import token_byte_lengths
 
 
@@ -134,11 +135,15 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def next_token_loss(net: torch.nn.Module, w_BT1: torch.Tensor, device: torch.device, amp: torch.dtype | None,
-                    reduction: str = "mean") -> torch.Tensor:
+                    reduction: str = "mean", eos_id: int | None = None) -> torch.Tensor:
     """Next-token cross-entropy of ``net`` on windows ``[B, T + 1]`` (inputs ``w[:, :-1]``, targets ``w[:, 1:]``),
-    the forward under ``autocast``, the loss in float32."""
+    the forward under ``autocast``, the loss in float32. ``eos_id``: document masking (``TrainConfig.doc_mask``):
+    the inputs' documents end at each ``eos_id`` token (``data.boundaries.window_document_ids``) and go to the
+    forward as ``document_ids``."""
+    inputs = w_BT1[:, :-1]
+    extra = {} if eos_id is None else {"document_ids": window_document_ids(inputs, eos_id)}
     with autocast(device, amp):
-        logits = net(w_BT1[:, :-1]).logits
+        logits = net(inputs, **extra).logits
     return F.cross_entropy(logits.flatten(0, 1).float(), w_BT1[:, 1:].flatten(), reduction=reduction)
 
 
@@ -155,8 +160,10 @@ def validation_windows(val: np.ndarray, seq_len: int, n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def mean_loss(model: torch.nn.Module, windows_BT1: torch.Tensor, batch_size: int, device: torch.device,
-              amp: torch.dtype | None, abandon: Callable[[], bool] | None = None) -> float | None:
-    """Mean next-token cross-entropy (nats) over every target of ``windows`` (equal-length rows).
+              amp: torch.dtype | None, abandon: Callable[[], bool] | None = None,
+              eos_id: int | None = None) -> float | None:
+    """Mean next-token cross-entropy (nats) over every target of ``windows`` (equal-length rows); ``eos_id``:
+    with document masking, as ``next_token_loss``.
 
     ``abandon``: asked before each batch; when it says True the evaluation stops and the result is None (the
     trainer's preemption; it reads nothing, so it changes no number)."""
@@ -168,7 +175,7 @@ def mean_loss(model: torch.nn.Module, windows_BT1: torch.Tensor, batch_size: int
             model.train(was)
             return None
         w = windows_BT1[i:i + batch_size].to(device)
-        total += float(next_token_loss(model, w, device, amp, reduction="sum"))
+        total += float(next_token_loss(model, w, device, amp, reduction="sum", eos_id=eos_id))
         count += w[:, 1:].numel()
     model.train(was)
     return total / count

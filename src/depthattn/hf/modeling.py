@@ -29,6 +29,7 @@ from depthattn.cache import KVCache
 from depthattn.checks import IGNORE_INDEX, check_forward_inputs
 from depthattn.config import ModelConfig
 from depthattn.fileio import file_states, rewrite_manifest_entries
+from depthattn.functional import packed_document_ids
 from depthattn.model import Backbone, DecoderLM, init_module_weights, next_token_loss, next_token_targets
 
 from .configuration import DepthAttnConfig
@@ -206,7 +207,10 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
     """Hugging Face causal LM: the core ``Backbone`` (``model``) and ``lm_head``, as in ``depthattn.DecoderLM``.
 
     ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,S+T] 0/1, position_ids [B,T], cache, labels [B,T],
-    use_cache, logits_to_keep)`` → ``CausalLMOutputWithPast(loss, logits [B,T',V], cache)``. ``past_key_values`` is
+    use_cache, logits_to_keep, document_ids [B,T])`` → ``CausalLMOutputWithPast(loss, logits [B,T',V], cache)``.
+    Packed documents (``DecoderLM.forward``'s ``document_ids``) are given as ``document_ids`` or, Hugging Face's
+    convention, as restarting ``position_ids`` without an ``attention_mask`` (``packed_documents``); either with a
+    cache (or ``use_cache=True``) is a ``ValueError``, and the cache is not made by default then. ``past_key_values`` is
     accepted as the pre-5.24 name of ``cache``. ``num_items_in_batch`` (passed by the HF ``Trainer``) turns the loss
     into the summed next-token loss over that count (``summed_over``). Errors are the core's ``ValueError``s (ids
     outside the vocabulary, positions beyond ``max_position_embeddings``, bad masks), plus ``ValueError`` for a cache
@@ -256,13 +260,20 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
                 position_ids: Tensor | None = None, cache: Cache | None = None, labels: Tensor | None = None,
                 use_cache: bool | None = None, logits_to_keep: int | Tensor = 0, inputs_embeds=None,
                 past_key_values: Cache | None = None, return_dict: bool | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                document_ids: Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
         if inputs_embeds is not None:
             raise ValueError("DepthAttnForCausalLM takes input_ids only (inputs_embeds is not supported)")
         if input_ids is None:
             raise ValueError("input_ids is required")
         if cache is None:
             cache = past_key_values
+        if document_ids is None:
+            document_ids = packed_documents(input_ids, attention_mask, position_ids, cache)
+        if document_ids is not None:  # packed documents: a training-time forward, without a cache
+            if cache is not None or use_cache:
+                raise ValueError("document_ids (or restarting position_ids: packed documents) cannot be combined "
+                                 "with a cache: document masking is a training-time feature; pass use_cache=False")
+            use_cache = False
         if use_cache is None:
             use_cache = self.config.use_cache if not self.training else False
         if cache is not None and not isinstance(cache, DepthAttnCache):
@@ -277,8 +288,8 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
             B, T = input_ids.shape
             p = self.lm_head.weight
             kv = cache.core_for(cfg, B, T, p.dtype, p.device)
-        check_forward_inputs(cfg, input_ids, attention_mask, position_ids, labels, kv)  # as DecoderLM.forward
-        hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False)
+        check_forward_inputs(cfg, input_ids, attention_mask, position_ids, labels, kv, document_ids)  # as the core
+        hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids)
         logits = self.lm_head(hidden)
         loss = None if labels is None else next_token_loss(logits, labels, attention_mask)
         num_items = kwargs.get("num_items_in_batch")
@@ -289,6 +300,21 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
         elif isinstance(logits_to_keep, Tensor):
             logits = logits[:, logits_to_keep]
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+
+
+def packed_documents(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None,
+                     cache: Cache | None) -> Tensor | None:
+    """Document ids ``[B, T]`` int64 from Hugging Face's packing convention, or None: ``position_ids`` that restart
+    (``DataCollatorWithFlattening``: each packed example counts from 0; a new document wherever the position does
+    not grow by 1, ``functional.packed_document_ids``), read as transformers reads them: only without an
+    ``attention_mask`` and before anything is cached. None when no row restarts (one device read)."""
+    if position_ids is None or attention_mask is not None or (cache is not None and cache.get_seq_length() > 0):
+        return None
+    if not isinstance(position_ids, Tensor) or tuple(position_ids.shape) != tuple(input_ids.shape) \
+            or position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool:
+        return None  # a bad tensor: the shape check names it
+    docs = packed_document_ids(position_ids.long())
+    return docs if bool(docs[:, -1].any()) else None
 
 
 def target_count(labels: Tensor, attention_mask: Tensor | None) -> Tensor:

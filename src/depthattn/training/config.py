@@ -45,6 +45,12 @@ class TrainConfig:
     evaluations warns in one line (0 turns that warning off); it never stops a run. A recorded config without
     ``on_divergence`` (an older release's run.json) resumes with ``"warn"`` (``LEGACY_DEFAULTS``).
 
+    ``doc_mask``: document masking (docs/training.md): each window's documents (they end at EOS tokens) attend only
+    within themselves and their RoPE positions restart at 0 (``DecoderLM.forward``'s ``document_ids``), in
+    training and in the periodic validation. Off by default, as the Depth-Attention authors trained; a recorded
+    run without the key reads false, today's behaviour (``LEGACY_DEFAULTS``). Refused before training on data
+    without document boundaries (``data.boundaries``).
+
     Raises:
         ValueError: naming the field and the value, for any impossible setting.
     """
@@ -55,6 +61,7 @@ class TrainConfig:
     batch_size: int = 8
     grad_accum: int = 1
     seq_len: int = 256
+    doc_mask: bool = False
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup: float = 0.02
@@ -122,6 +129,7 @@ class TrainConfig:
         need(self.precision in ("auto", "float32", "bfloat16"), "precision", "must be auto, float32 or bfloat16")
         need(isinstance(self.device, str) and bool(self.device), "device", "must be auto, cpu, cuda or cuda:N")
         need(isinstance(self.compile, bool), "compile", "must be true or false")
+        need(isinstance(self.doc_mask, bool), "doc_mask", "must be true or false")
         need(isinstance(self.activation_checkpointing, bool), "activation_checkpointing", "must be true or false")
         need(self.data_parallel in (None, "ddp", "fsdp"), "data_parallel", "must be null, 'ddp' or 'fsdp'")
         need(is_int(self.fsdp_replicate) and self.fsdp_replicate >= 1, "fsdp_replicate",
@@ -205,8 +213,10 @@ RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes
 #: the release that wrote it (a new run gets the dataclass default). Add a key here with every key added to
 #: ``TrainConfig`` whose default changes what a run does.
 #: Release 97f8652 had no divergence guard (its runs resume warn-only: same numbers, same exit status, one line) and
-#: no time-based saves.
-LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0}
+#: no time-based saves. Keys whose new-run default is the old behaviour are listed too (a missing key otherwise
+#: compares as None on resume): ``doc_mask`` (no document masking).
+LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0,
+                                   "doc_mask": False}
 
 
 def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from .. import data
 from ..checkpoint import latest_checkpoint
 from ..checks import check_token_array
+from ..data.boundaries import document_boundary_token
 from ..config import ModelConfig
 from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
 from ..model import DecoderLM
@@ -121,6 +122,7 @@ class _Trainer:
     last_save: float = 0.0  # ``preemption.clock()`` at the session's start or its last save
     pending: PendingSave | None = None  # an asynchronous save in flight (``TrainConfig.async_save``)
     async_done: bool = False  # rank 0's part of ``pending`` is on disk (DCP's metadata too): make it visible
+    doc_eos: int | None = None  # doc_mask: the end-of-document token the windows' documents end at, else None
 
     @property
     def total_steps(self) -> int:
@@ -202,6 +204,7 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     if resume:
         train_cfg = keep_tokens_per_step(run_dir, train_cfg, log if rank == 0 else lambda _: None)
     prepared, val_windows, train_cfg = _load_data(model_cfg, train_cfg, data_dir)
+    doc_eos = document_boundary_token(prepared.meta, prepared.train, data_dir) if train_cfg.doc_mask else None
     device = resolve_device(train_cfg.device)
     amp = autocast_dtype(train_cfg.precision, device)
     record = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": str(data_dir),
@@ -251,7 +254,7 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
                     val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, folder=folder,
                     data_dir=data_dir,
                     is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen, saved=resume_from,
-                    start_step=step, nonfinite_skips=skips, guard=guard, log=say)
+                    start_step=step, nonfinite_skips=skips, guard=guard, log=say, doc_eos=doc_eos)
 
 
 def _distributed() -> bool:
@@ -390,7 +393,7 @@ def _accumulate_gradients(t: _Trainer) -> float:
         elif t.cfg.data_parallel == "fsdp":  # reduce-scatter only after the last micro-batch
             t.model.set_requires_gradient_sync(micro == t.cfg.grad_accum - 1)
         with sync:
-            loss = next_token_loss(t.net, w, t.device, t.amp)
+            loss = next_token_loss(t.net, w, t.device, t.amp, eos_id=t.doc_eos)
             (loss / t.cfg.grad_accum).backward()
         loss_sum += float(loss.detach())
         fault_point("micro")
@@ -501,7 +504,7 @@ def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
     if t.stopping or not ((t.cfg.eval_every and t.step % t.cfg.eval_every == 0) or t.step == t.total_steps):
         return
     val = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp, abandon=lambda: _stop_agreed(
-        t, "eval"))
+        t, "eval"), eos_id=t.doc_eos)
     if val is None:
         t.stopping = True
         return
@@ -587,7 +590,7 @@ def _checkpoint_val_loss(t: _Trainer) -> float:
     through the ln V rule before anything is written."""
     if t.val_step == t.step and t.val_loss is not None:
         return t.val_loss
-    val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
+    val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp, eos_id=t.doc_eos)
     _check_val_loss(t, val_loss)
     return val_loss
 
@@ -665,4 +668,4 @@ def _final_val_loss(t: _Trainer) -> float:
     for row in t.folder.read_metrics():
         if row.get("step") == t.step and row.get("val_loss") is not None:
             return float(row["val_loss"])
-    return mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp)
+    return mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp, eos_id=t.doc_eos)
