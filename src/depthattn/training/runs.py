@@ -432,10 +432,18 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
 
     The checkpoint may use another ``cross_layer``: keys under ``cross_layer`` that one side lacks keep the new
     model's initialisation (missing) or are dropped (unexpected). Every other key and every shape must match.
-    Returns the keys that kept their initialisation. Raises ``ValueError`` naming the file otherwise.
+    Returns the keys that kept their initialisation. Raises ``ValueError`` naming the file otherwise; for another
+    vocabulary size, one line naming both and the ``vocab_size`` setting that fits (a padded vocabulary, larger
+    than the data's tokenizer, is allowed: ``config.check_vocab_size``).
     """
     source = os.path.join(os.fspath(path), ckpt.WEIGHTS_NAME)
-    return ckpt.load_weights_into(model, ckpt.load_state(path), source, kind="init_from")
+    state = ckpt.load_state(path)
+    embed = state.get("model.embed_tokens.weight")
+    if embed is not None and embed.ndim == 2 and embed.shape[0] != model.config.vocab_size:
+        raise ValueError(f"{source} has vocab_size={embed.shape[0]} (model.embed_tokens.weight {tuple(embed.shape)}), "
+                         f"the new model {model.config.vocab_size} (the data's tokenizer unless set); give --set "
+                         f"vocab_size={embed.shape[0]} to start from it")
+    return ckpt.load_weights_into(model, state, source, kind="init_from")
 
 
 # ---------------------------------------------------------------------------------------------------- writing
