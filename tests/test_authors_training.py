@@ -65,6 +65,7 @@ def test_init_from_a_padded_vocabulary_trains_and_the_extra_rows_are_never_targe
                  "--init-from", str(start), "--set", f"vocab_size={PADDED}", "--steps", str(STEPS), "--out", str(run),
                  "--no-progress", *_sets()]) == 0
     out = capsys.readouterr().out
+    assert "note: the new model differs" not in out  # same config: nothing to say
     loss = float(out.rsplit("final val loss ", 1)[1].split(";")[0])
     assert math.isfinite(loss) and loss < math.log(TOKENIZER_ROWS)
     assert json.loads((run / "run.json").read_text())["model"]["vocab_size"] == PADDED
@@ -90,6 +91,20 @@ def test_init_from_another_vocabulary_says_which_setting_fits(padded_start, data
     assert len(err.splitlines()) == 1
     assert f"has vocab_size={PADDED}" in err and f"the new model {TOKENIZER_ROWS}" in err
     assert f"--set vocab_size={PADDED}" in err
+
+
+def test_init_from_says_which_config_fields_differ(padded_start, data_dir, tmp_path, capsys):
+    """The weights load into any model of their shapes; a field that changes the function they compute (here the
+    q/k-norm order) is said in one line, so a continued authors' model is not silently another one."""
+    start, _, _ = padded_start
+    assert main(["train", "--preset", "tiny", "--cross-layer", "denseformer", "--data", str(data_dir),
+                 "--init-from", str(start), "--set", f"vocab_size={PADDED}", "--set", "qk_norm_position=k_after_rope",
+                 "--set", "denseformer_period=2", "--steps", "1", "--out", str(tmp_path / "r"), "--no-progress",
+                 *_sets()]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: the new model")]
+    # another method starts from its own knobs (denseformer_period is not a difference)
+    assert notes == [f"note: the new model differs from {start}/config.json in qk_norm_position 'k_after_rope' "
+                     f"(checkpoint: 'before_rope')"]
 
 
 def test_a_vocabulary_smaller_than_the_tokenizer_is_refused_in_one_line(data_dir, tmp_path, capsys):

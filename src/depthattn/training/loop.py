@@ -57,7 +57,7 @@ from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
 from .retention import best_checkpoint
 from .run_folder import RunFolder
 from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, environment,
-                   fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights,
+                   fault_point, init_from_changes, init_from_checkpoint, keep_tokens_per_step, load_resume_weights,
                    read_resume_checkpoint, restore_trainer_state, resume_point, run_tokens_per_s, save_checkpoint,
                    set_aside, trainer_state)
 from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
@@ -351,6 +351,9 @@ def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Calla
         kept = init_from_checkpoint(full, source)
         set_model_state_dict(model, full.state_dict(), options=StateDictOptions(full_state_dict=True))
     log(f"initialised from {which}" + (f" ({len(kept)} cross-layer tensors keep their init)" if kept else ""))
+    changes = init_from_changes(source, model.config)
+    if changes:  # e.g. another qk_norm_position computes another function of the same weights
+        log(f"note: the new model differs from {source}/config.json in {'; '.join(changes)}")
 
 
 def _build_optimizer(model: DecoderLM, cfg: TrainConfig):

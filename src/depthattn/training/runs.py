@@ -37,6 +37,7 @@ import torch
 from .. import checkpoint as ckpt
 from ..checkpoint import SHARDED_DIR
 from ..config import ModelConfig
+from ..cross_layer import names as method_names
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig, with_legacy_defaults
@@ -444,6 +445,24 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
                          f"the new model {model.config.vocab_size} (the data's tokenizer unless set); give --set "
                          f"vocab_size={embed.shape[0]} to start from it")
     return ckpt.load_weights_into(model, state, source, kind="init_from")
+
+
+def init_from_changes(path: str | os.PathLike, cfg: ModelConfig) -> list[str]:
+    """The fields of the checkpoint ``path``'s ``config.json`` that ``cfg`` (the model ``--init-from`` loads it
+    into) sets otherwise, as ``"name 'new' (checkpoint: 'old')"``: the backbone's (``qk_norm_position``,
+    ``rope_theta``, ...), and the method's knobs when both use the same ``cross_layer`` (a new method starts from
+    its own knobs). ``initializer_range`` is left out (the weights are loaded). Empty when the config cannot be
+    read (the weights loaded, which is what counts)."""
+    try:
+        old = ckpt.load_config(path).to_dict()
+    except (ValueError, FileNotFoundError):
+        return []
+    new = cfg.to_dict()
+    knob = tuple(f"{m}_" for m in method_names())
+    same_method = old.get("cross_layer") == new["cross_layer"]
+    return [f"{k} {new[k]!r} (checkpoint: {old.get(k)!r})" for k in new
+            if k not in ("cross_layer", "initializer_range") and old.get(k) != new[k]
+            and (same_method or not k.startswith(knob))]
 
 
 # ---------------------------------------------------------------------------------------------------- writing
