@@ -168,9 +168,17 @@ def _diff(a: Mapping[str, Any], b: Mapping[str, Any], ignore: frozenset = frozen
 def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], train: Mapping[str, Any]) -> list[str]:
     """``"key: recorded vs requested"`` for every field where a run's ``run.json`` differs from a requested model
     and train config (as dicts), ignoring ``RESUMABLE_KEYS``; a key the recorded train config lacks compares as its
-    ``config.LEGACY_DEFAULTS`` value, and a key the recorded model config lacks as its ``ModelConfig`` default (a
-    model field added later defaults to what older releases computed). Empty when the run may be resumed with them."""
-    return _diff(with_model_defaults(recorded["model"]), model) + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS)
+    ``config.LEGACY_DEFAULTS`` value, else its ``TrainConfig`` default (as ``TrainConfig.from_recorded`` reads it),
+    and a key the recorded model config lacks as its ``ModelConfig`` default (a field added later defaults to what
+    older releases computed). Empty when the run may be resumed with them."""
+    return (_diff(with_model_defaults(recorded["model"]), model)
+            + _diff(with_train_defaults(recorded["train"]), train, RESUMABLE_KEYS))
+
+
+def with_train_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded train config (as a dict) with every key it lacks at its ``LEGACY_DEFAULTS`` value, else at its
+    ``TrainConfig`` default."""
+    return {**TrainConfig().to_dict(), **with_legacy_defaults(recorded)}
 
 
 def with_model_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
