@@ -35,9 +35,9 @@ VARIABLES = {
     "TINY": TINY_FLAGS,  # a 60k-parameter model, 2 steps: the command's path, not its result
     "DATA": "fixture/data",  # a prepared data folder (tests/fixtures/release-97f8652/data)
     "RUN": "fixture/run",  # a run folder with checkpoints (the old-release fixture, resumable)
-    "CKPT": "fixture/ckpt",  # a checkpoint folder (depth_attention) as this release writes it (tests/test_docs.py)
+    "CKPT": "fixture/run/checkpoints/step_00000004",  # a checkpoint folder (depth_attention)
     "NONE_RUN": "fixture/compare/runs/none-seed0",  # a finished run folder of a vanilla (cross_layer none) model
-    "NONE_CKPT": "fixture/none-ckpt",  # its checkpoint, as this release writes it
+    "NONE_CKPT": "fixture/compare/runs/none-seed0/checkpoints/step_00000006",  # its checkpoint
 }
 
 _FENCE = re.compile(r"^(\s*)```(.*)$")
