@@ -37,6 +37,7 @@ import torch
 from .. import checkpoint as ckpt
 from ..checkpoint import SHARDED_DIR
 from ..config import ModelConfig
+from ..cross_layer import names as method_names
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig, with_legacy_defaults
@@ -167,9 +168,17 @@ def _diff(a: Mapping[str, Any], b: Mapping[str, Any], ignore: frozenset = frozen
 def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], train: Mapping[str, Any]) -> list[str]:
     """``"key: recorded vs requested"`` for every field where a run's ``run.json`` differs from a requested model
     and train config (as dicts), ignoring ``RESUMABLE_KEYS``; a key the recorded train config lacks compares as its
-    ``config.LEGACY_DEFAULTS`` value, and a key the recorded model config lacks as its ``ModelConfig`` default (a
-    model field added later defaults to what older releases computed). Empty when the run may be resumed with them."""
-    return _diff(with_model_defaults(recorded["model"]), model) + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS)
+    ``config.LEGACY_DEFAULTS`` value, else its ``TrainConfig`` default (as ``TrainConfig.from_recorded`` reads it),
+    and a key the recorded model config lacks as its ``ModelConfig`` default (a field added later defaults to what
+    older releases computed). Empty when the run may be resumed with them."""
+    return (_diff(with_model_defaults(recorded["model"]), model)
+            + _diff(with_train_defaults(recorded["train"]), train, RESUMABLE_KEYS))
+
+
+def with_train_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded train config (as a dict) with every key it lacks at its ``LEGACY_DEFAULTS`` value, else at its
+    ``TrainConfig`` default."""
+    return {**TrainConfig().to_dict(), **with_legacy_defaults(recorded)}
 
 
 def with_model_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
@@ -432,10 +441,36 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
 
     The checkpoint may use another ``cross_layer``: keys under ``cross_layer`` that one side lacks keep the new
     model's initialisation (missing) or are dropped (unexpected). Every other key and every shape must match.
-    Returns the keys that kept their initialisation. Raises ``ValueError`` naming the file otherwise.
+    Returns the keys that kept their initialisation. Raises ``ValueError`` naming the file otherwise; for another
+    vocabulary size, one line naming both and the ``vocab_size`` setting that fits (a padded vocabulary, larger
+    than the data's tokenizer, is allowed: ``config.check_vocab_size``).
     """
     source = os.path.join(os.fspath(path), ckpt.WEIGHTS_NAME)
-    return ckpt.load_weights_into(model, ckpt.load_state(path), source, kind="init_from")
+    state = ckpt.load_state(path)
+    embed = state.get("model.embed_tokens.weight")
+    if embed is not None and embed.ndim == 2 and embed.shape[0] != model.config.vocab_size:
+        raise ValueError(f"{source} has vocab_size={embed.shape[0]} (model.embed_tokens.weight {tuple(embed.shape)}), "
+                         f"the new model {model.config.vocab_size} (the data's tokenizer unless set); give --set "
+                         f"vocab_size={embed.shape[0]} to start from it")
+    return ckpt.load_weights_into(model, state, source, kind="init_from")
+
+
+def init_from_changes(path: str | os.PathLike, cfg: ModelConfig) -> list[str]:
+    """The fields of the checkpoint ``path``'s ``config.json`` that ``cfg`` (the model ``--init-from`` loads it
+    into) sets otherwise, as ``"name 'new' (checkpoint: 'old')"``: the backbone's (``qk_norm_position``,
+    ``rope_theta``, ...), and the method's knobs when both use the same ``cross_layer`` (a new method starts from
+    its own knobs). ``initializer_range`` is left out (the weights are loaded). Empty when the config cannot be
+    read (the weights loaded, which is what counts)."""
+    try:
+        old = ckpt.load_config(path).to_dict()
+    except (ValueError, FileNotFoundError):
+        return []
+    new = cfg.to_dict()
+    knob = tuple(f"{m}_" for m in method_names())
+    same_method = old.get("cross_layer") == new["cross_layer"]
+    return [f"{k} {new[k]!r} (checkpoint: {old.get(k)!r})" for k in new
+            if k not in ("cross_layer", "initializer_range") and old.get(k) != new[k]
+            and (same_method or not k.startswith(knob))]
 
 
 # ---------------------------------------------------------------------------------------------------- writing
