@@ -31,8 +31,7 @@ from depthattn.serving import vllm_model  # noqa: E402
 PLANS = ("none", "da", "contig")
 state = {"plan": "none", "mix": 0.0}
 samples: dict[tuple[str, str], dict[str, list[float]]] = {}
-_mix, _attend, _forward = vllm_model.token_depth_mix, vllm_model.DepthAttnDecoderLayer.attend, \
-    vllm_model.DepthAttnModel.forward
+_mix, _forward = vllm_model.token_depth_mix, vllm_model.DepthAttnModel.forward
 
 
 def timed_mix(*args, **kwargs):
@@ -42,15 +41,17 @@ def timed_mix(*args, **kwargs):
     return out
 
 
-def attend(self, positions, x, sources, keep):
-    if state["plan"] != "contig":
-        return _attend(self, positions, x, sources, keep)
-    a = self.self_attn  # vanilla's attention step, value made contiguous
-    q, k, v = a.qkv_proj(x)[0].split([a.q_size, a.kv_size, a.kv_size], dim=-1)
-    q = a.q_norm(q.reshape(*q.shape[:-1], -1, a.head_dim)).reshape(q.shape)
-    k = a.k_norm(k.reshape(*k.shape[:-1], -1, a.head_dim)).reshape(k.shape)
-    q, k = a.rotary_emb(positions, q, k)
-    return a.o_proj(a.attn(q, k, v.contiguous()))[0], None
+def contiguous_value(module, args):
+    """Forward pre-hook on vLLM's ``Attention``: in the ``contig`` plan its value input is made contiguous."""
+    if state["plan"] == "contig":
+        return (*args[:2], args[2].contiguous(), *args[3:])
+    return None
+
+
+def hook_attention(model):
+    for layer in model.model.layers:
+        layer.self_attn.attn.register_forward_pre_hook(contiguous_value)
+    return len(model.model.layers)
 
 
 def forward_for(batch):
@@ -72,13 +73,13 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     vllm_model.token_depth_mix = timed_mix
-    vllm_model.DepthAttnDecoderLayer.attend = attend
     vllm_model.DepthAttnModel.forward = forward_for(batch)
     with tempfile.TemporaryDirectory() as folder:
         path = bench_vllm.make_checkpoint(folder, width, bench_vllm.make_tokenizer(folder, 8192))
         llm = LLM(model=path, dtype="float32", enforce_eager=True, enable_prefix_caching=False,
                   max_model_len=prompt_len + new_tokens, max_num_seqs=batch, seed=0)
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+        llm.apply_model(hook_attention)
         da = llm.apply_model(lambda m: m.model.plan)[0]
         plans = {"none": tuple(() for _ in da), "da": da, "contig": tuple(() for _ in da)}
         g = torch.Generator().manual_seed(0)
