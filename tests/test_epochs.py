@@ -244,4 +244,6 @@ def test_resumed_on_two_ranks_it_continues_the_uninterrupted_runs_windows(uninte
     assert [r["loss"] for r in ours] == pytest.approx([r["loss"] for r in ref], rel=1e-5, abs=1e-5)
     last = f"checkpoints/step_{STEPS:08d}/model.safetensors"
     a, b = load_file(run / last), load_file(uninterrupted / last)
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
+    near = max(float((a[k] - b[k]).abs().max()) for k in a)
+    print(f"max weight difference {near:.2e}")
+    assert near < 1e-4, near
