@@ -247,3 +247,18 @@ def test_resumed_on_two_ranks_it_continues_the_uninterrupted_runs_windows(uninte
     near = max(float((a[k] - b[k]).abs().max()) for k in a)
     print(f"max weight difference {near:.2e}")
     assert near < 1e-4, near
+
+
+def test_a_compare_folder_of_an_older_release_keeps_random_unless_the_command_sets_the_order(tmp_path):
+    from depthattn.compare import keep_recorded_behaviour
+
+    cfg = TrainConfig(steps=4)
+    said: list[str] = []
+    assert keep_recorded_behaviour(tmp_path / "new", cfg, set(), said.append) is cfg and said == []  # a new folder
+    (tmp_path / "old" / "runs" / "none-seed0").mkdir(parents=True)
+    (tmp_path / "old" / "runs" / "none-seed0" / "run.json").write_text(json.dumps({"train": {"seed": 0}}))
+    assert keep_recorded_behaviour(tmp_path / "old", cfg, set(), said.append).data_order == "random"
+    assert len(said) == 1 and "its runs keep data_order=random" in said[0]
+    assert keep_recorded_behaviour(tmp_path / "old", cfg, {"data_order"}, said.append) is cfg  # the command's choice
+    (tmp_path / "old" / "runs" / "none-seed0" / "run.json").write_text(json.dumps({"train": {"data_order": "epochs"}}))
+    assert keep_recorded_behaviour(tmp_path / "old", cfg, set(), said.append) is cfg
