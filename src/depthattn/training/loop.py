@@ -8,8 +8,8 @@ precision, seeding, the torchrun process group), ``run_folder`` (the run folder'
 checkpoints and trainer state, the resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation
 checkpointing, compile, DDP); the loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows
 come from ``data.EpochBatches`` (or ``data.TokenBatches``: ``TrainConfig.data_order``), a pure function of ``(seed,
-step, micro_step)``; with the RNG, optimizer and
-scheduler states restored, a resumed run repeats an uninterrupted one bit for bit on float32 CPU.
+step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run repeats an uninterrupted
+one bit for bit on float32 CPU.
 
 Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
 checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
