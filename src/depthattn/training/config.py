@@ -16,6 +16,10 @@ import torch
 from ..config import ModelConfig, _finite
 
 
+#: ``TrainConfig.data_order`` choices: windows in seeded epochs, or drawn uniformly with replacement.
+DATA_ORDERS = ("epochs", "random")
+
+
 @dataclass
 class TrainConfig:
     """Optimisation and bookkeeping settings (model architecture lives in ``ModelConfig``).
@@ -49,11 +53,18 @@ class TrainConfig:
     evaluations warns in one line (0 turns that warning off); it never stops a run. A recorded config without
     ``on_divergence`` (an older release's run.json) resumes with ``"warn"`` (``LEGACY_DEFAULTS``).
 
+    ``data_order``: how training windows are drawn. ``"epochs"`` (default): every window of ``seq_len + 1`` tokens
+    at stride ``seq_len`` once per epoch, in a seeded order of the global sample index (the same at any world size
+    and ``grad_accum`` split; the partial last window is dropped: ``data.EpochBatches``); ``"random"``: window
+    starts drawn uniformly with replacement per ``(seed, step, micro_step)`` (``data.TokenBatches``), what runs
+    recorded without this key did (``LEGACY_DEFAULTS``).
+
     Raises:
         ValueError: naming the field and the value, for any impossible setting.
     """
 
     seed: int = 0
+    data_order: str = "epochs"
     steps: int | None = None
     tokens: int | None = None
     batch_size: int = 8
@@ -143,6 +154,7 @@ class TrainConfig:
         need(isinstance(self.async_save, bool), "async_save", "must be true or false")
         need(not self.async_save or self.data_parallel == "fsdp", "async_save",
              "applies to sharded checkpoints: set data_parallel='fsdp', or async_save=false")
+        need(self.data_order in DATA_ORDERS, "data_order", f"must be one of {', '.join(DATA_ORDERS)}")
         need(self.on_nonfinite in ("stop", "skip"), "on_nonfinite", "must be 'stop' or 'skip'")
         need(self.on_divergence in ("stop", "warn"), "on_divergence", "must be 'stop' or 'warn'")
         need(isinstance(self.loss_rise_margin, (int, float)) and not isinstance(self.loss_rise_margin, bool)
@@ -211,8 +223,8 @@ RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes
 #: the release that wrote it (a new run gets the dataclass default). Add a key here with every key added to
 #: ``TrainConfig`` whose default changes what a run does.
 #: Release 97f8652 had no divergence guard (its runs resume warn-only: same numbers, same exit status, one line) and
-#: no time-based saves.
-LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0}
+#: no time-based saves, and drew its windows uniformly with replacement.
+LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "data_order": "random"}
 
 
 def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:

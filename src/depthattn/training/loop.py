@@ -7,8 +7,9 @@ The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`
 precision, seeding, the torchrun process group), ``run_folder`` (the run folder's files and its lock), ``runs`` (its
 checkpoints and trainer state, the resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation
 checkpointing, compile, DDP); the loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows
-come from ``data.TokenBatches``, a pure function of ``(seed, step, micro_step)``; with the RNG, optimizer and
-scheduler states restored, a resumed run repeats an uninterrupted one bit for bit on float32 CPU.
+come from ``data.EpochBatches`` (or ``data.TokenBatches``: ``TrainConfig.data_order``), a pure function of ``(seed,
+step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run repeats an uninterrupted
+one bit for bit on float32 CPU.
 
 Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
 checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
@@ -95,7 +96,7 @@ class _Trainer:
     net: torch.nn.Module  # ``model`` as parallelized (DDP, compiled blocks, activation checkpointing)
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    batches: Any  # data.TokenBatches
+    batches: Any  # data.EpochBatches or data.TokenBatches (TrainConfig.data_order)
     val_windows: torch.Tensor
     device: torch.device
     amp: torch.dtype | None
@@ -240,8 +241,7 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
         record.update(environment(train_cfg, device, amp))
         rule = decay_rule(train_cfg.weight_decay_method_params)
         folder.start(record, {**groups, "rule": rule}, resume, step, finished=step == train_cfg.total_steps(), log=log)
-    batches = data.TokenBatches(prepared.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed,
-                                rank=rank, world_size=train_cfg.world_size())  # ranks split one global draw
+    batches = _training_batches(prepared.train, train_cfg, rank, say)
     throughput = Throughput(model_cfg, train_cfg.seq_len, train_cfg.world_size(), device, train_cfg.peak_flops)
     if rank == 0 and device.type == "cuda" and throughput.peak is None:
         log(throughput.note)  # an unknown GPU: said once
@@ -252,6 +252,21 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
                     data_dir=data_dir,
                     is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen, saved=resume_from,
                     start_step=step, nonfinite_skips=skips, guard=guard, log=say)
+
+
+def _training_batches(tokens, cfg: TrainConfig, rank: int, log: Callable[[str], None]):
+    """The run's training windows: ``data.EpochBatches`` (``data_order="epochs"``: says once how many windows an
+    epoch has and how many tail tokens are never a target) or ``data.TokenBatches`` (``"random"``); either way the
+    ranks split one global batch."""
+    if cfg.data_order == "random":
+        return data.TokenBatches(tokens, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=rank,
+                                 world_size=cfg.world_size())
+    batches = data.EpochBatches(tokens, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=rank,
+                                world_size=cfg.world_size(), grad_accum=cfg.grad_accum)
+    log(f"data order: epochs of {batches.num_windows:,d} windows of {cfg.seq_len + 1} tokens (stride {cfg.seq_len}); "
+        f"the run covers {batches.epoch(cfg.total_steps()):.3g} epochs; the last {batches.tail_tokens} tokens of the "
+        f"train split are never a target (a partial window)")
+    return batches
 
 
 def _distributed() -> bool:
@@ -430,6 +445,8 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     t.train_time += dt
     t.train_tokens += t.cfg.tokens_per_step()
     row = {"step": t.step, "tokens": t.tokens_seen, "loss": train_loss, "lr": lr, "grad_norm": grad_norm}
+    if t.cfg.data_order == "epochs":
+        row["epoch"] = t.batches.epoch(t.step)  # fractional epochs seen after this step
     if bad is not None:
         row.update(skipped=True, nonfinite=bad)
     return t.throughput.update(row, t.cfg.tokens_per_step(), dt)
