@@ -236,6 +236,18 @@ def resumed_data_parallel(recorded: str | None, environ: Mapping[str, str] = os.
     return recorded, ""
 
 
+def recorded_adamw_impl(run_dir: Path, request: str, device: torch.device, resume: bool) -> str:
+    """The AdamW implementation of this session (``optim.resolve_adamw_impl``): on ``resume`` of a run whose
+    ``run.json`` recorded the one it resolved to (``adamw_impl``) and whose ``request`` is still ``"auto"``, that
+    one (a run keeps its implementation wherever it resumes); else ``request`` resolved on ``device``. Raises
+    ``ValueError`` when the implementation is not available on ``device``."""
+    from .optim import resolve_adamw_impl
+
+    folder = RunFolder(run_dir)
+    recorded = folder.read_run().get("adamw_impl") if resume and folder.is_run() else None
+    return resolve_adamw_impl(recorded if recorded and request == "auto" else request, device)
+
+
 def check_checkpoint_kind(checkpoint: Path, data_parallel: str | None) -> None:
     """Refuse to resume ``checkpoint`` with a ``data_parallel`` that cannot read it: a sharded (FSDP) checkpoint
     (``dcp/`` shards, ``training.dcp``) needs ``"fsdp"``; a full one (``model.safetensors``, the optimizer in
