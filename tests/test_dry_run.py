@@ -158,6 +158,8 @@ def test_dry_run_prints_torchrun_commands_that_parse(capsys):
     ddp = _plan(capsys, "--preset", "tiny", "--nproc", "2", "--gpus-per-node", "2", "--set", "seq_len=64")
     assert "--nproc_per_node=2 -m depthattn.cli train --preset tiny --set seq_len=64 --set data_parallel=ddp" in ddp
     assert "grad_accum is per rank, so the global batch and a steps budget scale with --nproc" in ddp
+    odd = _plan(capsys, "--preset", "tiny", "--nproc", "12")
+    assert "(none: 12 ranks do not fill whole nodes of 8 GPUs; set --gpus-per-node)" in odd
 
 
 def test_dry_run_flags_unreachable_mfu_and_gives_throughput_at_40_percent(capsys):

@@ -137,7 +137,8 @@ def dry_run(model_cfg: ModelConfig, train_cfg: TrainConfig, nproc: int = 1) -> D
 def launch_commands(nproc: int, gpus_per_node: int, train_args: list[str], run_id: str = "RUN") -> list[str]:
     """The ``torchrun`` command lines of a plan on ``nproc`` ranks: one node (when ``nproc <= gpus_per_node``), and
     ``nproc / gpus_per_node`` nodes with a c10d rendezvous (when ``nproc`` is a multiple of ``gpus_per_node``
-    above it). ``train_args``: the ``train`` options (already quoted)."""
+    above it; otherwise one line saying why there is none). ``train_args``: the ``train`` options (already
+    quoted)."""
     tail = " ".join(["-m depthattn.cli train", *train_args])
     out = []
     if nproc <= gpus_per_node:
@@ -145,6 +146,8 @@ def launch_commands(nproc: int, gpus_per_node: int, train_args: list[str], run_i
     if nproc > gpus_per_node and nproc % gpus_per_node == 0:
         out.append(f"torchrun --nnodes={nproc // gpus_per_node} --nproc_per_node={gpus_per_node} "
                    f"--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:29500 --rdzv_id={run_id} {tail}")
+    if not out:
+        out.append(f"(none: {nproc} ranks do not fill whole nodes of {gpus_per_node} GPUs; set --gpus-per-node)")
     return out
 
 
