@@ -172,13 +172,7 @@ def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], tr
     and a key the recorded model config lacks as its ``ModelConfig`` default (a field added later defaults to what
     older releases computed). Empty when the run may be resumed with them."""
     return (_diff(with_model_defaults(recorded["model"]), model)
-            + _diff(with_train_defaults(recorded["train"]), train, RESUMABLE_KEYS))
-
-
-def with_train_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded train config (as a dict) with every key it lacks at its ``LEGACY_DEFAULTS`` value, else at its
-    ``TrainConfig`` default."""
-    return {**TrainConfig().to_dict(), **with_legacy_defaults(recorded)}
+            + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS))
 
 
 def with_model_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
@@ -250,6 +244,18 @@ def resumed_data_parallel(recorded: str | None, environ: Mapping[str, str] = os.
         return None, ("the run trained with data_parallel=ddp; launched as one process (no torchrun) it resumes with "
                       "data_parallel null")
     return recorded, ""
+
+
+def recorded_adamw_impl(run_dir: Path, request: str, device: torch.device, resume: bool) -> str:
+    """The AdamW implementation of this session (``optim.resolve_adamw_impl``): on ``resume`` of a run whose
+    ``run.json`` recorded the one it resolved to (``adamw_impl``) and whose ``request`` is still ``"auto"``, that
+    one (a run keeps its implementation wherever it resumes); else ``request`` resolved on ``device``. Raises
+    ``ValueError`` when the implementation is not available on ``device``."""
+    from .optim import resolve_adamw_impl
+
+    folder = RunFolder(run_dir)
+    recorded = folder.read_run().get("adamw_impl") if resume and folder.is_run() else None
+    return resolve_adamw_impl(recorded if recorded and request == "auto" else request, device)
 
 
 def check_checkpoint_kind(checkpoint: Path, data_parallel: str | None) -> None:
