@@ -5,7 +5,7 @@ format     what the folder is                                                   
 ========== ======================================================================== ===============================
 depthattn  our checkpoints (``model_type="depthattn"`` or the previous flat config) ``folders.native.open_native``
 qwen3      Hugging Face Qwen3 (``model_type="qwen3"``)                               ``folders.qwen3.open_qwen3``
-authors    hyq718/Depth-Attention's Llama + q/k-norm (``model_type="llama"``)        ``folders.authors.open_authors``
+authors    hyq718/Depth-Attention's Llama + q/k-norm (``llama`` + their switches)   ``folders.authors.open_authors``
 dcp        an FSDP run's sharded checkpoint (``dcp/``, no safetensors)              ``folders.dcp.open_dcp``
 ========== ======================================================================== ===============================
 
@@ -28,6 +28,7 @@ def folder_format(path: str | os.PathLike) -> str:
     """Which reader opens ``path``: from ``config.json``'s ``model_type`` / ``architectures`` and the weights
     present; a folder without ``config.json`` is "depthattn" (whose reader says it is missing)."""
     from ..config import read_json_object
+    from .authors_config import looks_like_authors
     from .dcp import is_dcp_folder
 
     file = os.path.join(os.fspath(path), "config.json")
@@ -37,7 +38,7 @@ def folder_format(path: str | os.PathLike) -> str:
     architectures = values.get("architectures")
     if values.get("model_type") == "qwen3" or (isinstance(architectures, list) and "Qwen3ForCausalLM" in architectures):
         return "qwen3"
-    if values.get("model_type") == "llama":
+    if looks_like_authors(values) and "cross_layer" not in values:  # a Llama folder with their switches
         return "authors"
     return "dcp" if is_dcp_folder(path) else "depthattn"
 

@@ -5,19 +5,17 @@ The backbone names are Hugging Face Llama's, which are ours (Qwen3's) with q/k-n
 onto our modules (their names from ``modeling_llama_mhc.py`` @ 019daf9 ~114 000–121 000 and ~150 000,
 ``modeling_llama_attnres.py`` @ b8f97c7 ~135 000–138 000):
 
-==========================================================================  =============================================
-theirs                                                                      ours
-==========================================================================  =============================================
-``model.layers.{i}.{attn,mlp}_residual_connector.mhc_input_norm.weight``    ``model.layers.{i}.cross_layer.connectors.{0,1}.norm.weight``
-``….mhc_dynamic_projection.weight`` [n²+2n, nC] (pre, post, res rows)       ``….phi.weight`` (the same rows)
-``….alpha_pre``, ``….alpha_post``, ``….alpha_res`` (0-dim each)             ``….alpha`` [3] = (pre, post, res)
-``….pre_logits`` [n], ``….post_logits`` [n], ``….residual_logits`` [n, n]   ``….bias`` [n²+2n] = (pre, post, res row-major)
-``model.residual_stream_projector.reduce_logits`` [n]                       ``model.cross_layer.readout``
-``model.layers.{i}.attnres_{attn,mlp}_aggregator.pseudo_query`` [C]         ``model.layers.{i}.cross_layer.query`` [2, C]
-``….norm.weight`` [C] / ``….recency_bias`` (0-dim, recency variant)         ``….key_gain`` [2, C] / ``….recency_bias`` [2]
-``model.attnres_final_aggregator.*``                                        ``model.cross_layer.*`` (one row)
-``model.densetransformer_dwa.alphas.{i}`` (0 elements where i+1 mod p ≠ 0)  ``model.layers.{i}.cross_layer.alpha``
-==========================================================================  =============================================
+* mHC, per layer ``i`` and sublayer ``c`` (0 = ``attn``, 1 = ``mlp``), from
+  ``model.layers.{i}.{attn,mlp}_residual_connector.``: ``mhc_input_norm.weight`` → ``…connectors.{c}.norm.weight``;
+  ``mhc_dynamic_projection.weight`` [n²+2n, nC] (rows pre, post, res) → ``phi.weight`` (the same rows);
+  ``alpha_pre``, ``alpha_post``, ``alpha_res`` (0-dim each) → ``alpha`` [3]; ``pre_logits`` [n], ``post_logits``
+  [n], ``residual_logits`` [n, n] → ``bias`` [n²+2n] (pre, post, res row-major);
+  ``model.residual_stream_projector.reduce_logits`` [n] → ``model.cross_layer.readout``.
+* AttnRes, from ``model.layers.{i}.attnres_{attn,mlp}_aggregator.``: ``pseudo_query`` [C] → ``…cross_layer.query``
+  [2, C]; ``norm.weight`` [C] → ``key_gain`` [2, C]; ``recency_bias`` (0-dim, the recency variant only) →
+  ``recency_bias`` [2]; ``model.attnres_final_aggregator.*`` → ``model.cross_layer.*`` (one row).
+* DenseFormer: ``model.densetransformer_dwa.alphas.{i}`` → ``model.layers.{i}.cross_layer.alpha``; theirs has a
+  0-element tensor where ``(i + 1) mod period ≠ 0``, where ours has none.
 
 ``lm_head_layernorm.weight`` (stored, never used by their forward) and ``rotary_emb.inv_freq`` buffers are dropped;
 a 0-element DenseFormer ``alphas.{i}`` is dropped only where our model has no DWA. A folder without q/k-norm keys is
@@ -119,10 +117,13 @@ def check_recipes(plan: dict[str, Recipe], stored: dict[str, tuple[int, ...]], e
     for ours, (op, names) in plan.items():
         got = _shape(op, [stored[n] for n in names])
         if got != expected[ours]:
+            knob = {"mhc": f", mhc_num_streams={cfg.mhc_num_streams}", "denseformer": f", denseformer_dilation="
+                    f"{cfg.denseformer_dilation}, denseformer_period={cfg.denseformer_period}"}.get(cfg.cross_layer, "")
             raise ValueError(f"{weights}: {', '.join(names)} {'give' if len(names) > 1 else 'gives'} {ours} the shape "
                              f"{got}, but config.json (hidden_size={cfg.hidden_size}, num_attention_heads="
                              f"{cfg.num_attention_heads}, num_key_value_heads={cfg.num_key_value_heads}, head_dim="
-                             f"{cfg.head_dim}, intermediate_size={cfg.intermediate_size}) needs {expected[ours]}")
+                             f"{cfg.head_dim}, intermediate_size={cfg.intermediate_size}{knob}) needs "
+                             f"{expected[ours]}")
         shapes[ours] = got
     return shapes
 

@@ -1,4 +1,5 @@
-"""The authors' ``config.json`` (``hyq718/Depth-Attention``, a modified transformers ≤ 4.46 Llama) → ``ModelConfig``.
+"""The authors' ``config.json`` (``hyq718/Depth-Attention``: a modified transformers ≤ 4.46 Llama) → a
+``ModelConfig``.
 
 Their switches are resolved exactly as their modelling code resolves them (read at the commits the search index
 serves; character offsets approximate, docs/authors-checkpoints.md):

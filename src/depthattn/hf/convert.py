@@ -243,7 +243,8 @@ def convert_from_authors(src: str | os.PathLike, out: str | os.PathLike, tokeniz
             written[:] = copy_tokenizer_files(src, tmp)
         save_folder_files(folder, tmp, dtype, tok, shard_bytes or DEFAULT_SHARD_BYTES)
         if tok is not None:
-            written[:] = [n for n in ("tokenizer.json", "tokenizer_config.json") if os.path.isfile(os.path.join(tmp, n))]
+            written[:] = [n for n in ("tokenizer.json", "tokenizer_config.json")
+                          if os.path.isfile(os.path.join(tmp, n))]
 
     write_folder_atomically(out, fill)
     return folder, written
