@@ -8,7 +8,7 @@ the anonymous memory (``RssAnon`` of ``/proc/self/status``, sampled every 2 ms b
 the page cache are file-backed and do not count) above the baseline taken after the imports, against the issue's
 bound of 1.3 × the largest output shard + one tensor. Both folders are deleted afterwards.
 
-    python scripts/bench_import.py --layers 26 --shard-mb 1024
+    python scripts/bench_import.py --layers 26 --shard-mb 1024 --dtypes bfloat16,float32
 """
 
 from __future__ import annotations
@@ -34,6 +34,27 @@ def status_kb(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise KeyError(field)
+
+
+class Sampler:
+    """``with Sampler() as s:``: ``s.peak``, the largest ``RssAnon`` (kB) a thread saw every 2 ms inside the block;
+    ``s.start`` the value when it began."""
+
+    def __enter__(self) -> "Sampler":
+        self.start = self.peak = status_kb("RssAnon")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, status_kb("RssAnon"))
+            time.sleep(0.002)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def build(folder: Path, layers: int, shards: int) -> None:
@@ -79,6 +100,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=26, help="layers of the 3B shape (26: 3.2 GB in bfloat16)")
     ap.add_argument("--source-shards", type=int, default=4)
     ap.add_argument("--shard-mb", type=int, default=1024, help="largest output shard, MiB")
+    ap.add_argument("--dtypes", default="bfloat16,float32", help="output dtypes to convert to, one run each")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the two folders go (deleted afterwards)")
     ap.add_argument("--build-only", metavar="FOLDER", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -93,41 +115,41 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--build-only", str(src), "--layers", str(args.layers),
                         "--source-shards", str(args.source_shards)], check=True)
         built = time.perf_counter() - t0
-        import torch  # noqa: F401  (the baseline includes what a convert imports)
+        import torch
 
         from depthattn.folders.shards import stored_shapes, weight_files
         from depthattn.hf.convert import convert_from_authors
 
         source_bytes = sum(p.stat().st_size for p in src.glob("*.safetensors"))
-        largest_tensor = max(2 * int(torch.Size(s).numel()) for s in stored_shapes(weight_files(src)[1]).values())
-        baseline, hwm0 = status_kb("RssAnon"), status_kb("VmHWM")
-        peak, stop = [baseline], threading.Event()
-
-        def sample() -> None:
-            while not stop.is_set():
-                peak[0] = max(peak[0], status_kb("RssAnon"))
-                time.sleep(0.002)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        t0 = time.perf_counter()
-        folder, _ = convert_from_authors(src, out, shard_bytes=args.shard_mb << 20)
-        seconds = time.perf_counter() - t0
-        stop.set()
-        sampler.join()
-        shards = sorted(out.glob("model*.safetensors"))
-        largest_shard = max(p.stat().st_size for p in shards)
-        bound = 1.3 * largest_shard + largest_tensor
-        rise = (peak[0] - baseline) * 1024
+        shapes = stored_shapes(weight_files(src)[1]).values()
         mb = 1e6
         print(f"source: {len(list(src.glob('*.safetensors')))} shards, {source_bytes / mb:,.0f} MB bfloat16 "
-              f"(built in {built:.0f} s); largest tensor {largest_tensor / mb:,.1f} MB")
-        print(f"output: {len(shards)} shards, largest {largest_shard / mb:,.1f} MB; converted in {seconds:.0f} s "
-              f"({source_bytes / mb / seconds:,.0f} MB/s, checksums included); {folder.notes[-1].split(':')[0]}")
-        print(f"anonymous memory above the post-import baseline: peak {rise / mb:,.1f} MB (RssAnon, sampled every "
-              f"2 ms); VmHWM rose {(status_kb('VmHWM') - hwm0) * 1024 / mb:,.1f} MB (file-backed pages included)")
-        print(f"bound 1.3 x largest output shard + one tensor = {bound / mb:,.1f} MB: "
-              f"{'within' if rise <= bound else 'EXCEEDED'} ({rise / bound:.2f} of it)")
+              f"(built in {built:.0f} s)")
+        for name in args.dtypes.split(","):
+            dtype = getattr(torch, name)
+            largest_tensor = max(dtype.itemsize * int(torch.Size(s).numel()) for s in shapes)
+            with Sampler() as check:  # the sampler sees a 100 MB allocation held for 50 ms
+                probe = torch.ones(25_000_000)
+                time.sleep(0.05)
+                del probe
+            baseline, hwm0 = status_kb("RssAnon"), status_kb("VmHWM")
+            t0 = time.perf_counter()
+            with Sampler() as sampled:
+                folder, _ = convert_from_authors(src, out, dtype=dtype, shard_bytes=args.shard_mb << 20)
+            seconds = time.perf_counter() - t0
+            shards = sorted(out.glob("model*.safetensors"))
+            largest_shard = max(p.stat().st_size for p in shards)
+            bound = 1.3 * largest_shard + largest_tensor
+            rise = (sampled.peak - baseline) * 1024
+            print(f"--dtype {name}: {len(shards)} output shards, largest {largest_shard / mb:,.1f} MB, largest tensor "
+                  f"{largest_tensor / mb:,.1f} MB; converted in {seconds:.0f} s ({source_bytes / mb / seconds:,.0f} "
+                  f"MB/s read, checksums included); {folder.notes[-1].split(':')[0]}")
+            print(f"  anonymous memory above the post-import baseline: peak {rise / mb:,.1f} MB (RssAnon sampled "
+                  f"every 2 ms; the sampler saw {(check.peak - check.start) * 1024 / mb:,.0f} MB of a 100 MB probe); "
+                  f"VmHWM rose {(status_kb('VmHWM') - hwm0) * 1024 / mb:,.1f} MB (mapped file pages included)")
+            print(f"  bound 1.3 x largest output shard + one tensor = {bound / mb:,.1f} MB: "
+                  f"{'within' if rise <= bound else 'EXCEEDED'} ({rise / bound:.3f} of it)")
+            shutil.rmtree(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,9 +1,16 @@
 """Model checkpoints: Hugging Face model folders (``model_type="depthattn"``), written atomically.
 
-A checkpoint folder holds ``model.safetensors`` (the Hugging Face Qwen3 key names), ``config.json`` (``model_type``
+A checkpoint folder holds ``model.safetensors`` (the Hugging Face Qwen3 key names; or, as ``convert --from-authors``
+writes a large model, safetensors shards with ``model.safetensors.index.json``), ``config.json`` (``model_type``
 ``"depthattn"``, ``architectures``, ``auto_map``), ``generation_config.json`` (EOS and padding ids),
 ``configuration.py`` / ``modeling.py`` (for ``trust_remote_code``) and, when a tokenizer is given, ``tokenizer.json``
 and ``tokenizer_config.json`` (``depthattn.checkpoint_files``; docs/hf.md). Training adds its state beside them.
+
+Reading goes through :func:`depthattn.folders.open_model`, one reader per on-disk format (ours, Hugging Face Qwen3,
+the authors' hyq718/Depth-Attention folders, DCP): :func:`load_model` opens ours and the authors', builds the model
+and copies the tensors in (:func:`model_from_folder`); :func:`save_folder_files` streams any opened folder into a
+checkpoint one tensor at a time. The checks below are the ``native`` reader's (``depthattn.folders.native``,
+re-exported here).
 
 A checkpoint folder is first assembled under a temporary name beside the target and then renamed into place, so a
 crash never leaves a half-written checkpoint under the real name. Loading checks the config, the safetensors header
