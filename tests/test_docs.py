@@ -5,11 +5,15 @@ order, one folder per file. A documented command that stops working fails here."
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from depthattn.checkpoint_files import REMOTE_CODE_FILES
+from depthattn.fileio import file_states, rewrite_manifest_entries
 
 from doc_blocks import DOC_FILES, LANGUAGES, ROOT, RUNNABLE, all_blocks, blocks
 from release_fixtures import copy_release_fixture
@@ -44,6 +48,13 @@ def _folder(tmp_path: Path) -> dict[str, str]:
     environment: no network, a private cache, this interpreter's scripts first on PATH."""
     copy_release_fixture("run", tmp_path / "fixture")
     copy_release_fixture("compare", tmp_path / "fixture")
+    # the fixture's checkpoints with this release's copies of configuration.py / modeling.py (the 97f8652 copies
+    # predate later model fields: docs/hf.md, "Checkpoints of older releases"), manifests updated
+    for folder in (tmp_path / "fixture").rglob("step_*"):
+        before = file_states(folder)
+        for name in REMOTE_CODE_FILES:
+            shutil.copyfile(ROOT / "src" / "depthattn" / "hf" / name, folder / name)
+        rewrite_manifest_entries(folder, before)
     for name in ("configs", "scripts"):
         (tmp_path / name).symlink_to(ROOT / name)
     bin_dir = str(Path(sys.executable).parent)

@@ -185,3 +185,46 @@ def test_the_estimate_counts_the_runs_still_to_go():
         est.on_step(step, 100)
     assert len(lines) == 1 and lines[0].startswith("estimate: about ") and "and 2 more runs" in lines[0]
     assert "over steps 2-11" in lines[0]
+
+
+_TOKENIZER_PROBE = """
+import sys
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+path, how = sys.argv[1], sys.argv[2]
+if how == "plain-class":
+    tok = PreTrainedTokenizerFast.from_pretrained(path)
+elif how == "auto-trusted":
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+else:
+    tok = AutoTokenizer.from_pretrained(path)
+print("EOS", tok.eos_token, tok("To be, or not to be").input_ids)
+"""
+
+
+def _load_tokenizer(ckpt: Path, how: str) -> subprocess.CompletedProcess:
+    """The probe in a fresh interpreter with an open stdin holding "n" (as a terminal user would answer)."""
+    import os
+    return subprocess.run([sys.executable, "-c", _TOKENIZER_PROBE, str(ckpt), how], input="n\n", text=True,
+                          capture_output=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_the_documented_tokenizer_routes_load_with_no_prompt_and_no_warning(tmp_path):
+    """docs/hf.md: `PreTrainedTokenizerFast.from_pretrained(CKPT)` (no argument) and `AutoTokenizer` with
+    `trust_remote_code=True` load the checkpoint's tokenizer silently and encode as `tokenizers` does; plain
+    `AutoTokenizer` asks the question the page explains (if transformers stops asking, the page must change)."""
+    from tokenizers import Tokenizer
+
+    from release_fixtures import copy_release_fixture
+
+    old = copy_release_fixture("run", tmp_path) / "checkpoints" / "step_00000004"
+    ckpt = tmp_path / "ckpt"  # a checkpoint as this release writes it (its configuration.py is today's)
+    assert main(["convert", "--upgrade", str(old), "--out", str(ckpt)]) == 0
+    ids = Tokenizer.from_file(str(ckpt / "tokenizer.json")).encode("To be, or not to be").ids
+    for how in ("plain-class", "auto-trusted"):
+        res = _load_tokenizer(ckpt, how)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert res.stdout.strip() == f"EOS <|endoftext|> {ids}", how
+        said = res.stdout + res.stderr
+        assert "custom code" not in said and "model of type" not in said, (how, said[-2000:])
+    asked = _load_tokenizer(ckpt, "auto-plain")
+    assert "Do you wish to run the custom code?" in asked.stdout + asked.stderr

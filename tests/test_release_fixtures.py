@@ -4,6 +4,11 @@ compare unchanged, and the resumed run repeats the old release's uninterrupted r
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+
+import pytest
 
 from depthattn.cli import main
 from depthattn.training import read_metrics, read_run
@@ -37,3 +42,32 @@ def test_an_old_release_compare_folder_is_reused_unchanged(tmp_path, capsys):
         assert new["runs"][0]["val_loss"] == old["runs"][0]["val_loss"]
         assert new["runs"][0]["curve"] == old["runs"][0]["curve"]
     assert len(after["history"]) == len(before["history"]) + 1
+
+
+_LOAD = ("import sys, torch; {pre}from transformers import AutoModelForCausalLM; "
+         "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval(); "
+         "print(m(torch.arange(1, 9)[None]).logits.double().sum().item())")
+
+
+def _load_in_fresh_process(folder, pre: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _LOAD.format(pre=pre), str(folder)], capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_an_old_release_checkpoint_loads_natively_and_after_upgrade_with_trust_remote_code(tmp_path):
+    """docs/hf.md, "Checkpoints of older releases": depthattn's loader reads a 97f8652 checkpoint as it is, and so
+    does `AutoModelForCausalLM` once `depthattn.hf` is imported; its own copied `configuration.py` predates the
+    model fields added since, so a transformers-only process needs `convert --upgrade` once — then the same logits."""
+    import torch
+
+    from depthattn.checkpoint import load_model
+
+    ckpt = copy_release_fixture("run", tmp_path) / "checkpoints" / "step_00000004"
+    ref = load_model(ckpt)(torch.arange(1, 9)[None]).logits.double().sum().item()
+    res = _load_in_fresh_process(ckpt, pre="import depthattn.hf; ")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert float(res.stdout.split()[-1]) == pytest.approx(ref, abs=1e-6)
+    assert main(["convert", "--upgrade", str(ckpt), "--out", str(tmp_path / "upgraded")]) == 0
+    res = _load_in_fresh_process(tmp_path / "upgraded")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert float(res.stdout.split()[-1]) == pytest.approx(ref, abs=1e-6)

@@ -105,7 +105,9 @@ class DepthAttnConfig(PreTrainedConfig):
 
     def to_model_config(self) -> ModelConfig:
         """The core ``ModelConfig`` (raises ``ValueError`` naming any invalid field)."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig) if f.name != "rope_theta"}
+        # getattr with the default: a copy of this file beside an older checkpoint must survive fields added later
+        values = {f.name: getattr(self, f.name, f.default) for f in dataclasses.fields(ModelConfig)
+                  if f.name != "rope_theta"}
         return ModelConfig(rope_theta=self.rope_theta, **values)
 
     @classmethod
