@@ -222,7 +222,9 @@ def _norm_order(method: str, given: str | None) -> tuple[str, str]:
                                f"@{RECIPE_COMMITS[method]} trains with flash_attn: fa2, whose attention class applies "
                                f"q_norm and k_norm before RoPE (their default SDPA loading applies k_norm after "
                                f"RoPE: --qk-norm-position k_after_rope runs it that way)")
-    return "k_after_rope", "their default (SDPA) attention class applies k_norm after RoPE"
+    return "k_after_rope", ("their vanilla 3B recipe examples/released_models/train_3b_vanilla_qknorm_gqa4x.yaml"
+                            "@adb36f2 trains with flash_attn: sdpa, whose attention class (their default loading) "
+                            "applies k_norm after RoPE")
 
 
 def authors_model_config(values: Mapping[str, Any], source: str, stored: Mapping[str, Any],
