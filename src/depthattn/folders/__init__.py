@@ -38,7 +38,7 @@ def folder_format(path: str | os.PathLike) -> str:
     architectures = values.get("architectures")
     if values.get("model_type") == "qwen3" or (isinstance(architectures, list) and "Qwen3ForCausalLM" in architectures):
         return "qwen3"
-    if looks_like_authors(values) and "cross_layer" not in values:  # a Llama folder with their switches
+    if looks_like_authors(values):  # a Llama folder with their switches
         return "authors"
     return "dcp" if is_dcp_folder(path) else "depthattn"
 

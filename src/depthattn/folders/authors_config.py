@@ -59,8 +59,9 @@ RECIPE_COMMITS = {"mhc": "bfe1df4", "attnres": "749d983", "denseformer": "bfe1df
 
 
 def looks_like_authors(values: Mapping[str, Any]) -> bool:
-    """A ``model_type="llama"`` config with any key only the authors' modified Llama reads."""
-    return values.get("model_type") == MODEL_TYPE and bool(AUTHOR_KEYS & set(values))
+    """A ``model_type="llama"`` config with any key only the authors' modified Llama reads, and none of ours
+    (``cross_layer``: some of their keys, ``mhc_num_streams``, ``attnres_block_size``, are ``ModelConfig`` fields)."""
+    return values.get("model_type") == MODEL_TYPE and bool(AUTHOR_KEYS & set(values)) and "cross_layer" not in values
 
 
 def _flag(values: Mapping[str, Any], key: str, source: str, default: bool = False) -> bool:
