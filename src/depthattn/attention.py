@@ -2,7 +2,10 @@
 
 Legend: B batch, T time (this call), S key slots, H query heads, K KV heads, D head dim, C hidden size.
 
-Order (Qwen3 and spec-depth-attention.md §3.1): project, per-head RMSNorm of q and k over D, **then** RoPE. The
+Order (Qwen3 and spec-depth-attention.md §3.1): project, per-head RMSNorm of q and k over D, **then** RoPE. With
+``qk_norm_position="k_after_rope"`` (the SDPA attention class of the Depth-Attention authors' code) the key is rotated
+first and normalised after: K̂ = k_norm(RoPE(k)); the query keeps q_norm before RoPE. Either way K̂ is the one key of
+the layer: the sequence attention reads it, the cache stores it and later layers' depth mix scores against it. The
 value seam sits between the projections and the sequence attention: with Depth-Attention sources, the raw value is
 replaced by the depth-mixed value (§3.4, ``cross_layer/depth_attention.py``), which is what the attention reads and
 the cache stores. Keys are never mixed.
@@ -48,7 +51,8 @@ class LayerContext:
 
 
 class Attention(nn.Module):
-    """Causal GQA self-attention with q/k RMSNorm before RoPE (HF ``Qwen3Attention`` names and math).
+    """Causal GQA self-attention with q/k RMSNorm before RoPE (HF ``Qwen3Attention`` names and math), or k_norm after
+    RoPE when ``cfg.qk_norm_position == "k_after_rope"``.
 
     ``layer_idx`` (the physical layer) goes to the method record's ``value_mix`` factory (``MethodRecord``)."""
 
@@ -62,16 +66,23 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(H * D, C, bias=False, device=device)
         self.q_norm = RMSNorm(D, cfg.rms_norm_eps, device=device)
         self.k_norm = RMSNorm(D, cfg.rms_norm_eps, device=device)
+        self.k_after_rope = cfg.qk_norm_position == "k_after_rope"
         mix = method_record(cfg.cross_layer).value_mix  # the value seam's mix (None: Depth-Attention's depth_mix)
         self.value_mix = depth_mix if mix is None else mix(cfg, layer_idx, device=device)
 
     def project(self, x_BTC: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Rotated normalised q ``[B,H,T,D]``, rotated normalised K̂ ``[B,K,T,D]`` and raw v ``[B,K,T,D]``."""
+        """Rotated normalised q ``[B,H,T,D]``, K̂ ``[B,K,T,D]`` and raw v ``[B,K,T,D]``.
+
+        q = RoPE(q_norm(q)); K̂ = RoPE(k_norm(k)), or k_norm(RoPE(k)) with ``qk_norm_position="k_after_rope"``."""
         B, T, _ = x_BTC.shape
         q_BHTD = self.q_norm(self.q_proj(x_BTC).view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)
-        k_BKTD = self.k_norm(self.k_proj(x_BTC).view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        k_BTKD = self.k_proj(x_BTC).view(B, T, self.num_kv_heads, self.head_dim)
         v_BKTD = self.v_proj(x_BTC).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q_BHTD, cos, sin), apply_rope(k_BKTD, cos, sin), v_BKTD
+        if self.k_after_rope:
+            k_BKTD = self.k_norm(apply_rope(k_BTKD.transpose(1, 2), cos, sin))
+        else:
+            k_BKTD = apply_rope(self.k_norm(k_BTKD).transpose(1, 2), cos, sin)
+        return apply_rope(q_BHTD, cos, sin), k_BKTD, v_BKTD
 
     def forward(self, x_BTC: Tensor, sources: Sequence[tuple[Tensor, Tensor]], *, ctx: LayerContext,
                 layer_idx: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:

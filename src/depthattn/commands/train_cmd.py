@@ -66,7 +66,7 @@ DATA_HELP = ("prepared data folder (make one from your text with `depthattn data
 
 def add_model_options(p: argparse.ArgumentParser, data_help: str = DATA_HELP) -> None:
     """Options shared by ``train`` and ``compare``: preset, config file, overrides."""
-    p.add_argument("--preset", default=None, help=f"model preset: tiny, small, 360m, 1.5b, 3b (default "
+    p.add_argument("--preset", default=None, help=f"model preset: tiny, small, 360m, 1.5b, 3b, authors-3b (default "
                                                   f"{DEFAULT_PRESET}, or the config file's)")
     p.add_argument("--config", default=None, metavar="TOML",
                    help="TOML file with optional `preset`, `data`, [model] and [train] tables")

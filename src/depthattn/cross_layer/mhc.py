@@ -3,7 +3,8 @@
 Source: Xie et al., "mHC: Manifold-Constrained Hyper-Connections", arXiv 2512.24880 (on Hyper-Connections, Zhu et
 al., ICLR 2025, arXiv 2409.19606); our form and decisions are spec-baselines.md §5. Variant implemented: the paper's
 dynamic + static mHC maps on n streams (Hpre sigmoid, Hpost 2·sigmoid, Hres projected to doubly stochastic), with
-the projection runs the paper's Sinkhorn rounds in the log domain (``sinkhorn``, with its measured column bound).
+the projection runs the paper's Sinkhorn rounds in the log domain (``sinkhorn``, with its measured column bound), or,
+with ``mhc_sinkhorn="exp"``, in the exp domain with the Depth-Attention authors' clamps and order (``sinkhorn_exp``).
 
 Legend: B batch, T time, C hidden size, S streams (n = ``mhc_num_streams``).
 
@@ -89,6 +90,59 @@ def sinkhorn_ref(logits_SS: Tensor, iters: int) -> Tensor:
     return torch.stack(out).reshape(logits_SS.shape)
 
 
+#: Smallest entry and denominator of the exp-domain Sinkhorn (``sinkhorn_exp``).
+EXP_CLAMP = 1e-12
+
+
+def sinkhorn_exp(logits_SS: Tensor, iters: int) -> Tensor:
+    """The exp-domain Sinkhorn–Knopp of the Depth-Attention authors' mHC (``mhc_sinkhorn="exp"``), in float32.
+
+    Source: hyq718/Depth-Attention, ``src/llamafactory/model/modeling/modeling_llama_mhc.py`` @ 019daf9,
+    ``ResidualStreamConnector._sinkhorn`` (read, not copied). Subtract the max over each ``S × S`` matrix, ``exp``,
+    clamp entries at >= ``EXP_CLAMP``; then ``iters`` rounds of (normalise rows, normalise columns), each
+    denominator clamped at >= ``EXP_CLAMP``. Columns are normalised last, so they sum to 1 (up to rounding) and rows
+    only approximately. Where no clamp binds, ``sinkhorn_exp(L) = sinkhorn(Lᵀ)ᵀ`` (tested): transposing the stored
+    logits would hand the model Hresᵀ, so no weight mapping turns one form into the other.
+
+    Args:
+        logits_SS: ``[..., S, S]`` of any float dtype.
+        iters: rounds (``mhc_sinkhorn_iters``).
+    Returns:
+        float32 ``[..., S, S]``, entries >= ``EXP_CLAMP`` / (largest row or column sum) > 0.
+    """
+    p = logits_SS.float()
+    p = (p - p.amax(dim=(-2, -1), keepdim=True)).exp().clamp_min(EXP_CLAMP)
+    for _ in range(iters):
+        p = p / p.sum(-1, keepdim=True).clamp_min(EXP_CLAMP)  # rows
+        p = p / p.sum(-2, keepdim=True).clamp_min(EXP_CLAMP)  # columns
+    return p
+
+
+def sinkhorn_exp_ref(logits_SS: Tensor, iters: int) -> Tensor:
+    """Slow twin of ``sinkhorn_exp`` in float64 with explicit Python loops (rows, then columns, ``iters`` rounds;
+    the same clamps); returns float64. Tests only."""
+    flat = logits_SS.double().reshape(-1, logits_SS.shape[-2], logits_SS.shape[-1])
+    n = flat.shape[-1]
+    out = []
+    for m in flat:
+        top = max(float(v) for v in m.flatten())
+        p = [[max(math.exp(float(m[i, j]) - top), EXP_CLAMP) for j in range(n)] for i in range(n)]
+        for _ in range(iters):
+            for i in range(n):
+                row = max(sum(p[i]), EXP_CLAMP)
+                p[i] = [v / row for v in p[i]]
+            for j in range(n):
+                col = max(sum(p[i][j] for i in range(n)), EXP_CLAMP)
+                for i in range(n):
+                    p[i][j] /= col
+        out.append(torch.tensor(p, dtype=torch.float64))
+    return torch.stack(out).reshape(logits_SS.shape)
+
+
+#: ``ModelConfig.mhc_sinkhorn`` → the projection (config.MHC_SINKHORN_FORMS).
+SINKHORN_FORMS = {"log": sinkhorn, "exp": sinkhorn_exp}
+
+
 def static_logits(n: int) -> Tensor:
     """b = [b_pre (n), b_post (n), b_res (n·n, row-major)] in float32 (spec-baselines.md §5).
 
@@ -125,12 +179,14 @@ def inflight_elements(cfg: ModelConfig) -> int:
 # ----------------------------------------------------------------------------- modules
 class Connector(nn.Module):
     """One sublayer's maps. Parameters: ``norm.weight`` [S·C], ``phi.weight`` [S²+2S, S·C], ``alpha`` [3]
-    (pre, post, res), ``bias`` [S²+2S] (the static logits b: pre, post, res row-major)."""
+    (pre, post, res), ``bias`` [S²+2S] (the static logits b: pre, post, res row-major). Hres is projected by
+    ``SINKHORN_FORMS[cfg.mhc_sinkhorn]``."""
 
     def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
         n, C = cfg.mhc_num_streams, cfg.hidden_size
         self.n, self.iters = n, cfg.mhc_sinkhorn_iters
+        self.sinkhorn = SINKHORN_FORMS[cfg.mhc_sinkhorn]
         self.norm = RMSNorm(n * C, cfg.rms_norm_eps, device=device)
         self.phi = nn.Linear(n * C, n * n + 2 * n, bias=False, device=device)
         self.alpha = nn.Parameter(torch.empty(3, device=device))
@@ -156,7 +212,7 @@ class Connector(nn.Module):
             b_pre, b_post, b_res = b.split([n, n, n * n])
             hpre = torch.sigmoid(a[0] * pre + b_pre)
             hpost = 2.0 * torch.sigmoid(a[1] * post + b_post)
-            hres = sinkhorn((a[2] * res + b_res).view(B, T, n, n), self.iters)
+            hres = self.sinkhorn((a[2] * res + b_res).view(B, T, n, n), self.iters)
         dt = X_BTSC.dtype
         return hpre.to(dt), hpost.to(dt), hres.to(dt)
 

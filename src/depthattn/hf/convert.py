@@ -6,7 +6,8 @@ Our parameter names are Hugging Face Qwen3's (``model.embed_tokens``, ``model.la
 
 * **in** (any ``cross_layer``): Depth-Attention adds no parameters, so a Qwen3 checkpoint loads exactly; methods
   with parameters (``*.cross_layer.*``) keep their vanilla-equivalent initialisation from ``DecoderLM.init_weights``.
-* **out** (``cross_layer="none"``, ``num_loops=1`` only): a folder that ``Qwen3ForCausalLM.from_pretrained`` loads.
+* **out** (``cross_layer="none"``, ``num_loops=1``, ``qk_norm_position="before_rope"`` only): a folder that
+  ``Qwen3ForCausalLM.from_pretrained`` loads.
 
 The tokenizer travels with the weights: ``convert_from_qwen3`` copies the source's ``TOKENIZER_FILES`` that exist
 (``tokenizer.json`` is what depthattn itself loads), ``convert_to_qwen3`` copies the checkpoint's, and writes a
@@ -56,7 +57,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def model_config_to_qwen3(cfg: ModelConfig) -> dict[str, Any]:
     """The ``Qwen3Config`` keyword arguments for a ``cross_layer="none"``, unlooped ``ModelConfig``.
 
-    Raises ``ValueError`` for any other method (Qwen3 has no cross-layer mixing) or ``num_loops > 1``.
+    Raises ``ValueError`` for any other method (Qwen3 has no cross-layer mixing), ``num_loops > 1`` or
+    ``qk_norm_position`` other than ``"before_rope"`` (Qwen3's order).
     """
     if cfg.cross_layer != "none":
         raise ValueError(f"cannot export cross_layer={cfg.cross_layer!r} to Qwen3: only cross_layer='none' models are "
@@ -65,6 +67,10 @@ def model_config_to_qwen3(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.num_loops != 1:
         raise ValueError(f"cannot export num_loops={cfg.num_loops} to Qwen3: a looped model reuses its layers, "
                          f"which Qwen3ForCausalLM cannot express")
+    if cfg.qk_norm_position != "before_rope":
+        raise ValueError(f"cannot export qk_norm_position={cfg.qk_norm_position!r} to Qwen3: Qwen3ForCausalLM applies "
+                         f"k_norm before RoPE, and no weight mapping turns one order into the other; share it as a "
+                         f"depthattn checkpoint instead")
     values = {name: getattr(cfg, name) for name in SHARED_FIELDS}
     values.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_act="silu", attention_bias=False,
                   attention_dropout=0.0, use_sliding_window=False, use_cache=True,

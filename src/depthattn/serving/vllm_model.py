@@ -10,7 +10,8 @@ change is in the attention step of each layer (spec-depth-attention.md §3, §7.
     q, K̂ = RoPE(q_norm(q)), RoPE(k_norm(k));   Ṽ = depth_mix(q, [K̂_j for j in C(u)] + [K̂], [Ṽ_j ...] + [v])
     out = self.attn(q, K̂, Ṽ)             # vLLM's attention writes K̂ and Ṽ into its paged cache
 
-so the paged KV cache stores the mixed value Ṽ, exactly vanilla-sized, and no attention backend changes. The depth
+(K̂ = k_norm(RoPE(k)) for ``qk_norm_position="k_after_rope"``, as in the core), so the paged KV cache stores the
+mixed value Ṽ, exactly vanilla-sized, and no attention backend changes. The depth
 mix reads only the same token's (K̂_j, Ṽ_j) of earlier layers, which this forward computed itself: the model keeps
 the candidate layers' (K̂, Ṽ) of this step's tokens in a local dict for the duration of one forward (no state
 between steps). That is why prefix caching, chunked prefill and continuous batching stay exact (docs/serving.md):
@@ -62,7 +63,12 @@ def served_plan(hf_config) -> tuple[tuple[int, ...], ...]:
 
 
 class DepthAttnDecoderLayer(Qwen3DecoderLayer):
-    """vLLM's ``Qwen3DecoderLayer`` whose attention step takes depth sources and returns this layer's (K̂, Ṽ)."""
+    """vLLM's ``Qwen3DecoderLayer`` whose attention step takes depth sources and returns this layer's (K̂, Ṽ), with
+    k_norm before or after RoPE as the checkpoint's ``qk_norm_position`` says (absent: before, Qwen3's order)."""
+
+    def __init__(self, *, config, **kwargs):
+        super().__init__(config=config, **kwargs)
+        self.k_after_rope = getattr(config, "qk_norm_position", "before_rope") == "k_after_rope"
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
                 sources=(), keep: bool = False):
@@ -81,8 +87,11 @@ class DepthAttnDecoderLayer(Qwen3DecoderLayer):
         qkv, _ = a.qkv_proj(x)
         q, k, v = qkv.split([a.q_size, a.kv_size, a.kv_size], dim=-1)
         q = a.q_norm(q.reshape(*q.shape[:-1], -1, a.head_dim)).reshape(q.shape)
-        k = a.k_norm(k.reshape(*k.shape[:-1], -1, a.head_dim)).reshape(k.shape)
+        if not self.k_after_rope:
+            k = a.k_norm(k.reshape(*k.shape[:-1], -1, a.head_dim)).reshape(k.shape)
         q, k = a.rotary_emb(positions, q, k)  # in place on CPU/GPU custom ops
+        if self.k_after_rope:
+            k = a.k_norm(k.reshape(*k.shape[:-1], -1, a.head_dim)).reshape(k.shape)
         if sources:
             v = token_depth_mix(q, [kj for kj, _ in sources] + [k], [vj for _, vj in sources] + [v], a.num_heads,
                                 a.num_kv_heads, a.head_dim)

@@ -16,6 +16,10 @@ import torch
 from ..config import ModelConfig, _finite
 
 
+#: ``TrainConfig.data_order`` choices: windows in seeded epochs, or drawn uniformly with replacement.
+DATA_ORDERS = ("epochs", "random")
+
+
 @dataclass
 class TrainConfig:
     """Optimisation and bookkeeping settings (model architecture lives in ``ModelConfig``).
@@ -23,6 +27,10 @@ class TrainConfig:
     The budget is ``steps`` optimizer steps, or ``tokens`` training tokens (``steps = tokens // tokens_per_step``);
     ``steps`` wins when both are set. One step consumes ``batch_size × grad_accum × seq_len`` tokens (per
     data-parallel rank). ``warmup`` is a fraction of the steps (paper: 0.02), at least one step.
+
+    ``weight_decay_method_params``: false (default) exempts the cross-layer methods' mixing parameters from weight
+    decay (spec-baselines.md §8); true decays them as the authors' runs did (the Hugging Face Trainer's default
+    split; ``optim.decays``, docs/authors-checkpoints.md). Norm gains never decay.
 
     ``save_every_minutes``: also save when this many minutes (rank 0's monotonic clock) have passed since the
     session started or last saved, at the end of the step where they ran out (0: off). Beside ``save_every``
@@ -45,11 +53,18 @@ class TrainConfig:
     evaluations warns in one line (0 turns that warning off); it never stops a run. A recorded config without
     ``on_divergence`` (an older release's run.json) resumes with ``"warn"`` (``LEGACY_DEFAULTS``).
 
+    ``data_order``: how training windows are drawn. ``"epochs"`` (default): every window of ``seq_len + 1`` tokens
+    at stride ``seq_len`` once per epoch, in a seeded order of the global sample index (the same at any world size
+    and ``grad_accum`` split; the partial last window is dropped: ``data.EpochBatches``); ``"random"``: window
+    starts drawn uniformly with replacement per ``(seed, step, micro_step)`` (``data.TokenBatches``), what runs
+    recorded without this key did (``LEGACY_DEFAULTS``).
+
     Raises:
         ValueError: naming the field and the value, for any impossible setting.
     """
 
     seed: int = 0
+    data_order: str = "epochs"
     steps: int | None = None
     tokens: int | None = None
     batch_size: int = 8
@@ -59,6 +74,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     warmup: float = 0.02
     weight_decay: float = 0.1
+    weight_decay_method_params: bool = False
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -119,6 +135,7 @@ class TrainConfig:
         for name in ("weight_decay", "grad_clip", "save_every_minutes"):
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and _finite(v) and v >= 0, name, "must be a finite number >= 0")
+        need(isinstance(self.weight_decay_method_params, bool), "weight_decay_method_params", "must be true or false")
         need(self.precision in ("auto", "float32", "bfloat16"), "precision", "must be auto, float32 or bfloat16")
         need(isinstance(self.device, str) and bool(self.device), "device", "must be auto, cpu, cuda or cuda:N")
         need(isinstance(self.compile, bool), "compile", "must be true or false")
@@ -137,6 +154,7 @@ class TrainConfig:
         need(isinstance(self.async_save, bool), "async_save", "must be true or false")
         need(not self.async_save or self.data_parallel == "fsdp", "async_save",
              "applies to sharded checkpoints: set data_parallel='fsdp', or async_save=false")
+        need(self.data_order in DATA_ORDERS, "data_order", f"must be one of {', '.join(DATA_ORDERS)}")
         need(self.on_nonfinite in ("stop", "skip"), "on_nonfinite", "must be 'stop' or 'skip'")
         need(self.on_divergence in ("stop", "warn"), "on_divergence", "must be 'stop' or 'warn'")
         need(isinstance(self.loss_rise_margin, (int, float)) and not isinstance(self.loss_rise_margin, bool)
@@ -205,8 +223,8 @@ RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes
 #: the release that wrote it (a new run gets the dataclass default). Add a key here with every key added to
 #: ``TrainConfig`` whose default changes what a run does.
 #: Release 97f8652 had no divergence guard (its runs resume warn-only: same numbers, same exit status, one line) and
-#: no time-based saves.
-LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0}
+#: no time-based saves, and drew its windows uniformly with replacement.
+LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "data_order": "random"}
 
 
 def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
@@ -285,18 +303,26 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     return out
 
 
+def check_vocab_size(vocab_size: Any, tokenizer_size: int, tokenizer_file: str) -> None:
+    """A model vocabulary holds every token of the tokenizer: ``vocab_size >= tokenizer_size`` (larger: padded rows
+    that are never a target). ``ValueError`` in one line naming both and ``tokenizer_file`` otherwise (a
+    non-integer is left for ``ModelConfig``'s own check)."""
+    if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size < tokenizer_size:
+        raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer's vocabulary of {tokenizer_size} "
+                         f"tokens ({tokenizer_file}); use at least {tokenizer_size} (larger pads the embedding), or "
+                         f"drop the vocab_size setting to use the tokenizer's")
+
+
 def resolve_model_config(preset: str, overrides: Mapping[str, Any], data_vocab_size: int,
                          tokenizer_file: str) -> ModelConfig:
-    """``ModelConfig.from_preset(preset, **overrides)`` with ``vocab_size`` taken from the data's tokenizer.
+    """``ModelConfig.from_preset(preset, **overrides)`` with ``vocab_size`` taken from the data's tokenizer, unless
+    ``overrides`` sets a larger one: a padded embedding (the authors' 3B models: 50,304 rows for the GPT-NeoX-20B
+    tokenizer's 50,277 tokens) whose extra rows no token of the data ever reaches, as input or target.
 
     Raises:
-        ValueError: if ``overrides`` sets ``vocab_size`` to anything but the tokenizer's vocabulary size (naming
-            both and the tokenizer file), or for any invalid field.
+        ValueError: if ``overrides`` sets ``vocab_size`` below the tokenizer's vocabulary size (naming both and the
+            tokenizer file), or for any invalid field.
     """
     overrides = dict(overrides)
-    if "vocab_size" in overrides and overrides["vocab_size"] != data_vocab_size:
-        raise ValueError(f"vocab_size={overrides['vocab_size']} does not match the tokenizer's vocabulary of "
-                         f"{data_vocab_size} tokens ({tokenizer_file}); drop the vocab_size setting to use the "
-                         f"tokenizer's")
-    overrides["vocab_size"] = data_vocab_size
+    check_vocab_size(overrides.setdefault("vocab_size", data_vocab_size), data_vocab_size, tokenizer_file)
     return ModelConfig.from_preset(preset, **overrides)

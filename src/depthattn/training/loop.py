@@ -7,8 +7,9 @@ The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`
 precision, seeding, the torchrun process group), ``run_folder`` (the run folder's files and its lock), ``runs`` (its
 checkpoints and trainer state, the resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation
 checkpointing, compile, DDP); the loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows
-come from ``data.TokenBatches``, a pure function of ``(seed, step, micro_step)``; with the RNG, optimizer and
-scheduler states restored, a resumed run repeats an uninterrupted one bit for bit on float32 CPU.
+come from ``data.EpochBatches`` (or ``data.TokenBatches``: ``TrainConfig.data_order``), a pure function of ``(seed,
+step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run repeats an uninterrupted
+one bit for bit on float32 CPU.
 
 Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
 checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
@@ -46,8 +47,8 @@ from ..checks import check_token_array
 from ..config import ModelConfig
 from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
 from ..model import DecoderLM
-from .config import TrainConfig
-from .optim import DECAY_RULE, build_optimizer, build_scheduler
+from .config import TrainConfig, check_vocab_size
+from .optim import build_optimizer, build_scheduler, decay_rule
 from .build import build_on_meta, materialize
 from .dcp import PendingSave, finish_async_save, is_sharded, load_sharded, save_sharded, start_async_save
 from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
@@ -57,7 +58,7 @@ from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
 from .retention import best_checkpoint
 from .run_folder import RunFolder
 from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, environment,
-                   fault_point, init_from_checkpoint, keep_tokens_per_step, load_resume_weights,
+                   fault_point, init_from_changes, init_from_checkpoint, keep_tokens_per_step, load_resume_weights,
                    read_resume_checkpoint, restore_trainer_state, resume_point, run_tokens_per_s, save_checkpoint,
                    set_aside, trainer_state)
 from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
@@ -95,7 +96,7 @@ class _Trainer:
     net: torch.nn.Module  # ``model`` as parallelized (DDP, compiled blocks, activation checkpointing)
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    batches: Any  # data.TokenBatches
+    batches: Any  # data.EpochBatches or data.TokenBatches (TrainConfig.data_order)
     val_windows: torch.Tensor
     device: torch.device
     amp: torch.dtype | None
@@ -238,10 +239,9 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
         if found is not None:
             set_aside(found.unreadable, log)
         record.update(environment(train_cfg, device, amp))
-        folder.start(record, {**groups, "rule": DECAY_RULE}, resume, step, finished=step == train_cfg.total_steps(),
-                     log=log)
-    batches = data.TokenBatches(prepared.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed,
-                                rank=rank, world_size=train_cfg.world_size())  # ranks split one global draw
+        rule = decay_rule(train_cfg.weight_decay_method_params)
+        folder.start(record, {**groups, "rule": rule}, resume, step, finished=step == train_cfg.total_steps(), log=log)
+    batches = _training_batches(prepared.train, train_cfg, rank, say)
     throughput = Throughput(model_cfg, train_cfg.seq_len, train_cfg.world_size(), device, train_cfg.peak_flops)
     if rank == 0 and device.type == "cuda" and throughput.peak is None:
         log(throughput.note)  # an unknown GPU: said once
@@ -252,6 +252,21 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
                     data_dir=data_dir,
                     is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen, saved=resume_from,
                     start_step=step, nonfinite_skips=skips, guard=guard, log=say)
+
+
+def _training_batches(tokens, cfg: TrainConfig, rank: int, log: Callable[[str], None]):
+    """The run's training windows: ``data.EpochBatches`` (``data_order="epochs"``: says once how many windows an
+    epoch has and how many tail tokens are never a target) or ``data.TokenBatches`` (``"random"``); either way the
+    ranks split one global batch."""
+    if cfg.data_order == "random":
+        return data.TokenBatches(tokens, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=rank,
+                                 world_size=cfg.world_size())
+    batches = data.EpochBatches(tokens, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=rank,
+                                world_size=cfg.world_size(), grad_accum=cfg.grad_accum)
+    log(f"data order: epochs of {batches.num_windows:,d} windows of {cfg.seq_len + 1} tokens (stride {cfg.seq_len}); "
+        f"the run covers {batches.epoch(cfg.total_steps()):.3g} epochs; the last {batches.tail_tokens} tokens of the "
+        f"train split are never a target (a partial window)")
+    return batches
 
 
 def _distributed() -> bool:
@@ -301,9 +316,7 @@ def _load_data(model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path):
     """(prepared data, validation windows, ``train_cfg`` with ``steps`` resolved) after checking that the data fits
     the model and the budget."""
     prepared = _load_prepared(data_dir, train_cfg.verify_data)
-    if model_cfg.vocab_size != prepared.vocab_size:
-        raise ValueError(f"ModelConfig.vocab_size={model_cfg.vocab_size} does not match the tokenizer's vocabulary of "
-                         f"{prepared.vocab_size} tokens ({data_dir / TOKENIZER_FILE})")
+    check_vocab_size(model_cfg.vocab_size, prepared.vocab_size, str(data_dir / TOKENIZER_FILE))  # larger: padded
     total_steps = train_cfg.total_steps()
     if train_cfg.seq_len > model_cfg.max_position_embeddings:
         raise ValueError(f"TrainConfig.seq_len={train_cfg.seq_len} exceeds ModelConfig.max_position_embeddings="
@@ -353,11 +366,15 @@ def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Calla
         kept = init_from_checkpoint(full, source)
         set_model_state_dict(model, full.state_dict(), options=StateDictOptions(full_state_dict=True))
     log(f"initialised from {which}" + (f" ({len(kept)} cross-layer tensors keep their init)" if kept else ""))
+    changes = init_from_changes(source, model.config)
+    if changes:  # e.g. another qk_norm_position computes another function of the same weights
+        log(f"note: the new model differs from {source}/config.json in {'; '.join(changes)}")
 
 
 def _build_optimizer(model: DecoderLM, cfg: TrainConfig):
     """(AdamW, warm-up + cosine scheduler, parameter groups as written to ``param_groups.json``)."""
-    optimizer, groups = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
+    optimizer, groups = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps,
+                                        method_params=cfg.weight_decay_method_params)
     scheduler = build_scheduler(optimizer, cfg.warmup_steps(), cfg.total_steps(), cfg.min_lr_ratio)
     return optimizer, scheduler, groups
 
@@ -428,6 +445,8 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     t.train_time += dt
     t.train_tokens += t.cfg.tokens_per_step()
     row = {"step": t.step, "tokens": t.tokens_seen, "loss": train_loss, "lr": lr, "grad_norm": grad_norm}
+    if t.cfg.data_order == "epochs":
+        row["epoch"] = t.batches.epoch(t.step)  # fractional epochs seen after this step
     if bad is not None:
         row.update(skipped=True, nonfinite=bad)
     return t.throughput.update(row, t.cfg.tokens_per_step(), dt)
