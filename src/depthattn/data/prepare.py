@@ -8,7 +8,9 @@
 
 Bits per byte counts each token's bytes with ``tokenizer.token_byte_lengths`` (the byte-level alphabet), so the
 encode pass checks, piece by piece, that the tokens' byte lengths add up to the text's UTF-8 bytes, and refuses a
-tokenizer for which they do not (a normalizer, a Metaspace pre-tokenizer, unknown tokens).
+tokenizer for which they do not (a normalizer, a Metaspace pre-tokenizer, unknown tokens). A normalizer that is a
+Unicode form only (NFC: GPT-NeoX-20B's, Qwen3's) is applied to each document first, so the bytes counted are those
+of the normalised text (``text_normalization`` in meta.json).
 
 Everything is written into ``<parent>/.<name>.partial/folder/`` first (the ``.partial`` records its writer's host
 and pid and holds a ``flock``: :mod:`depthattn.data.staging`); only when all is complete is the folder renamed onto
@@ -29,6 +31,7 @@ import json
 import os
 import random
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -45,7 +48,8 @@ from depthattn.data.mixture import MixStaging, check_mix
 from depthattn.data.shards import DTYPES, META_FORMAT, SPLITS
 from depthattn.data.staging import claimed, touch
 from depthattn.data.tokenizer import (EOS_TOKEN, MIN_VOCAB_SIZE, add_special_tokens, check_special_tokens,
-                                      load_tokenizer, special_tokens_of, tokenizer_bytes, tokenizer_config, train_bpe)
+                                      load_tokenizer, special_tokens_of, tokenizer_bytes, tokenizer_config, train_bpe,
+                                      unicode_normalization)
 from depthattn.fileio import read_json, sha256_bytes, write_folder_atomically
 from depthattn.outputs import OutputKind, check_output, describe_entries
 
@@ -251,11 +255,12 @@ def _with_last(items: Iterator[str]) -> Iterator[tuple[str, bool]]:
     yield prev, True
 
 
-def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids: list[str], bar: tqdm
-           ) -> Iterator[tuple[list[tuple[int, str, int]], list[tuple[str, bool]]]]:
+def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids: list[str], bar: tqdm,
+           form: str | None = None) -> Iterator[tuple[list[tuple[int, str, int]], list[tuple[str, bool]]]]:
     """Work units of about ``UNIT_CHARS`` characters: ``(tags, pieces)`` with one ``(split index, document id,
     document index)`` tag per ``(text, last)`` piece. Counts documents, bytes and characters per split into ``stats``
-    on the way."""
+    on the way. ``form``: the Unicode normalisation the tokenizer's normalizer applies (``unicode_normalization``),
+    applied to each whole document first, so its bytes are those of the text the tokens stand for."""
     tags: list[tuple[int, str, int]] = []
     pieces: list[tuple[str, bool]] = []
     size = 0
@@ -266,12 +271,13 @@ def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids:
         n = i + 1
         s = int(is_val[i])
         st = stats[SPLITS[s]]
+        text = unicodedata.normalize(form, d.text) if form else d.text
         st["documents"] += 1
-        st["bytes"] += len(d.text.encode("utf-8"))
-        st["characters"] += len(d.text)
+        st["bytes"] += len(text.encode("utf-8"))
+        st["characters"] += len(text)
         if s:
             val_ids.append(d.id)
-        for part, last in _with_last(encode_pieces(d.text, PIECE_CHARS)):
+        for part, last in _with_last(encode_pieces(text, PIECE_CHARS)):
             tags.append((s, d.id, i))
             pieces.append((part, last))
             size += len(part)
@@ -313,8 +319,8 @@ def _encode_all(sources: list[InputSource], is_val: np.ndarray, tok: Tokenizer, 
     mixture = None
     try:
         with tqdm(total=total_chars, unit="char", unit_scale=True, desc="encode", disable=not progress) as bar:
-            for tags, results in parallel_encode(_units(sources, is_val, stats, val_ids, bar), tok.to_str(),
-                                                 eos_id, dtype, workers):
+            units = _units(sources, is_val, stats, val_ids, bar, unicode_normalization(tok))
+            for tags, results in parallel_encode(units, tok.to_str(), eos_id, dtype, workers):
                 for (s, doc_id, i), (ids, ok) in zip(tags, results):
                     if not ok:
                         raise ValueError(_byte_mismatch(tokenizer, SPLITS[s], doc_id))
@@ -337,7 +343,8 @@ def _byte_mismatch(tokenizer: str | Path | None, split: str, doc_id: str) -> str
     source = f"tokenizer {tokenizer}" if tokenizer is not None else "the trained tokenizer"
     return (f"{source} does not preserve bytes: the tokens of {split} document {doc_id!r} do not stand for its "
             f"UTF-8 bytes by the byte-level alphabet; bits per byte needs a byte-level BPE without normalizer "
-            f"(ByteLevel pre-tokenizer and decoder, no normalizer), e.g. one trained by `depthattn data prepare` "
+            f"(ByteLevel pre-tokenizer and decoder; no normalizer, or only a Unicode form such as NFC, which prepare "
+            f"applies to the text first), e.g. one trained by `depthattn data prepare` "
             f"without --tokenizer")
 
 
@@ -399,6 +406,9 @@ def _write_meta(staging: Path, tok: Tokenizer, tokenizer: str | Path | None, dty
     }
     if mixture is not None:  # absent: the sources concatenated (every folder before --mix)
         meta["mixture"] = mixture
+    form = unicode_normalization(tok)
+    if form:  # absent: the text as read (every trained tokenizer; every folder before this field)
+        meta["text_normalization"] = form
     (staging / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return meta
 
