@@ -260,9 +260,10 @@ def test_budget_shorter_than_one_step(tmp_path, data_dir, tiny_cfg):
     assert not (tmp_path / "x").exists()
 
 
-def test_vocab_mismatch_names_both(data_dir):
-    with pytest.raises(ValueError, match=r"vocab_size=1000 .* 512 tokens"):
-        resolve_model_config("tiny", {"vocab_size": 1000}, 512, str(data_dir / "tokenizer.json"))
+def test_vocab_smaller_than_the_tokenizer_names_both(data_dir):
+    with pytest.raises(ValueError, match=r"vocab_size=500 is smaller than the tokenizer's vocabulary of 512 tokens"):
+        resolve_model_config("tiny", {"vocab_size": 500}, 512, str(data_dir / "tokenizer.json"))
+    assert resolve_model_config("tiny", {"vocab_size": 1000}, 512, "t.json").vocab_size == 1000  # padded: allowed
 
 
 def test_unknown_toml_key(tmp_path):

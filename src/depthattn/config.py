@@ -217,7 +217,7 @@ class ModelConfig:
     # ------------------------------------------------------------------ presets and overrides
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
-        """Build a named preset (``tiny``, ``small``, ``360m``, ``1.5b``, ``3b``) with field overrides.
+        """Build a named preset (``tiny``, ``small``, ``360m``, ``1.5b``, ``3b``, ``authors-3b``) with field overrides.
 
         Raises:
             ValueError: unknown preset name or unknown field name.
@@ -298,4 +298,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "3b": dict(vocab_size=50304, hidden_size=2048, intermediate_size=6912, num_hidden_layers=48,
                num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=2048,
                rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.01, tie_word_embeddings=False),
+    # The authors' released Depth-Attention 3B (zeng123/3b-ds-s24-qknorm-gqa-4x; hyq718/Depth-Attention
+    # llama_config/released/3b_depth_attention_qknorm_gqa4x/config.json@749d983): the 3b shape, stride 24, no recent
+    # window, k_norm after RoPE (their SDPA attention class). vocab_size 50,304 is the GPT-NeoX-20B tokenizer's
+    # 50,277 tokens padded; train takes the data tokenizer's unless --set vocab_size=50304
+    # (docs/authors-checkpoints.md).
+    "authors-3b": dict(vocab_size=50304, hidden_size=2048, intermediate_size=6912, num_hidden_layers=48,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=2048,
+                       rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.01, tie_word_embeddings=False,
+                       cross_layer="depth_attention", depth_attention_stride=24, depth_attention_window=0,
+                       qk_norm_position="k_after_rope"),
 }

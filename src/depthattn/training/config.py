@@ -16,6 +16,17 @@ import torch
 from ..config import ModelConfig, _finite
 
 
+#: ``TrainConfig.data_order`` choices: windows in seeded epochs, or drawn uniformly with replacement.
+DATA_ORDERS = ("epochs", "random")
+#: ``TrainConfig.lr_schedule`` choices (``optim.lr_factor``).
+LR_SCHEDULES = ("cosine", "wsd", "linear", "constant")
+#: ``TrainConfig.decay_shape`` choices: the shape of WSD's decay phase (``optim.lr_factor``).
+DECAY_SHAPES = ("linear", "1-sqrt")
+#: ``TrainConfig.adamw_impl`` choices (``optim.adamw_kwargs``). ``"torch_default"``: ``torch.optim.AdamW``'s own choice
+#: (``foreach=None, fused=None``: foreach when every tensor is on CUDA, else the for-loop), what release 97f8652 ran.
+ADAMW_IMPLS = ("auto", "fused", "foreach", "plain", "torch_default")
+
+
 @dataclass
 class TrainConfig:
     """Optimisation and bookkeeping settings (model architecture lives in ``ModelConfig``).
@@ -23,6 +34,10 @@ class TrainConfig:
     The budget is ``steps`` optimizer steps, or ``tokens`` training tokens (``steps = tokens // tokens_per_step``);
     ``steps`` wins when both are set. One step consumes ``batch_size × grad_accum × seq_len`` tokens (per
     data-parallel rank). ``warmup`` is a fraction of the steps (paper: 0.02), at least one step.
+
+    ``weight_decay_method_params``: false (default) exempts the cross-layer methods' mixing parameters from weight
+    decay (spec-baselines.md §8); true decays them as the authors' runs did (the Hugging Face Trainer's default
+    split; ``optim.decays``, docs/authors-checkpoints.md). Norm gains never decay.
 
     ``save_every_minutes``: also save when this many minutes (rank 0's monotonic clock) have passed since the
     session started or last saved, at the end of the step where they ran out (0: off). Beside ``save_every``
@@ -45,6 +60,24 @@ class TrainConfig:
     evaluations warns in one line (0 turns that warning off); it never stops a run. A recorded config without
     ``on_divergence`` (an older release's run.json) resumes with ``"warn"`` (``LEGACY_DEFAULTS``).
 
+    ``data_order``: how training windows are drawn. ``"epochs"`` (default): every window of ``seq_len + 1`` tokens
+    at stride ``seq_len`` once per epoch, in a seeded order of the global sample index (the same at any world size
+    and ``grad_accum`` split; the partial last window is dropped: ``data.EpochBatches``); ``"random"``: window
+    starts drawn uniformly with replacement per ``(seed, step, micro_step)`` (``data.TokenBatches``), what runs
+    recorded without this key did (``LEGACY_DEFAULTS``).
+
+    Schedule (``optim.lr_factor``): ``lr_schedule`` ``"cosine"`` (default), ``"linear"``, ``"constant"`` or
+    ``"wsd"`` (warmup–stable–decay: peak lr until the last ``decay_fraction`` of the steps, then ``decay_shape``
+    ``"linear"`` or ``"1-sqrt"`` down to ``min_lr_ratio``; ``depthattn train --decay-from`` decays a stable-phase
+    checkpoint into a new run, ``training.decay``). ``adamw_impl``: ``"auto"`` (fused where the device has it, else
+    foreach), ``"fused"``, ``"foreach"``, ``"plain"`` (the for-loop) or ``"torch_default"`` (torch's own choice,
+    what release 97f8652 used: a recorded config without the key reads as it, ``LEGACY_DEFAULTS``); the resolved one
+    is recorded in ``run.json`` (``adamw_impl``) and a resumed ``"auto"`` run keeps it.
+
+    ``global_batch_tokens``: the global batch in tokens (over all data-parallel ranks). When set, ``grad_accum``
+    follows from it for the world size (``for_world``: ``global_batch_tokens / (batch_size × seq_len × world)``,
+    refused when that is not a whole number); unset, ``grad_accum`` is taken as given (per rank).
+
     ``doc_mask``: document masking (docs/training.md): each window's documents (they end at EOS tokens) attend only
     within themselves and their RoPE positions restart at 0 (``DecoderLM.forward``'s ``document_ids``), in
     training and in the periodic validation. Off by default, as the Depth-Attention authors trained; a recorded
@@ -56,6 +89,7 @@ class TrainConfig:
     """
 
     seed: int = 0
+    data_order: str = "epochs"
     steps: int | None = None
     tokens: int | None = None
     batch_size: int = 8
@@ -66,6 +100,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     warmup: float = 0.02
     weight_decay: float = 0.1
+    weight_decay_method_params: bool = False
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -94,6 +129,11 @@ class TrainConfig:
     on_divergence: str = "stop"
     loss_rise_margin: float = 1.0
     loss_rise_patience: int = 3
+    lr_schedule: str = "cosine"
+    decay_fraction: float = 0.2
+    decay_shape: str = "linear"
+    adamw_impl: str = "auto"
+    global_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -126,6 +166,7 @@ class TrainConfig:
         for name in ("weight_decay", "grad_clip", "save_every_minutes"):
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and _finite(v) and v >= 0, name, "must be a finite number >= 0")
+        need(isinstance(self.weight_decay_method_params, bool), "weight_decay_method_params", "must be true or false")
         need(self.precision in ("auto", "float32", "bfloat16"), "precision", "must be auto, float32 or bfloat16")
         need(isinstance(self.device, str) and bool(self.device), "device", "must be auto, cpu, cuda or cuda:N")
         need(isinstance(self.compile, bool), "compile", "must be true or false")
@@ -145,11 +186,21 @@ class TrainConfig:
         need(isinstance(self.async_save, bool), "async_save", "must be true or false")
         need(not self.async_save or self.data_parallel == "fsdp", "async_save",
              "applies to sharded checkpoints: set data_parallel='fsdp', or async_save=false")
+        need(self.data_order in DATA_ORDERS, "data_order", f"must be one of {', '.join(DATA_ORDERS)}")
         need(self.on_nonfinite in ("stop", "skip"), "on_nonfinite", "must be 'stop' or 'skip'")
         need(self.on_divergence in ("stop", "warn"), "on_divergence", "must be 'stop' or 'warn'")
         need(isinstance(self.loss_rise_margin, (int, float)) and not isinstance(self.loss_rise_margin, bool)
              and _finite(self.loss_rise_margin) and self.loss_rise_margin > 0, "loss_rise_margin",
              "must be a finite number of nats > 0")
+        need(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(LR_SCHEDULES)}")
+        need(self.decay_shape in DECAY_SHAPES, "decay_shape", f"choose one of {', '.join(DECAY_SHAPES)}")
+        need(isinstance(self.decay_fraction, (int, float)) and not isinstance(self.decay_fraction, bool)
+             and 0 < self.decay_fraction <= 1, "decay_fraction", "must be a fraction of the steps in (0, 1]")
+        need(self.adamw_impl in ADAMW_IMPLS, "adamw_impl", f"choose one of {', '.join(ADAMW_IMPLS)}")
+        g = self.global_batch_tokens
+        need(g is None or (is_int(g) and g >= 1 and g % (self.batch_size * self.seq_len) == 0),
+             "global_batch_tokens", f"must be a multiple of batch_size × seq_len = {self.batch_size * self.seq_len} "
+             f"(tokens per step over all ranks), or unset")
         need(self.wandb_project is None or (isinstance(self.wandb_project, str) and bool(self.wandb_project)),
              "wandb_project", "must be a Weights & Biases project name, or unset")
 
@@ -183,16 +234,36 @@ class TrainConfig:
         """Training tokens per optimizer step, over all data-parallel ranks."""
         return self.batch_size * self.grad_accum * self.seq_len * self.world_size()
 
+    def for_world(self, world: int) -> "TrainConfig":
+        """This config on ``world`` data-parallel ranks: with ``global_batch_tokens`` set, ``grad_accum`` follows
+        (``global_batch_tokens / (batch_size × seq_len × world)``); unset, itself. Raises ``ValueError`` in one line
+        when that is not a whole number."""
+        if self.global_batch_tokens is None:
+            return self
+        per_accum = self.batch_size * self.seq_len * world
+        if self.global_batch_tokens % per_accum:
+            raise ValueError(f"TrainConfig.global_batch_tokens={self.global_batch_tokens} is not a multiple of "
+                             f"batch_size {self.batch_size} × seq_len {self.seq_len} × {world} rank(s) = "
+                             f"{per_accum}; choose a world size or batch_size that divides it")
+        accum = self.global_batch_tokens // per_accum
+        return self if accum == self.grad_accum else self.replace(grad_accum=accum)
+
+    def decay_steps(self) -> int:
+        """Steps of WSD's decay phase: ``round(decay_fraction × total_steps)``, at least 1 (0 for other
+        schedules)."""
+        return max(1, round(self.decay_fraction * self.total_steps())) if self.lr_schedule == "wsd" else 0
+
     def total_steps(self) -> int:
         """Resolved number of optimizer steps. Raises ``ValueError`` if the budget is shorter than one step."""
         if self.steps is not None:
             return self.steps
         if self.tokens is None:
             raise ValueError("set a training budget: TrainConfig.steps or TrainConfig.tokens")
-        steps = self.tokens // self.tokens_per_step()
+        per_step = self.global_batch_tokens or self.tokens_per_step()
+        steps = self.tokens // per_step
         if steps < 1:
             raise ValueError(f"TrainConfig.tokens={self.tokens} is shorter than one optimizer step of "
-                             f"{self.tokens_per_step()} tokens (batch_size {self.batch_size} × grad_accum "
+                             f"{per_step} tokens (batch_size {self.batch_size} × grad_accum "
                              f"{self.grad_accum} × seq_len {self.seq_len}); raise the budget or shrink the batch")
         return steps
 
@@ -202,26 +273,31 @@ class TrainConfig:
 
 TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
-#: Train keys that may change on ``--resume`` without changing the trajectory.
+#: Train keys that may change on ``--resume`` without changing the trajectory (``adamw_impl``: only its rounding; a
+#: resumed run keeps its recorded implementation unless one is asked for, ``runs.recorded_adamw_impl``).
 RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes", "async_save", "keep_last",
                             "log_every", "device", "compile", "activation_checkpointing", "fsdp_replicate",
                             "dist_timeout_s", "peak_flops", "tensorboard", "wandb_project", "verify_data",
                             "on_nonfinite", "max_nonfinite_skips", "on_divergence", "loss_rise_margin",
-                            "loss_rise_patience"})
+                            "loss_rise_patience", "adamw_impl"})
 
 #: The value of a train key that a recorded config written before the key existed must read as: the behaviour of
 #: the release that wrote it (a new run gets the dataclass default). Add a key here with every key added to
 #: ``TrainConfig`` whose default changes what a run does.
 #: Release 97f8652 had no divergence guard (its runs resume warn-only: same numbers, same exit status, one line) and
-#: no time-based saves. Keys whose new-run default is the old behaviour are listed too (a missing key otherwise
-#: compares as None on resume): ``doc_mask`` (no document masking).
-LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0,
-                                   "doc_mask": False}
+#: no time-based saves, drew its windows uniformly with replacement, built AdamW with torch's default
+#: implementation, and had no document masking (listed although ``doc_mask``'s new-run default is the same: a missing
+#: key otherwise compares as None on resume).
+LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "data_order": "random",
+                                   "adamw_impl": "torch_default", "doc_mask": False}
 
 
 def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded train config (as a dict) with every ``LEGACY_DEFAULTS`` key it lacks filled in."""
-    return {**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in recorded}, **recorded}
+    """A recorded train config (as a dict) with every key it lacks filled in: the ``LEGACY_DEFAULTS`` value, else
+    the ``TrainConfig`` default (a key added with its default = the old behaviour reads as that)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+                if f.name not in recorded and f.default is not dataclasses.MISSING}
+    return {**defaults, **{k: v for k, v in LEGACY_DEFAULTS.items() if k not in recorded}, **recorded}
 
 
 #: Keys whose value ``none`` is the string (``cross_layer="none"``: vanilla), not "unset".
@@ -295,18 +371,26 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     return out
 
 
+def check_vocab_size(vocab_size: Any, tokenizer_size: int, tokenizer_file: str) -> None:
+    """A model vocabulary holds every token of the tokenizer: ``vocab_size >= tokenizer_size`` (larger: padded rows
+    that are never a target). ``ValueError`` in one line naming both and ``tokenizer_file`` otherwise (a
+    non-integer is left for ``ModelConfig``'s own check)."""
+    if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size < tokenizer_size:
+        raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer's vocabulary of {tokenizer_size} "
+                         f"tokens ({tokenizer_file}); use at least {tokenizer_size} (larger pads the embedding), or "
+                         f"drop the vocab_size setting to use the tokenizer's")
+
+
 def resolve_model_config(preset: str, overrides: Mapping[str, Any], data_vocab_size: int,
                          tokenizer_file: str) -> ModelConfig:
-    """``ModelConfig.from_preset(preset, **overrides)`` with ``vocab_size`` taken from the data's tokenizer.
+    """``ModelConfig.from_preset(preset, **overrides)`` with ``vocab_size`` taken from the data's tokenizer, unless
+    ``overrides`` sets a larger one: a padded embedding (the authors' 3B models: 50,304 rows for the GPT-NeoX-20B
+    tokenizer's 50,277 tokens) whose extra rows no token of the data ever reaches, as input or target.
 
     Raises:
-        ValueError: if ``overrides`` sets ``vocab_size`` to anything but the tokenizer's vocabulary size (naming
-            both and the tokenizer file), or for any invalid field.
+        ValueError: if ``overrides`` sets ``vocab_size`` below the tokenizer's vocabulary size (naming both and the
+            tokenizer file), or for any invalid field.
     """
     overrides = dict(overrides)
-    if "vocab_size" in overrides and overrides["vocab_size"] != data_vocab_size:
-        raise ValueError(f"vocab_size={overrides['vocab_size']} does not match the tokenizer's vocabulary of "
-                         f"{data_vocab_size} tokens ({tokenizer_file}); drop the vocab_size setting to use the "
-                         f"tokenizer's")
-    overrides["vocab_size"] = data_vocab_size
+    check_vocab_size(overrides.setdefault("vocab_size", data_vocab_size), data_vocab_size, tokenizer_file)
     return ModelConfig.from_preset(preset, **overrides)

@@ -37,6 +37,7 @@ import torch
 from .. import checkpoint as ckpt
 from ..checkpoint import SHARDED_DIR
 from ..config import ModelConfig
+from ..cross_layer import names as method_names
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig, with_legacy_defaults
@@ -167,9 +168,11 @@ def _diff(a: Mapping[str, Any], b: Mapping[str, Any], ignore: frozenset = frozen
 def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], train: Mapping[str, Any]) -> list[str]:
     """``"key: recorded vs requested"`` for every field where a run's ``run.json`` differs from a requested model
     and train config (as dicts), ignoring ``RESUMABLE_KEYS``; a key the recorded train config lacks compares as its
-    ``config.LEGACY_DEFAULTS`` value, and a key the recorded model config lacks as its ``ModelConfig`` default (a
-    model field added later defaults to what older releases computed). Empty when the run may be resumed with them."""
-    return _diff(with_model_defaults(recorded["model"]), model) + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS)
+    ``config.LEGACY_DEFAULTS`` value, else its ``TrainConfig`` default (as ``TrainConfig.from_recorded`` reads it),
+    and a key the recorded model config lacks as its ``ModelConfig`` default (a field added later defaults to what
+    older releases computed). Empty when the run may be resumed with them."""
+    return (_diff(with_model_defaults(recorded["model"]), model)
+            + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS))
 
 
 def with_model_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,10 +193,13 @@ def _recorded_precision(run: dict[str, Any]) -> str | None:
 def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainConfig:
     """On resume under another world size than the run's: ``grad_accum`` rescaled so one step keeps the recorded
     tokens per step, or ``ValueError`` when no whole ``grad_accum`` does. Never a silent change of the global batch,
-    nor of the data: one line through ``log`` says the world-size change, the rescale, and that the batches of the
-    remaining steps differ from the uninterrupted run's (``data.TokenBatches`` draws each micro-step's windows by
-    ``(seed, step, micro_step)`` and splits them among the ranks, so another ``grad_accum`` × world size draws other
-    windows: the same number of tokens per step, not the same tokens). Same world size: nothing said."""
+    nor of the data: one line through ``log`` says the world-size change, the rescale, and what happens to the
+    batches. ``data_order="epochs"``: they are the uninterrupted run's (``data.EpochBatches`` orders the windows by
+    the global sample index alone, and each rank takes its slice of each step's global batch), so the run continues
+    it up to the order of floating-point reductions. ``"random"``: they differ (``data.TokenBatches`` draws each
+    micro-step's windows by ``(seed, step, micro_step)`` and splits them among the ranks, so another ``grad_accum``
+    × world size draws other windows: the same number of tokens per step, not the same tokens). Same world size:
+    nothing said."""
     folder = RunFolder(run_dir)
     if not folder.is_run():
         return train_cfg
@@ -205,6 +211,10 @@ def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainCon
     differ = (f"the batches of the remaining steps differ from the uninterrupted run's (windows are drawn per rank "
               f"and micro-step), so its curve and weights will not repeat it exactly; resume on {was} rank(s) for a "
               f"bit-exact continuation")
+    if train_cfg.data_order == "epochs":
+        differ = (f"the batches of the remaining steps are the same as the uninterrupted run's (data_order=epochs: "
+                  f"the window order depends only on the seed and the global sample index), so it continues it up "
+                  f"to the order of floating-point sums; resume on {was} rank(s) for a bit-exact continuation")
     if recorded is None or train_cfg.tokens_per_step() == recorded:
         log(f"resuming on {world} rank(s) instead of {was}: {differ}")
         return train_cfg
@@ -234,6 +244,18 @@ def resumed_data_parallel(recorded: str | None, environ: Mapping[str, str] = os.
         return None, ("the run trained with data_parallel=ddp; launched as one process (no torchrun) it resumes with "
                       "data_parallel null")
     return recorded, ""
+
+
+def recorded_adamw_impl(run_dir: Path, request: str, device: torch.device, resume: bool) -> str:
+    """The AdamW implementation of this session (``optim.resolve_adamw_impl``): on ``resume`` of a run whose
+    ``run.json`` recorded the one it resolved to (``adamw_impl``) and whose ``request`` is still ``"auto"``, that
+    one (a run keeps its implementation wherever it resumes); else ``request`` resolved on ``device``. Raises
+    ``ValueError`` when the implementation is not available on ``device``."""
+    from .optim import resolve_adamw_impl
+
+    folder = RunFolder(run_dir)
+    recorded = folder.read_run().get("adamw_impl") if resume and folder.is_run() else None
+    return resolve_adamw_impl(recorded if recorded and request == "auto" else request, device)
 
 
 def check_checkpoint_kind(checkpoint: Path, data_parallel: str | None) -> None:
@@ -432,10 +454,36 @@ def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]
 
     The checkpoint may use another ``cross_layer``: keys under ``cross_layer`` that one side lacks keep the new
     model's initialisation (missing) or are dropped (unexpected). Every other key and every shape must match.
-    Returns the keys that kept their initialisation. Raises ``ValueError`` naming the file otherwise.
+    Returns the keys that kept their initialisation. Raises ``ValueError`` naming the file otherwise; for another
+    vocabulary size, one line naming both and the ``vocab_size`` setting that fits (a padded vocabulary, larger
+    than the data's tokenizer, is allowed: ``config.check_vocab_size``).
     """
     source = os.path.join(os.fspath(path), ckpt.WEIGHTS_NAME)
-    return ckpt.load_weights_into(model, ckpt.load_state(path), source, kind="init_from")
+    state = ckpt.load_state(path)
+    embed = state.get("model.embed_tokens.weight")
+    if embed is not None and embed.ndim == 2 and embed.shape[0] != model.config.vocab_size:
+        raise ValueError(f"{source} has vocab_size={embed.shape[0]} (model.embed_tokens.weight {tuple(embed.shape)}), "
+                         f"the new model {model.config.vocab_size} (the data's tokenizer unless set); give --set "
+                         f"vocab_size={embed.shape[0]} to start from it")
+    return ckpt.load_weights_into(model, state, source, kind="init_from")
+
+
+def init_from_changes(path: str | os.PathLike, cfg: ModelConfig) -> list[str]:
+    """The fields of the checkpoint ``path``'s ``config.json`` that ``cfg`` (the model ``--init-from`` loads it
+    into) sets otherwise, as ``"name 'new' (checkpoint: 'old')"``: the backbone's (``qk_norm_position``,
+    ``rope_theta``, ...), and the method's knobs when both use the same ``cross_layer`` (a new method starts from
+    its own knobs). ``initializer_range`` is left out (the weights are loaded). Empty when the config cannot be
+    read (the weights loaded, which is what counts)."""
+    try:
+        old = ckpt.load_config(path).to_dict()
+    except (ValueError, FileNotFoundError):
+        return []
+    new = cfg.to_dict()
+    knob = tuple(f"{m}_" for m in method_names())
+    same_method = old.get("cross_layer") == new["cross_layer"]
+    return [f"{k} {new[k]!r} (checkpoint: {old.get(k)!r})" for k in new
+            if k not in ("cross_layer", "initializer_range") and old.get(k) != new[k]
+            and (same_method or not k.startswith(knob))]
 
 
 # ---------------------------------------------------------------------------------------------------- writing
