@@ -46,3 +46,32 @@ def copy_tokenizer(tokenizer_json: Path, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tokenizer_json, dest)
     return dest
+
+
+def _make_module():
+    """tests/fixtures/authors/make.py as a module (its writers of their key names and config keys)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("authors_make", AUTHORS_FIXTURES / "make.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def servable_authors_folder(dest: Path, vocab_size: int) -> Path:
+    """An authors'-format Depth-Attention folder (new switch generation, stride 2, float32) that vLLM's CPU backend
+    can serve: head_dim 32 (the CPU attention backend takes 32 and up; the fixtures have 8), 2 query heads / 1 KV
+    head, width 64, 4 layers, ``vocab_size`` rows. Written with make.py's tensor and config writers (their names),
+    at these sizes instead of its module-level ones; returns ``dest``."""
+    make = _make_module()
+    make.VOCAB, make.HIDDEN, make.HEADS, make.KV_HEADS, make.HEAD_DIM = vocab_size, 64, 2, 1, 32
+    config = {**make.released_header("da-vllm", 4, 128, "float32"), "recurrent_model": True,
+              "use_depth_attention": True, "depth_attention_stride": 2, "depth_attention_recent_window": 0,
+              **make.released_footer("float32")}
+    config["max_position_embeddings"] = MAX_POSITIONS
+    state = make.trunk(make.Draw("da-vllm"), 4, 128)
+    dest.mkdir(parents=True)
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(dest / "model.safetensors"),
+              metadata={"format": "pt"})
+    return dest

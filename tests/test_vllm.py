@@ -205,18 +205,18 @@ def test_the_serving_doc_snippet_runs_as_a_file(tmp_path, tokenizer_file):
 
 def test_the_authors_doc_serves_a_converted_depth_attention_folder(tmp_path, tokenizer_file):
     """docs/authors-checkpoints.md § 3: an authors'-format Depth-Attention folder (k_norm after RoPE, vocabulary
-    padded beyond the tokenizer's), converted with `convert --from-authors --tokenizer`, served by the page's Python
+    larger than the tokenizer's, head_dim 32 for vLLM's CPU backend), converted with `convert --from-authors --tokenizer`, served by the page's Python
     block: the greedy continuation equals depthattn's on the converted checkpoint."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from authors_docs import padded_authors_folder
+    from authors_docs import servable_authors_folder
 
     from depthattn.checkpoint import load_model
     from depthattn.cli import main
 
-    src = padded_authors_folder(tmp_path / "authors", VOCAB + 64)
+    src = servable_authors_folder(tmp_path / "authors", VOCAB + 64)
     assert main(["convert", "--from-authors", str(src), "--tokenizer", str(tokenizer_file), "--out",
                  str(tmp_path / "da3b")]) == 0
     core = load_model(tmp_path / "da3b").eval()
