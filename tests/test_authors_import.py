@@ -229,6 +229,31 @@ def test_config_refusals_are_one_line(tmp_path, capsys, changes, message):
     assert (message or "model_type='mistral'") in err[0]
 
 
+NUMBERS = [("depth_attention", {"rope_theta": "abc"}, "rope_theta='abc' is not a number"),
+           ("depth_attention", {"rms_norm_eps": [1e-5]}, "rms_norm_eps=[1e-05] is not a number"),
+           ("depth_attention", {"attention_dropout": "x"}, "attention_dropout='x' is not a number"),
+           ("mhc", {"mhc_alpha_init": "big"}, "mhc_alpha_init='big' is not a number"),
+           ("attnres", {"attnres_recency_bias_init": True}, "attnres_recency_bias_init=True is not a number")]
+
+
+@pytest.mark.parametrize("method, changes, message", NUMBERS, ids=[next(iter(c)) for _, c, _ in NUMBERS])
+def test_a_number_field_that_is_not_a_number_is_refused_naming_it(tmp_path, capsys, method, changes, message):
+    src, _, _ = folder_of(tmp_path, method, **changes)
+    assert convert(src, tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("depthattn convert: error:") and message in err[0], err
+    assert "config.json" in err[0] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("method, key", [("mhc", "mhc_alpha_init"), ("attnres", "attnres_recency_bias_init")])
+def test_a_null_init_value_reads_as_their_default(tmp_path, method, key):
+    """Init-only values (the trained ones are in the weights): null reads as the default, not a crash."""
+    src, _, _ = folder_of(tmp_path, method, **{key: None})
+    assert convert(src, tmp_path / "out") == 0
+    cfg = load_config(tmp_path / "out")
+    assert (cfg.mhc_alpha_init == 0.01) if method == "mhc" else (cfg.attnres_recency_bias == 3.0)
+
+
 def test_conflicting_baseline_selectors_are_refused(tmp_path, capsys):
     src, _, _ = folder_of(tmp_path, "mhc", residual_baseline="attnres")
     assert convert(src, tmp_path / "out") == 2

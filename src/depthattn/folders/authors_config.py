@@ -80,6 +80,17 @@ def _integer(values: Mapping[str, Any], key: str, source: str) -> int:
     return int(value)
 
 
+def _real(values: Mapping[str, Any], key: str, source: str, default: float) -> float:
+    """``values[key]`` as a float (``default`` when absent or null); a ``ValueError`` naming ``source``, the key and
+    the value for anything but a number."""
+    value = values.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{source}: {key}={value!r} is not a number")
+    return float(value)
+
+
 def _first_int(values: Mapping[str, Any], keys: tuple[str, ...], default: int, source: str,
                skip_empty: bool = False) -> tuple[int, str]:
     """(the value of the first of ``keys`` the config has, its key); ``default`` and ``"default"`` without any.
@@ -146,7 +157,9 @@ def _refuse_unsupported(values: Mapping[str, Any], source: str) -> None:
             refuse(key, "the core's projections have no bias")
     if values.get("hidden_act", "silu") != "silu":
         refuse("hidden_act", "the core's MLP is SwiGLU with SiLU")
-    if float(values.get("attention_dropout") or 0.0) != 0.0:
+    for key in ("rope_theta", "rms_norm_eps", "initializer_range"):  # numbers (null: LlamaConfig's default)
+        _real(values, key, source, 0.0)
+    if _real(values, "attention_dropout", source, 0.0) != 0.0:
         refuse("attention_dropout", "the core has no attention dropout")
     if not _flag(values, "use_qk_norm", source, default=True):
         refuse("use_qk_norm", "depthattn imports their q/k-norm models only")
@@ -193,13 +206,13 @@ def _method(values: Mapping[str, Any], source: str, stored: Mapping[str, Any]
                 raise ValueError(f"{source}: the environment variable MHC_NUM_STREAMS={env!r} (their stream count "
                                  f"when the config has none) is not an integer")
         iters, _ = _first_int(values, ("mhc_sinkhorn_iters",), 20, source, True)
-        alpha = float(values.get("mhc_alpha_init", 0.01))
+        alpha = _real(values, "mhc_alpha_init", source, 0.01)
         return "mhc", {"mhc_num_streams": max(1, streams), "mhc_sinkhorn_iters": max(1, iters),
                        "mhc_alpha_init": alpha, "mhc_sinkhorn": "exp"}, []
     if baseline == "attnres":
         block, _ = _first_int(values, ("attnres_block_size",), 12, source, True)
         recency = "model.attnres_final_aggregator.recency_bias" in stored
-        init = float(values.get("attnres_recency_bias_init", 3.0)) if recency else None
+        init = _real(values, "attnres_recency_bias_init", source, 3.0) if recency else None
         return "attnres", {"attnres_block_size": max(1, block), "attnres_recency_bias": init}, []
     if baseline == "denseformer":
         keys = ("denseformer_dwa_dilation", "densetransformer_dwa_dilation")
