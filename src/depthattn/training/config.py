@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -92,8 +92,20 @@ class TrainConfig:
     on_divergence: str = "stop"
     loss_rise_margin: float = 1.0
     loss_rise_patience: int = 3
+    eval_tasks: list[str] = field(default_factory=list)
+    eval_tasks_every: int = 0
+    eval_tasks_limit: int | None = None
+    log_depth_every: int = 100
 
     def __post_init__(self) -> None:
+        if isinstance(self.eval_tasks, str):  # --set eval_tasks=arc_easy,piqa (or "all")
+            self.eval_tasks = [t.strip() for t in self.eval_tasks.split(",") if t.strip()]
+        if isinstance(self.eval_tasks, tuple):
+            self.eval_tasks = list(self.eval_tasks)
+        if self.eval_tasks == ["all"]:
+            from ..eval.tasks import TASKS
+
+            self.eval_tasks = list(TASKS)
         self.validate()
 
     def validate(self) -> None:
@@ -148,8 +160,24 @@ class TrainConfig:
         need(isinstance(self.loss_rise_margin, (int, float)) and not isinstance(self.loss_rise_margin, bool)
              and _finite(self.loss_rise_margin) and self.loss_rise_margin > 0, "loss_rise_margin",
              "must be a finite number of nats > 0")
+        self._validate_periodic_stats(need, is_int)
         need(self.wandb_project is None or (isinstance(self.wandb_project, str) and bool(self.wandb_project)),
              "wandb_project", "must be a Weights & Biases project name, or unset")
+
+    def _validate_periodic_stats(self, need, is_int) -> None:
+        """``eval_tasks`` (known task names, ``eval.tasks.TASKS``), ``eval_tasks_every``, ``eval_tasks_limit``,
+        ``log_depth_every``."""
+        from ..eval.tasks import TASKS
+
+        need(isinstance(self.eval_tasks, list) and all(isinstance(t, str) for t in self.eval_tasks), "eval_tasks",
+             "must be a list of task names (or a comma-separated string, or \"all\")")
+        unknown = [t for t in self.eval_tasks if t not in TASKS]
+        need(not unknown, "eval_tasks", f"unknown task name(s) {unknown}; choose from {sorted(TASKS)} or 'all'")
+        need(len(set(self.eval_tasks)) == len(self.eval_tasks), "eval_tasks", "names a task twice")
+        for name in ("eval_tasks_every", "log_depth_every"):
+            need(is_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
+        need(self.eval_tasks_limit is None or (is_int(self.eval_tasks_limit) and self.eval_tasks_limit >= 1),
+             "eval_tasks_limit", "must be a number of documents per task >= 1 (or unset: every document)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -205,14 +233,15 @@ RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes
                             "log_every", "device", "compile", "activation_checkpointing", "fsdp_replicate",
                             "dist_timeout_s", "peak_flops", "tensorboard", "wandb_project", "verify_data",
                             "on_nonfinite", "max_nonfinite_skips", "on_divergence", "loss_rise_margin",
-                            "loss_rise_patience"})
+                            "loss_rise_patience", "eval_tasks", "eval_tasks_every", "eval_tasks_limit",
+                            "log_depth_every"})
 
 #: The value of a train key that a recorded config written before the key existed must read as: the behaviour of
 #: the release that wrote it (a new run gets the dataclass default). Add a key here with every key added to
 #: ``TrainConfig`` whose default changes what a run does.
 #: Release 97f8652 had no divergence guard (its runs resume warn-only: same numbers, same exit status, one line) and
-#: no time-based saves.
-LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0}
+#: no time-based saves, and logged no depth statistics (``log_depth_every``: a resumed old run logs what it did).
+LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "log_depth_every": 0}
 
 
 def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
