@@ -220,3 +220,29 @@ def test_methods_without_mixing_weights_log_no_probe_keys():
     ids = torch.randint(0, 256, (1, 8))
     for method in ("none", "depth_attention_uniform", "value_residual"):
         assert method_statistics(make_model(cross_layer=method), ids) == {}
+
+
+# ---------------------------------------------------------------------------------------------------- compare
+@needs_data
+def test_compare_reports_and_plots_the_in_loop_tasks_when_set(task_run, tmp_path):
+    from PIL import Image
+
+    from depthattn.compare import plot_curves, render_report, render_task_curves, task_curve
+    from test_compare_stats import results
+
+    curve = task_curve(read_metrics(task_run))
+    assert [c["step"] for c in curve] == [2, 4] and "task/arc_easy/acc_norm" in curve[0] and "loss" not in curve[0]
+    old = results()
+    assert render_task_curves(old) == "" and "Zero-shot during training" not in render_report(old)
+    plot_curves(old, tmp_path / "old.png")
+    new = results()
+    new["settings"]["train"].update(eval_tasks=TASKS, eval_tasks_every=2, eval_tasks_limit=LIMIT)
+    for m in new["methods"].values():
+        for r in m["runs"]:
+            r["task_curve"] = curve
+    table = render_task_curves(new)
+    last = curve[-1]["task/arc_easy/acc"]
+    assert f"| none | arc_easy | {curve[0]['task/arc_easy/acc']:.4f} (step 2) | {last:.4f} (step 4) | 3 |" in table
+    assert "## Zero-shot during training" in render_report(new) and table in render_report(new)
+    plot_curves(new, tmp_path / "new.png")
+    assert Image.open(tmp_path / "new.png").size[0] > Image.open(tmp_path / "old.png").size[0]  # a fourth panel
