@@ -49,8 +49,16 @@ class TrainConfig:
     evaluations warns in one line (0 turns that warning off); it never stops a run. A recorded config without
     ``on_divergence`` (an older release's run.json) resumes with ``"warn"`` (``LEGACY_DEFAULTS``).
 
+    Zero-shot tasks during training (``training.in_loop_tasks``): ``eval_tasks`` (names of ``eval.tasks.TASKS``; a
+    comma-separated string or ``"all"`` is turned into the list; empty: none) are scored every ``eval_tasks_every``
+    steps (0: only at the last step) and at the last step, on the first ``eval_tasks_limit`` documents of each
+    (None: all). ``log_depth_every``: every that many steps the depth statistics of a fixed probe batch and the
+    per-layer gradient norms are logged (``training.depth_stats``; 0: off, what a run recorded before the key
+    existed reads, ``LEGACY_DEFAULTS``). None of the four changes the trajectory; all may change on resume.
+
     Raises:
-        ValueError: naming the field and the value, for any impossible setting.
+        ValueError: naming the field and the value, for any impossible setting (an unknown task name: with the
+            list of choices).
     """
 
     seed: int = 0
