@@ -246,3 +246,20 @@ def test_compare_reports_and_plots_the_in_loop_tasks_when_set(task_run, tmp_path
     assert "## Zero-shot during training" in render_report(new) and table in render_report(new)
     plot_curves(new, tmp_path / "new.png")
     assert Image.open(tmp_path / "new.png").size[0] > Image.open(tmp_path / "old.png").size[0]  # a fourth panel
+
+
+def test_old_runs_read_log_depth_every_as_off_and_tensorboard_tags():
+    from depthattn.training.config import RESUMABLE_KEYS
+    from depthattn.training.metrics import tensorboard_tag
+
+    assert TrainConfig().log_depth_every == 100 and TrainConfig().eval_tasks == []
+    assert TrainConfig.from_recorded({"steps": 4}).log_depth_every == 0  # release 97f8652 logged none
+    assert TrainConfig.from_recorded({"steps": 4, "log_depth_every": 7}).log_depth_every == 7
+    assert {"eval_tasks", "eval_tasks_every", "eval_tasks_limit", "log_depth_every"} <= RESUMABLE_KEYS
+    assert TrainConfig(eval_tasks="all").eval_tasks == list(zs.TASKS)
+    for bad in (dict(eval_tasks_every=-1), dict(eval_tasks_limit=0), dict(log_depth_every=1.5),
+                dict(eval_tasks=["piqa", "piqa"]), dict(eval_tasks=[3])):
+        with pytest.raises(ValueError, match=rf"TrainConfig.{next(iter(bad))}="):
+            TrainConfig(**bad)
+    assert [tensorboard_tag(k) for k in ("loss", "val_loss", "task/piqa/acc", "depth/L3/self", "grad_norm/L3")] == [
+        "train/loss", "val/loss", "task/piqa/acc", "depth/L3/self", "grad_norm/L3"]
