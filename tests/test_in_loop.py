@@ -263,3 +263,21 @@ def test_old_runs_read_log_depth_every_as_off_and_tensorboard_tags():
             TrainConfig(**bad)
     assert [tensorboard_tag(k) for k in ("loss", "val_loss", "task/piqa/acc", "depth/L3/self", "grad_norm/L3")] == [
         "train/loss", "val/loss", "task/piqa/acc", "depth/L3/self", "grad_norm/L3"]
+
+
+@needs_data
+def test_a_compiled_run_probes_and_scores_eagerly_with_the_same_numbers(data_dir, tmp_path):
+    """compile=true: the probe and the tasks bypass the compiled blocks (no graph per request shape) and give
+    analyze's and the native scorer's numbers on the checkpoint."""
+    run = tmp_path / "compiled"
+    train(run, _cfg("depth_attention"), TrainConfig(**{**BASE, "steps": 2, "save_every": 1}, compile=True,
+                                                     log_depth_every=1, eval_tasks=["arc_easy"], eval_tasks_limit=3,
+                                                     eval_tasks_every=1), data_dir, progress=False)
+    probe = probe_batch(validation_windows(load_prepared(data_dir).val, BASE["seq_len"], BASE["eval_windows"]))
+    tok = load_tokenizer(data_dir / "tokenizer.json")
+    for row in read_metrics(run):
+        model = _load(run, row["step"])
+        layer = depth_weight_means(model, probe)["layers"][3]
+        assert row["depth/L3/self"] == pytest.approx(layer["weights"][-1], abs=1e-6)
+        native = zs.evaluate_task(model, tok, "arc_easy", 3, batch_size=BASE["eval_batch_size"], progress=False)
+        assert row["task/arc_easy/acc"] == native["metrics"]["acc"]
