@@ -1,15 +1,26 @@
-"""vLLM serving throughput, vanilla vs Depth-Attention: same weights, same engine config, measured alternately.
+"""vLLM serving throughput, vanilla vs Depth-Attention, at several model widths: same engine, batches alternated.
 
-Depth-Attention adds no parameters, so both checkpoints hold the *same* tensors (one random ``small``-preset model,
-head_dim 64); only ``cross_layer`` differs. Each round runs one worker process per method (order A B, then B A), each
-building an in-process vLLM engine (float32, ``enforce_eager``, prefix caching off so every round recomputes), warming
-up once and timing ``--repeats`` batches of ``--batch`` random prompts of ``--prompt-len`` tokens with
-``--new-tokens`` greedy tokens each (``ignore_eos``). Throughput = (prompt + generated tokens) / time, by wall clock
-and by the worker's CPU time (all threads; robust to other load on a shared machine, the number to quote there); a
-ratio is the median over rounds of Depth-Attention's time over vanilla's. Run in the vLLM environment
-(``bash scripts/ci_vllm.sh`` builds it):
+Depth-Attention adds no parameters, and the plugin's forward depends on ``cross_layer`` only through its depth plan
+(``served_plan``: all-empty for ``none``), so one engine serves both: each worker process loads a random
+Depth-Attention checkpoint of one width and times batches alternately with its own plan and with the empty plan
+(vanilla; set through ``LLM.apply_model``), A B B A ..., each pair on the same prompts. Both methods so share the
+process, its weights, its memory placement and its engine config (float32, ``enforce_eager``, prefix caching off so
+every batch recomputes; the same engine arguments at every width). The width-``C`` model is the ``small`` preset
+(8 layers, vocab 8,192, head_dim 64, Depth-Attention's default stride 4, so the same depth plan at every width: 7 of
+the 8 layers mix 2 or 3 candidates) with ``hidden_size = C``, ``intermediate_size = 3C`` (``small``'s ratio),
+``C / 64`` query heads and ``max(2, C / 256)`` KV heads: width 256 is ``small`` itself, 1024 and 2048 have the head
+layout of the ``360m`` and ``3b`` presets (16 / 4 and 32 / 8 heads, GQA 4x).
 
-    .venv-vllm/bin/python scripts/bench_vllm.py --rounds 2
+Each round runs one worker per width; a worker warms up on one batch per method, checks that the mix changes the
+greedy tokens, then times ``--repeats`` pairs of batches of ``--batch`` random prompts of ``--prompt-len`` tokens
+with ``--new-tokens`` greedy tokens each (``ignore_eos``). Throughput = (prompt + generated tokens) / time, by wall
+clock and by the worker's CPU time (``--threads 1`` torch thread by default, so CPU time holds no OpenMP
+spin-waiting: the number to quote on a shared machine). The ratio at a width is the median over all its pairs of
+Depth-Attention's time over vanilla's; the report also gives each process's median and the min-max over pairs. Run
+in the vLLM environment (``bash scripts/ci_vllm.sh`` builds it):
+
+    .venv-vllm/bin/python scripts/bench_vllm.py --widths 256,1024,2048 --rounds 2 --repeats 4 --batch 8 \
+        --prompt-len 64 --new-tokens 16
 """
 
 from __future__ import annotations
@@ -17,37 +28,61 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+METHODS = ("none", "depth_attention")
 
-def make_checkpoints(folder: str, preset: str) -> dict[str, str]:
+
+def width_config(width: int):
+    """The ``small`` preset at ``hidden_size=width`` (heads of 64, ``max(2, heads // 4)`` KV heads, MLP 3x)."""
+    from depthattn import ModelConfig
+
+    if width < 128 or width % 64:
+        raise ValueError(f"--widths: each width must be a multiple of 64 and at least 128, got {width}")
+    heads = width // 64
+    return ModelConfig.from_preset("small", hidden_size=width, intermediate_size=3 * width,
+                                   num_attention_heads=heads, num_key_value_heads=max(2, heads // 4))
+
+
+def make_checkpoint(folder: str, width: int, tok: str) -> str:
+    """A ``depth_attention`` checkpoint of a random width-``width`` model (the worker also runs it as vanilla)."""
     import torch
 
-    from depthattn import DecoderLM, ModelConfig
+    from depthattn import DecoderLM
     from depthattn.checkpoint import save_model
+
+    torch.manual_seed(0)
+    path = os.path.join(folder, f"w{width}")
+    save_model(DecoderLM(width_config(width).replace(cross_layer="depth_attention")).eval(), path, tokenizer_file=tok)
+    return path
+
+
+def _set_plan(model, plan):
+    """Give the served model (``DepthAttnForCausalLM``) another depth plan: all-empty is exactly the ``none``
+    checkpoint's (``served_plan``), the only thing in the plugin's forward that depends on ``cross_layer``."""
+    model.model.plan = plan
+    model.model.kept = frozenset(j for cands in plan for j in cands)
+    return plan
+
+
+def make_tokenizer(folder: str, vocab_size: int) -> str:
     from depthattn.data import embedded_corpus_documents
     from depthattn.data.tokenizer import train_bpe
 
-    cfg = ModelConfig.from_preset(preset)
     tok = os.path.join(folder, "tokenizer.json")
-    train_bpe([t[:50000] for _, t in embedded_corpus_documents()[:3]], vocab_size=cfg.vocab_size).save(tok)
-    torch.manual_seed(0)
-    core = DecoderLM(cfg).eval()
-    out = {}
-    for method in ("none", "depth_attention"):
-        model = DecoderLM(cfg.replace(cross_layer=method)).eval()
-        model.load_state_dict(core.state_dict())
-        out[method] = os.path.join(folder, method)
-        save_model(model, out[method], tokenizer_file=tok)
-    return out
+    train_bpe([t[:50000] for _, t in embedded_corpus_documents()[:3]], vocab_size=vocab_size).save(tok)
+    return tok
 
 
 def worker(args) -> None:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    """One engine on the Depth-Attention checkpoint; batches alternate between its own plan and the empty plan
+    (vanilla), A B B A ..., so both methods share the process, its memory placement and its weights."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: apply_model is direct
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     import torch
     from vllm import LLM, SamplingParams
@@ -56,64 +91,125 @@ def worker(args) -> None:
     llm = LLM(model=args.worker, dtype="float32", enforce_eager=True, enable_prefix_caching=False,
               max_model_len=args.prompt_len + args.new_tokens, max_num_seqs=args.batch, seed=0)
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
-    g = torch.Generator().manual_seed(0)
+    da_plan = llm.apply_model(lambda m: m.model.plan)[0]
+    plans = {"none": tuple(() for _ in da_plan), "depth_attention": da_plan}
+    g = torch.Generator().manual_seed(args.seed)
 
     def batch():
         return [TokensPrompt(prompt_token_ids=torch.randint(1, 8000, (args.prompt_len,), generator=g).tolist())
                 for _ in range(args.batch)]
 
-    llm.generate(batch(), params, use_tqdm=False)  # warm-up
-    wall, cpu = [], []
-    for _ in range(args.repeats):
-        prompts = batch()
+    def run(method, prompts):
+        llm.apply_model(lambda m: _set_plan(m, plans[method]))
         t0, c0 = time.perf_counter(), time.process_time()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+        seconds = time.perf_counter() - t0, time.process_time() - c0
         assert all(len(o.outputs[0].token_ids) == args.new_tokens for o in outs)
-    print("RESULT " + json.dumps({"wall": statistics.median(wall), "cpu": statistics.median(cpu)}), flush=True)
+        return seconds, [o.outputs[0].token_ids for o in outs]
+
+    warm = batch()
+    differ = run("none", warm)[1] != run("depth_attention", warm)[1]  # warm-up; the mix must change the tokens
+    times = {m: {"wall": [], "cpu": []} for m in METHODS}
+    for i in range(args.repeats):
+        prompts = batch()  # the same prompts for both methods of a pair
+        for method in (METHODS if (i + args.seed) % 2 == 0 else METHODS[::-1]):
+            (wall, cpu), _ = run(method, prompts)
+            times[method]["wall"].append(wall)
+            times[method]["cpu"].append(cpu)
+    print("RESULT " + json.dumps({"times": times, "threads": torch.get_num_threads(), "tokens_differ": differ}),
+          flush=True)
+
+
+def run_worker(path: str, seed: int, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", path, "--repeats", str(args.repeats), "--batch", str(args.batch),
+           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--seed", str(seed)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))  # vLLM's CPU worker keeps an OMP_NUM_THREADS it finds
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    line = [s for s in res.stdout.splitlines() if s.startswith("RESULT ")]
+    if res.returncode != 0 or not line:
+        sys.exit(f"worker for {path} failed:\n{res.stderr[-3000:]}")
+    return json.loads(line[0][7:])
+
+
+def parse_widths(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--widths: expected comma-separated integers such as 256,1024,2048, got {text!r}")
+    for w in widths:
+        try:
+            width_config(w)
+        except ValueError as e:
+            raise SystemExit(str(e))
+    return widths
+
+
+def spread(xs: list[float]) -> str:
+    return f"{min(xs):.3f}-{max(xs):.3f}"
+
+
+def report(widths, pairs, args) -> None:
+    """``pairs[w][r]``: round ``r``'s times at width ``w`` (``{method: {"wall" | "cpu": [per batch]}}``)."""
+    tokens = args.batch * (args.prompt_len + args.new_tokens)
+    print(f"\nbatch {args.batch} x ({args.prompt_len} prompt + {args.new_tokens} generated) tokens, float32, "
+          f"enforce_eager, prefix caching off, {args.threads} torch thread(s); {args.rounds} worker processes per "
+          f"width x {args.repeats} batch pairs each; ratio = median over all pairs of DA time / vanilla time "
+          f"(same prompts, back to back); per-process ratio = that process's median")
+    print("| width | heads / KV heads | vanilla tok/s wall | DA tok/s wall | vanilla tok per CPU-s | DA tok per CPU-s "
+          "| DA/vanilla CPU time | per-process CPU ratios | all pairs min-max | DA/vanilla wall time |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for w in widths:
+        cfg = width_config(w)
+        flat = {(m, c): [x for rnd in pairs[w] for x in rnd[m][c]] for m in METHODS for c in ("cpu", "wall")}
+        ratio = {c: [d / n for d, n in zip(flat["depth_attention", c], flat["none", c])] for c in ("cpu", "wall")}
+        per_process = [statistics.median(d / n for d, n in zip(rnd["depth_attention"]["cpu"], rnd["none"]["cpu"]))
+                       for rnd in pairs[w]]
+        rate = {k: tokens / statistics.median(v) for k, v in flat.items()}
+        print(f"| {w} | {cfg.num_attention_heads} / {cfg.num_key_value_heads} | {rate['none', 'wall']:.0f} | "
+              f"{rate['depth_attention', 'wall']:.0f} | {rate['none', 'cpu']:.0f} | "
+              f"{rate['depth_attention', 'cpu']:.0f} | {statistics.median(ratio['cpu']):.3f} | "
+              f"{', '.join(f'{x:.3f}' for x in per_process)} | "
+              f"{spread(ratio['cpu'])} | {statistics.median(ratio['wall']):.3f} |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="small")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--widths", default="256", help="comma-separated hidden sizes (default 256: the small preset)")
+    p.add_argument("--rounds", type=int, default=2, help="worker processes per width")
+    p.add_argument("--repeats", type=int, default=4, help="timed batch pairs (vanilla, DA) per worker")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per worker (default 1: CPU time then counts no OpenMP spin-waiting, so it "
+                        "stays a fair measure on a loaded machine)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    widths = parse_widths(args.widths)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` or kill: still remove the checkpoints
     tokens = args.batch * (args.prompt_len + args.new_tokens)
+    print(f"start {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="depthattn-bench-vllm-") as folder:
-        ckpts = make_checkpoints(folder, args.preset)
-        seconds: dict[str, dict[str, list[float]]] = {m: {"wall": [], "cpu": []} for m in ckpts}
+        tok = make_tokenizer(folder, width_config(widths[0]).vocab_size)
+        ckpts = {w: make_checkpoint(folder, w, tok) for w in widths}
+        pairs: dict[int, list[dict]] = {w: [] for w in widths}
         for r in range(args.rounds):
-            order = list(ckpts) if r % 2 == 0 else list(ckpts)[::-1]
-            for method in order:
-                cmd = [sys.executable, __file__, "--worker", ckpts[method], "--repeats", str(args.repeats),
-                       "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
-                       "--new-tokens", str(args.new_tokens)]
-                res = subprocess.run(cmd, capture_output=True, text=True)
-                line = [s for s in res.stdout.splitlines() if s.startswith("RESULT ")]
-                if res.returncode != 0 or not line:
-                    sys.exit(f"worker for {method} failed:\n{res.stderr[-3000:]}")
-                res = json.loads(line[0][7:])
-                for clock in ("wall", "cpu"):
-                    seconds[method][clock].append(res[clock])
-                print(f"round {r} {method}: {tokens / res['wall']:.0f} tok/s wall, {tokens / res['cpu']:.0f} tok per "
-                      f"CPU-second", flush=True)
-    print(f"\n{args.preset}, batch {args.batch} x ({args.prompt_len} prompt + {args.new_tokens} generated) tokens, "
-          f"float32, enforce_eager, median of {args.repeats} batches per round, {args.rounds} rounds")
-    print("| method | tok/s wall | tok per CPU-second |\n|---|---|---|")
-    for m, s in seconds.items():
-        print(f"| {m} | {tokens / statistics.median(s['wall']):.0f} | {tokens / statistics.median(s['cpu']):.0f} |")
-    for clock in ("cpu", "wall"):
-        ratios = [d / n for d, n in zip(seconds["depth_attention"][clock], seconds["none"][clock])]
-        print(f"Depth-Attention {clock} time / vanilla {clock} time: {statistics.median(ratios):.3f} (per round: "
-              f"{', '.join(f'{x:.3f}' for x in ratios)})")
+            for w in widths:
+                res = run_worker(ckpts[w], r, args)
+                pairs[w].append(res["times"])
+                cpu = res["times"]
+                print(f"round {r} width {w} ({res['threads']} torch threads, greedy tokens differ: "
+                      f"{res['tokens_differ']}, load average {os.getloadavg()[0]:.2f}): CPU s per batch, vanilla "
+                      f"{', '.join(f'{x:.3f}' for x in cpu['none']['cpu'])}; DA "
+                      f"{', '.join(f'{x:.3f}' for x in cpu['depth_attention']['cpu'])}; "
+                      f"{tokens / statistics.median(cpu['none']['cpu']):.0f} vs "
+                      f"{tokens / statistics.median(cpu['depth_attention']['cpu']):.0f} tok per CPU-second",
+                      flush=True)
+    report(widths, pairs, args)
+    print(f"end {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

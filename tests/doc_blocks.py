@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from authors_docs import SHAPE_FLAGS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGUAGES = {"bash", "python", "toml", "json", "yaml", "text"}
@@ -37,6 +39,11 @@ VARIABLES = {
     "RUN": "fixture/run",  # a run folder with checkpoints (the old-release fixture, resumable)
     "CKPT": "fixture/run/checkpoints/step_00000004",  # a checkpoint folder (depth_attention)
     "NONE_RUN": "fixture/compare/runs/none-seed0",  # a finished run folder of a vanilla (cross_layer none) model
+    # docs/authors-checkpoints.md: an authors'-format Depth-Attention folder (tests/authors_docs.py) whose 576-row
+    # embedding pads the 512-token fixture tokenizer, and the flags of a depthattn model of its shape
+    "AUTHORS_DA": "fixture/authors-da",
+    "AUTHORS_TOKENIZER": "fixture/data/tokenizer.json",
+    "AUTHORS_DA_FLAGS": SHAPE_FLAGS + " --set vocab_size=576 " + TINY_FLAGS.split(" --steps 2 ")[1],
     "NONE_CKPT": "fixture/compare/runs/none-seed0/checkpoints/step_00000006",  # its checkpoint
 }
 

@@ -39,8 +39,9 @@ pytestmark = pytest.mark.dist
 
 TIMEOUT_S = 120
 STEPS, BATCH, SEQ, ACCUM = 4, 2, 32, 2
-TRAIN_SETS = dict(batch_size=BATCH, seq_len=SEQ, grad_accum=ACCUM, lr=3e-3, eval_windows=4, save_every=2,
-                  keep_last=3, device="cpu")
+# data_order=random: the rank-split draw of TokenBatches, patched below (tests/test_epochs.py: the epochs order)
+TRAIN_SETS = dict(data_order="random", batch_size=BATCH, seq_len=SEQ, grad_accum=ACCUM, lr=3e-3, eval_windows=4,
+                  save_every=2, keep_last=3, device="cpu")
 
 
 def torchrun(args: list[str], cwd: Path, nproc: int = 2, timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ import pytest
 from depthattn.checkpoint_files import REMOTE_CODE_FILES
 from depthattn.fileio import file_states, rewrite_manifest_entries
 
+from authors_docs import padded_authors_folder
 from doc_blocks import DOC_FILES, LANGUAGES, ROOT, RUNNABLE, all_blocks, blocks
 from release_fixtures import copy_release_fixture
 
@@ -55,6 +56,7 @@ def _folder(tmp_path: Path) -> dict[str, str]:
         for name in REMOTE_CODE_FILES:
             shutil.copyfile(ROOT / "src" / "depthattn" / "hf" / name, folder / name)
         rewrite_manifest_entries(folder, before)
+    padded_authors_folder(tmp_path / "fixture" / "authors-da", 576)
     for name in ("configs", "scripts"):
         (tmp_path / name).symlink_to(ROOT / name)
     bin_dir = str(Path(sys.executable).parent)

@@ -347,8 +347,9 @@ def _assert_global_mean_loss(run: Path, data_dir: Path) -> None:
     prepared = data.load_prepared(data_dir, verify=False)
     local = []
     for rank in (0, 1):
-        batches = data.TokenBatches(prepared.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=rank,
-                                    world_size=2)
+        kind = data.EpochBatches if cfg.data_order == "epochs" else data.TokenBatches  # the run's windows
+        extra = {"grad_accum": cfg.grad_accum} if cfg.data_order == "epochs" else {}
+        batches = kind(prepared.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=rank, world_size=2, **extra)
         with torch.no_grad():
             local.append(sum(float(next_token_loss(model, batches.batch(0, m), torch.device("cpu"), None))
                              for m in range(cfg.grad_accum)) / cfg.grad_accum)

@@ -162,24 +162,28 @@ def test_default_multiprocess_engine_finds_the_model_through_the_entry_point(tmp
         assert tokens == generate(core, torch.tensor([p]), NEW_TOKENS, temperature=0)[0, len(p):].tolist()
 
 
-def test_the_serving_doc_snippet_runs_as_a_file(tmp_path, tokenizer_file):
-    """docs/serving.md's Python block, saved as a file and run with vLLM's default multiprocess engine (the
-    checkpoint path substituted): it must run as written and print the greedy continuation."""
+def _run_doc_block(doc_name: str, placeholder: str, ckpt, tmp_path) -> str:
+    """The first Python block of ``docs/<doc_name>``, ``placeholder`` replaced by ``ckpt``, saved as a file and run
+    with vLLM's default multiprocess engine; returns its stdout (the run must succeed)."""
     import re
     import subprocess
     import sys
     from pathlib import Path
 
-    core = checkpoint(tmp_path / "ck", tokenizer_file)
-    doc = (Path(__file__).parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).parents[1] / "docs" / doc_name).read_text(encoding="utf-8")
     block = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
-    assert '"runs/x/checkpoints/step_00000400"' in block
-    (tmp_path / "snippet.py").write_text(block.replace("runs/x/checkpoints/step_00000400", str(tmp_path / "ck")))
+    assert f'"{placeholder}"' in block
+    (tmp_path / "snippet.py").write_text(block.replace(placeholder, str(ckpt)))
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the snippet's own setting, not this module's
     res = subprocess.run([sys.executable, "snippet.py"], capture_output=True, text=True, timeout=900, env=env,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+def _expected_text(core, tokenizer_file) -> str:
+    """What the doc blocks print: depthattn's greedy 32 tokens after "The sea", up to EOS, decoded."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_file))
@@ -187,5 +191,36 @@ def test_the_serving_doc_snippet_runs_as_a_file(tmp_path, tokenizer_file):
     new = generate(core, torch.tensor([prompt]), 32, temperature=0)[0, len(prompt):].tolist()
     eos = tok.token_to_id("<|endoftext|>")
     new = new[:new.index(eos)] if eos in new else new  # vLLM stops at the stop token
-    expected = tok.decode(new).replace("\ufffd", "")  # incomplete UTF-8 pieces: detokenizers may place them apart
-    assert expected and expected in res.stdout.replace("\ufffd", ""), res.stdout[-800:]
+    return tok.decode(new).replace("\ufffd", "")  # incomplete UTF-8 pieces: detokenizers may place them apart
+
+
+def test_the_serving_doc_snippet_runs_as_a_file(tmp_path, tokenizer_file):
+    """docs/serving.md's Python block, saved as a file and run with vLLM's default multiprocess engine (the
+    checkpoint path substituted): it must run as written and print the greedy continuation."""
+    core = checkpoint(tmp_path / "ck", tokenizer_file)
+    out = _run_doc_block("serving.md", "runs/x/checkpoints/step_00000400", tmp_path / "ck", tmp_path)
+    expected = _expected_text(core, tokenizer_file)
+    assert expected and expected in out.replace("\ufffd", ""), out[-800:]
+
+
+def test_the_authors_doc_serves_a_converted_depth_attention_folder(tmp_path, tokenizer_file):
+    """docs/authors-checkpoints.md § 3: an authors'-format Depth-Attention folder (k_norm after RoPE, vocabulary
+    padded beyond the tokenizer's), converted with `convert --from-authors --tokenizer`, served by the page's Python
+    block: the greedy continuation equals depthattn's on the converted checkpoint."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from authors_docs import padded_authors_folder
+
+    from depthattn.checkpoint import load_model
+    from depthattn.cli import main
+
+    src = padded_authors_folder(tmp_path / "authors", VOCAB + 64)
+    assert main(["convert", "--from-authors", str(src), "--tokenizer", str(tokenizer_file), "--out",
+                 str(tmp_path / "da3b")]) == 0
+    core = load_model(tmp_path / "da3b").eval()
+    assert core.config.qk_norm_position == "k_after_rope" and core.config.cross_layer == "depth_attention"
+    out = _run_doc_block("authors-checkpoints.md", "da3b", tmp_path / "da3b", tmp_path)
+    expected = _expected_text(core, tokenizer_file)
+    assert expected and expected in out.replace("\ufffd", ""), out[-800:]

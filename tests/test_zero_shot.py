@@ -137,3 +137,17 @@ def test_multiple_choice_continuations_have_exactly_one_leading_space():
     conts = [t for it in items for _, t in it.requests]
     assert all(t.startswith(" ") and not t.startswith("  ") for t in conts)
     assert any(it.doc_id == 3243 for it in items)  # a document whose raw endings start with two spaces
+
+
+def test_a_continuation_longer_than_the_model_window_is_refused(model, tok):
+    """Inputs keep their last max_position_embeddings tokens; a continuation longer than that cannot be scored, so
+    it is refused in one line instead of being scored on a slice (or crashing on a shape)."""
+    short = DecoderLM(ModelConfig.from_preset("tiny", vocab_size=50304, num_hidden_layers=2,
+                                              max_position_embeddings=8)).eval()
+    long_cont = " the quick brown fox jumps over the lazy dog again and again"
+    assert len(tok.encode(long_cont, add_special_tokens=False).ids) > 8
+    with pytest.raises(ValueError, match="continuation of 1[0-9] tokens, more than the model's "
+                                         "max_position_embeddings=8"):
+        zs.score_requests(short, tok, [("Once", long_cont)])
+    scored = zs.score_requests(short, tok, [("Once upon a time there was a", " fox")])[0]
+    assert math.isfinite(scored.loglikelihood)  # a context longer than the window still keeps its last tokens

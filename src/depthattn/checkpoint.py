@@ -1,9 +1,16 @@
 """Model checkpoints: Hugging Face model folders (``model_type="depthattn"``), written atomically.
 
-A checkpoint folder holds ``model.safetensors`` (the Hugging Face Qwen3 key names), ``config.json`` (``model_type``
+A checkpoint folder holds ``model.safetensors`` (the Hugging Face Qwen3 key names; or, as ``convert --from-authors``
+writes a large model, safetensors shards with ``model.safetensors.index.json``), ``config.json`` (``model_type``
 ``"depthattn"``, ``architectures``, ``auto_map``), ``generation_config.json`` (EOS and padding ids),
 ``configuration.py`` / ``modeling.py`` (for ``trust_remote_code``) and, when a tokenizer is given, ``tokenizer.json``
 and ``tokenizer_config.json`` (``depthattn.checkpoint_files``; docs/hf.md). Training adds its state beside them.
+
+Reading goes through :func:`depthattn.folders.open_model`, one reader per on-disk format (ours, Hugging Face Qwen3,
+the authors' hyq718/Depth-Attention folders, DCP): :func:`load_model` opens ours and the authors', builds the model
+and copies the tensors in (:func:`model_from_folder`); :func:`save_folder_files` streams any opened folder into a
+checkpoint one tensor at a time. The checks below are the ``native`` reader's (``depthattn.folders.native``,
+re-exported here).
 
 A checkpoint folder is first assembled under a temporary name beside the target and then renamed into place, so a
 crash never leaves a half-written checkpoint under the real name. Loading checks the config, the safetensors header
@@ -33,23 +40,30 @@ from typing import Iterator
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from . import checkpoint_files as files
 from .accounting import check_model_fits
-from .config import ModelConfig, read_json_object
-from .fileio import IntegrityError, verify_manifest, write_folder_atomically  # noqa: F401  (IntegrityError: re-export)
+from .config import ModelConfig
+from .fileio import IntegrityError, write_folder_atomically
+from .folders import open_model
+from .folders.base import ModelFolder, expected_shapes
+from .folders.native import (CONFIG_NAME, RESUME_ONLY_FILES, SHARDED_DIR, WEIGHTS_NAME,
+                             check_folder_shapes, load_config, load_state, read_safetensors, refuse_sharded,
+                             verify_file, verify_folder)
+from .folders.shards import DEFAULT_SHARD_BYTES, write_shards
 from .model import DecoderLM
 from .run_layout import CHECKPOINT_DIR, checkpoint_dirs, lock_folder
 
-WEIGHTS_NAME = "model.safetensors"
-#: The folder of an FSDP run's sharded (DCP) weights inside a checkpoint folder (``depthattn.training.dcp``).
-SHARDED_DIR = "dcp"
-CONFIG_NAME = "config.json"
+__all__ = [
+    "CONFIG_NAME", "IntegrityError", "LOADABLE_FORMATS", "ModelFolder", "RESUME_ONLY_FILES", "SHARDED_DIR",
+    "TOKENIZER_NAME", "WEIGHTS_NAME", "check_folder_shapes", "expected_shapes", "latest_checkpoint", "load_config",
+    "load_model", "load_state", "load_weights_into", "model_from_folder", "model_state_dict", "open_checkpoint",
+    "read_safetensors", "refuse_sharded", "save_config_files", "save_folder_files", "save_model", "save_model_files",
+    "save_safetensors", "save_torch", "verify_file", "verify_folder",
+]
+
 TOKENIZER_NAME = files.TOKENIZER_NAME
-#: Files of a checkpoint folder only ``--resume`` reads, and verifies when it reads them (``training.runs``);
-#: :func:`verify_folder` leaves them out, so eval and export do not hash the optimizer state.
-RESUME_ONLY_FILES = ("trainer_state.pt",)
 
 
 def model_state_dict(model: DecoderLM) -> dict[str, torch.Tensor]:
@@ -140,104 +154,6 @@ def save_model(model: DecoderLM, path: str | os.PathLike, tokenizer_file: str | 
     write_folder_atomically(path, lambda tmp: save_model_files(model, tmp, tokenizer_file, token_ids))
 
 
-def load_config(path: str | os.PathLike) -> ModelConfig:
-    """Read ``config.json`` of a depthattn checkpoint folder (Hugging Face or previous flat format). Raises
-    ``ValueError`` / ``FileNotFoundError`` naming it (a Hugging Face Qwen3 folder, or another ``model_type``, is a
-    ``ValueError`` saying so)."""
-    file = os.path.join(os.fspath(path), CONFIG_NAME)
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"{file} not found: {os.fspath(path)!r} is not a depthattn checkpoint folder")
-    return files.model_config_from_json(read_json_object(file, "model config"), file)
-
-
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor name → shape of the ``DecoderLM`` that ``cfg`` builds, from a meta-device model (nothing allocated)."""
-    with torch.device("meta"):
-        model = DecoderLM(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-def refuse_sharded(path: str | os.PathLike) -> None:
-    """Raise ``ValueError`` (one line naming the folder) for a sharded FSDP checkpoint, which holds DCP shards
-    instead of ``model.safetensors`` and is read through ``depthattn export``."""
-    if os.path.isdir(os.path.join(os.fspath(path), SHARDED_DIR)) and not os.path.isfile(
-            os.path.join(os.fspath(path), WEIGHTS_NAME)):
-        raise ValueError(f"{os.fspath(path)} is a sharded FSDP checkpoint ({SHARDED_DIR}/ shards, no {WEIGHTS_NAME}): "
-                         f"gather it first with `depthattn export {os.fspath(path)} --out DIR` and use DIR")
-
-
-def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None) -> ModelConfig:
-    """Refuse a folder whose ``config.json`` shapes disagree with its ``model.safetensors`` header, or whose config
-    says ``tie_word_embeddings`` while the file holds a different ``lm_head.weight`` (one ``ValueError`` naming the
-    files), before any model is built; returns the config checked (``cfg``, or the folder's).
-
-    The raw ``config.json`` sizes are compared with the header first (``checkpoint_files.check_header_fields``:
-    layer count and embedding), then ``ModelConfig`` validates them (upper bounds included),
-    and only then is a meta-device model built for the full name and shape comparison: a hostile
-    ``num_hidden_layers`` or ``vocab_size`` is one line, never an allocation. Before any of it, every file the
-    folder's ``checksums.json`` lists is verified (:func:`verify_folder`): a flipped bit in the safetensors header
-    or ``config.json`` is an :class:`IntegrityError` naming the file, never a parse error or a shape complaint."""
-    verify_folder(path)
-    config_file = os.path.join(os.fspath(path), CONFIG_NAME)
-    file = os.path.join(os.fspath(path), WEIGHTS_NAME)
-    stored = files.safetensors_shapes(file) if os.path.isfile(file) else None
-    if cfg is None:
-        if not os.path.isfile(config_file):
-            load_config(path)  # raises FileNotFoundError naming it
-        values = read_json_object(config_file, "model config")
-        if stored is not None:
-            files.check_header_fields(values, stored, config_file, file)
-        cfg = files.model_config_from_json(values, config_file)
-    elif stored is not None:
-        files.check_header_fields(cfg.to_dict(), stored, config_file, file)
-    if stored is not None:
-        shapes = files.check_shapes(cfg, expected_shapes(cfg), file, config_file, stored)
-        if cfg.tie_word_embeddings and {"lm_head.weight", "model.embed_tokens.weight"} <= set(shapes):
-            from safetensors import safe_open
-
-            with safe_open(file, framework="pt") as f:
-                if not torch.equal(f.get_tensor("lm_head.weight"), f.get_tensor("model.embed_tokens.weight")):
-                    raise ValueError(f"{file} holds an untied lm_head.weight, but the config says "
-                                     f"tie_word_embeddings=true; fix the config or the weights")
-    return cfg
-
-
-def verify_folder(path: str | os.PathLike) -> list[str]:
-    """Verify every file of a checkpoint folder that its ``checksums.json`` lists (but :data:`RESUME_ONLY_FILES`)
-    against its sha256, before anything in it is parsed; returns the names checked (none without a manifest).
-    Raises :class:`IntegrityError` naming the first damaged or missing file."""
-    return verify_manifest(path, skip=RESUME_ONLY_FILES)
-
-
-def verify_file(folder: str | os.PathLike, name: str) -> bool:
-    """Check file ``name`` of a checkpoint folder against the folder's ``checksums.json`` (written by
-    ``fileio.write_folder_atomically``); raises :class:`IntegrityError` (a ``ValueError``) naming the file, with
-    the expected and actual digest prefixes, on a mismatch. Returns False, checking nothing, for a folder without
-    a manifest (written before manifests existed, or by another tool) or a file it does not list. Reads the whole
-    file once per process (sha256 in 1 MiB chunks: about 2 s per GiB on one shared core, ``fileio.verify_manifest``)."""
-    return bool(verify_manifest(folder, [name]))
-
-
-def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Read ``model.safetensors``, verified against the folder's ``checksums.json`` when it has one
-    (:func:`verify_file`; :class:`IntegrityError` naming the file on a mismatch); a truncated or corrupt file raises
-    ``ValueError`` naming it."""
-    file = os.path.join(os.fspath(path), WEIGHTS_NAME)
-    refuse_sharded(path)
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"{file} not found: the checkpoint has no safetensors weights")
-    verify_file(path, WEIGHTS_NAME)
-    return read_safetensors(file)
-
-
-def read_safetensors(file: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The tensors of one safetensors file; a truncated or corrupt file raises ``ValueError`` naming it."""
-    try:
-        return load_file(file)
-    except (SafetensorError, OSError, RuntimeError) as e:
-        raise ValueError(f"cannot read weights {os.fspath(file)} (truncated or corrupt?): {e}") from e
-
-
 def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: str,
                       kind: str = "checkpoint") -> list[str]:
     """Copy ``state`` into ``model`` with strict key and shape checks; errors name ``source``.
@@ -302,22 +218,67 @@ def load_weights_into(model: DecoderLM, state: dict[str, torch.Tensor], source: 
     return missing
 
 
-def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
-               dtype: torch.dtype | None = None) -> DecoderLM:
-    """Build the model of a depthattn checkpoint folder and load its weights (strict). A Hugging Face Qwen3 folder
-    raises ``ValueError``: ``depthattn.hf.convert.load_any_model`` opens any folder, native or Qwen3. Parameters
-    that cannot fit in the memory available (on the CPU, where the model is built, and on ``device``) are refused
-    before anything is built (``accounting.check_model_fits``)."""
-    cfg = check_folder_shapes(path)
-    check_model_fits(cfg, "cpu", torch.float32, os.fspath(path))
+#: The formats :func:`load_model` opens (``folders.FORMATS``): a Qwen3 folder is ``hf.convert.load_any_model``'s,
+#: a sharded FSDP checkpoint is gathered by ``depthattn export`` first.
+LOADABLE_FORMATS = ("depthattn", "authors")
+
+
+def model_from_folder(folder: ModelFolder, device: torch.device | str = "cpu",
+                      dtype: torch.dtype | None = None) -> DecoderLM:
+    """Build the ``DecoderLM`` of an opened folder and copy its tensors in (:func:`load_weights_into`, the folder's
+    ``kind``), in eval mode on ``device`` (and ``dtype``). Parameters that cannot fit in the memory available (on
+    the CPU, where the model is built, and on ``device``) are refused before anything is built
+    (``accounting.check_model_fits``)."""
+    cfg = folder.config
+    check_model_fits(cfg, "cpu", torch.float32, os.fspath(folder.path))
     if torch.device(device).type != "cpu":
-        check_model_fits(cfg, device, dtype or torch.float32, os.fspath(path))
+        check_model_fits(cfg, device, dtype or torch.float32, os.fspath(folder.path))
     model = DecoderLM(cfg)
-    load_weights_into(model, load_state(path), os.path.join(os.fspath(path), WEIGHTS_NAME))
+    load_weights_into(model, folder.state_dict(), folder.source, kind=folder.kind)
     model.to(device=device)
     if dtype is not None:
         model.to(dtype=dtype)
     return model.eval()
+
+
+def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
+               dtype: torch.dtype | None = None) -> DecoderLM:
+    """Build the model of a depthattn checkpoint folder (``model.safetensors`` or sharded with an index) or of an
+    authors' folder (hyq718/Depth-Attention, converted on the fly: ``folders.authors``) and load its weights
+    (strict). A Hugging Face Qwen3 folder raises ``ValueError``: ``depthattn.hf.convert.load_any_model`` opens any
+    folder; a sharded FSDP checkpoint raises one naming ``depthattn export``. Memory is checked before anything is
+    built (:func:`model_from_folder`)."""
+    return model_from_folder(open_model(path, LOADABLE_FORMATS), device, dtype)
+
+
+def save_folder_files(folder: ModelFolder, out: str | os.PathLike, dtype: torch.dtype | None = None,
+                      tokenizer_file: str | os.PathLike | None = None,
+                      shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[str]:
+    """Write an opened folder (``kind="checkpoint"``: every tensor of its model present) into the existing folder
+    ``out`` as a depthattn checkpoint, one tensor at a time: ``model.safetensors`` or shards of at most
+    ``shard_bytes`` with ``model.safetensors.index.json``, then the Hugging Face files (:func:`save_config_files`).
+    No model is built and no more than one tensor (with its cast to ``dtype``) is held at once. ``dtype``: of the
+    weights written (default: the folder's, else float32). A tied head stored apart from the embedding is compared
+    and dropped (``ValueError`` when it differs). Returns the weight files written."""
+    if folder.kind != "checkpoint":
+        raise ValueError(f"{folder.path}: a {folder.format} folder lacks its method's tensors; load it and save the "
+                         f"model instead")
+    cfg, tensors = folder.config, folder.tensors
+    dtype = dtype or folder.dtype or torch.float32
+    expected = expected_shapes(cfg)
+    if cfg.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+        if "lm_head.weight" in tensors and not torch.equal(tensors["lm_head.weight"],
+                                                           tensors["model.embed_tokens.weight"]):
+            raise ValueError(f"{folder.source} holds an untied lm_head.weight, but the config says "
+                             f"tie_word_embeddings=true; fix the config or the weights")
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise ValueError(f"{folder.source} lacks {missing[:5]} of its config's model")
+    plan = {name: (shape, dtype) for name, shape in expected.items()}
+    written = write_shards(out, plan, lambda name: tensors[name].to(dtype), shard_bytes)
+    save_config_files(cfg, out, str(dtype).removeprefix("torch."), tokenizer_file, folder.token_ids)
+    return written
 
 
 # ---------------------------------------------------------------------------------------------------- run folders

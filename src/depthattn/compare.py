@@ -38,6 +38,7 @@ from .fileio import atomic_path, atomic_write_text, read_json
 from .stats import binomial_se, paired_difference, tokens_to_target, verdict
 from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
 from .training.run_folder import RunFolder, RunLock
+from .training.config import LEGACY_DEFAULTS, RESUMABLE_KEYS
 from .training.runs import config_differences
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
@@ -142,6 +143,28 @@ def _duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def keep_recorded_behaviour(out: Path, train_cfg: TrainConfig, explicit: set[str],
+                            log: Callable[[str], None] = print) -> TrainConfig:
+    """``train_cfg`` for a compare folder ``out`` written by an older release: a trajectory-changing key (not in
+    ``RESUMABLE_KEYS``) that its ``results.json`` or a run's ``run.json`` did not record, and that the command did not
+    set (``explicit``), takes its ``LEGACY_DEFAULTS`` value, so the folder's runs are reused and new seeds or methods
+    train as they did (e.g. ``data_order="random"``); one line says so. A new folder: ``train_cfg`` unchanged."""
+    recorded = []
+    results = out / "results.json"
+    if results.is_file():
+        recorded.append(read_json(results, "compare results.json").get("settings", {}).get("train", {}))
+    for run in sorted((out / "runs").glob("*/run.json")) if (out / "runs").is_dir() else ():
+        recorded.append(read_json(run, "run.json").get("train", {}))
+    old = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in RESUMABLE_KEYS and k not in explicit
+           and any(k not in r for r in recorded) and getattr(train_cfg, k) != v}
+    if not old:
+        return train_cfg
+    said = ", ".join(f"{k}={v}" for k, v in old.items())
+    log(f"{out} was written before {', '.join(old)} existed: its runs keep {said} (the new default needs another "
+        f"--out, or --set {', '.join(f'{k}=...' for k in old)} and a folder without these runs)")
+    return train_cfg.replace(**old)
 
 
 def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path,

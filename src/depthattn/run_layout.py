@@ -11,6 +11,7 @@ training layer spell them once. A run folder holds::
     summary.json        written when the run reaches its last step
     diverged.json       written when the divergence guard or a non-finite value stopped the run (removed when it
                         restarts)
+    wandb.json          the Weights & Biases run id (``wandb_project`` set): a resumed run logs into the same W&B run
     depthattn.lock      the trainer's lock: host, pid, start time, command, heartbeat (only while it runs, or
                         after a kill; ``RunFolder`` / ``depthattn unlock``)
     checkpoints/step_XXXXXXXX/   one checkpoint folder per saved step
@@ -39,6 +40,7 @@ SUMMARY_FILE = "summary.json"
 DIVERGED_FILE = "diverged.json"
 PARAM_GROUPS_FILE = "param_groups.json"
 LOCK_FILE = "depthattn.lock"
+WANDB_FILE = "wandb.json"
 CHECKPOINT_DIR = "checkpoints"
 #: Name prefixes of leftovers of interrupted writes and prunes (fileio temporaries, replaced and trashed folders).
 DEBRIS_PREFIXES = (".tmp-", ".old-", ".trash-")

@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ..compare import CompareSettings, parse_methods, render_table, run_compare
+from ..compare import CompareSettings, keep_recorded_behaviour, parse_methods, render_table, run_compare
 from ..training import TrainConfig
 from .eval_cmd import check_task_options
 from .train_cmd import add_model_options, check_model_settings, gather_settings
@@ -93,6 +93,7 @@ def run_compare_cmd(args: argparse.Namespace) -> int:
     for m in methods:
         check_model_settings(preset, {**model_kw, "cross_layer": m, "num_loops": args.loops or 1})
     out = Path(args.out or DEFAULT_OUT)
+    train_cfg = keep_recorded_behaviour(out, train_cfg, set(train_kw))  # an older release's folder: its behaviour
     data_dir = Path(data) if data else prepare_default_data(out, not args.no_progress)
     settings = CompareSettings(
         methods=methods, seeds=seeds, loops=args.loops or 1, preset=preset, model_overrides=model_kw,

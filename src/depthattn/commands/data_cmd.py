@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from ..data.corpus import CORPUS_FOLDER, write_corpus
 from ..data.inputs import TXT_PIECE_CHARS
+from ..data.mixture import SUM_TOLERANCE, parse_mix
 from ..data.prepare import SHARD_TOKENS, TOKENIZER_SAMPLE_BYTES, default_workers, prepare_corpus
 from ..data.sources.catalogue import PUBLIC_DOMAIN_MIX, SOURCES, source_documents
 from ..data.sources.registry import MissingToolError
@@ -58,7 +59,9 @@ def prepare(args: argparse.Namespace) -> int:
     training documents (or use --tokenizer), encode in --workers processes, and write tokenizer.json,
     tokenizer_config.json, train-*.bin / val-*.bin shards and meta.json to --out (meta.json last: a failed or killed
     run leaves no folder that looks valid). An existing --out is replaced only with --overwrite and only when it is a
-    prepared data folder; --out may not be, contain or lie inside an --input or --tokenizer."""
+    prepared data folder; --out may not be, contain or lie inside an --input or --tokenizer. --mix gives each
+    --input a token share of the training split (up- or downsampled to it, seeded by --seed; docs/data.md)."""
+    mix = parse_mix(args.mix) if args.mix is not None else None
     specials = [t for group in args.special_tokens or [] for t in group.split(",") if t]
     # a full disk or no permission raises OSError: the CLI prints one line naming the file (or --out), exit 1;
     # prepare installs nothing unless it finished (readers raise ValueError naming the input)
@@ -67,11 +70,14 @@ def prepare(args: argparse.Namespace) -> int:
                           progress=not args.quiet, workers=args.workers, text_column=args.text_column,
                           tokenizer_sample_bytes=args.tokenizer_sample_bytes, special_tokens=specials,
                           shard_tokens=args.shard_tokens, txt_piece_chars=args.txt_piece_chars,
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, mix=mix)
     for split in ("train", "val"):
         s = meta["splits"][split]
         print(f"{split:5s} {s['documents']:6,d} documents {s['tokens']:>12,d} tokens {s['bytes']:>12,d} bytes "
               f"({s['bytes'] / max(s['tokens'], 1):.2f} bytes/token)")
+    for src in meta.get("mixture", {}).get("sources", []):
+        print(f"mix   {src['input']}: weight {src['weight']:g}, {src['tokens']:,d} train tokens of its "
+              f"{src['natural_tokens']:,d} ({src['repeats']:.2f}x), realised share {src['share']:.2%}")
     shards = sum(len(meta["splits"][s]["shards"]) for s in ("train", "val"))
     print(f"wrote {args.out}: vocab {meta['vocab_size']}, dtype {meta['dtype']}, eos id {meta['eos_token_id']}, "
           f"{shards} shard files")
@@ -123,7 +129,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="use this tokenizer.json or Hugging Face tokenizer folder as is instead of training one")
     q.add_argument("--val-fraction", type=float, default=0.05,
                    help="target fraction of characters held out, as whole documents (default 0.05)")
-    q.add_argument("--seed", type=int, default=0, help="seed of the document split (default 0)")
+    q.add_argument("--mix", default=None, metavar="W1,W2,...",
+                   help=f"one weight per --input (each >= 0, adding up to 1 within {SUM_TOLERANCE:g}): the "
+                        f"sources' token shares of the training split, upsampled by repetition or downsampled "
+                        f"(seeded); default: the inputs concatenated as they are")
+    q.add_argument("--seed", type=int, default=0, help="seed of the document split and of --mix (default 0)")
     q.add_argument("--dtype", choices=("auto", "uint16", "uint32"), default="auto",
                    help="token storage type (auto: uint16 up to 65,536 tokens, else uint32)")
     q.add_argument("--quiet", action="store_true", help="no progress bars")

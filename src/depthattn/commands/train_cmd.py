@@ -11,6 +11,7 @@ from typing import Any
 from ..training import TrainConfig, load_toml, read_run, resolve_model_config, train
 from ..training.config import RESUMABLE_KEYS, parse_value, split_overrides
 from ..run_layout import DEBRIS_PREFIXES, LOCK_FILE, METRICS_FILE, RUN_FILE
+from ..training.optim import schedule_factor
 from ..training.runs import config_differences, resumed_data_parallel
 from ..training.runtime import resolve_device
 
@@ -134,6 +135,10 @@ def gather_settings(args: argparse.Namespace, extra_model: dict | None = None) -
     m, t = split_overrides(pairs, "--set")
     model.update(m)
     train_kw.update(t)
+    if train_kw.get("global_batch_tokens") is not None and "grad_accum" in train_kw:
+        raise ValueError(f"grad_accum={train_kw['grad_accum']} and global_batch_tokens="
+                         f"{train_kw['global_batch_tokens']} are both set: grad_accum follows from global_batch_tokens "
+                         f"for the world size; drop grad_accum (or --set global_batch_tokens=none to give it per rank)")
     return preset, model, train_kw, data
 
 
@@ -188,11 +193,15 @@ def run_train(args: argparse.Namespace) -> int:
         resolve_device(args.device, "--device")  # before any data work
     if args.dry_run:
         return run_dry_run(args)
+    if args.decay_steps is not None and args.decay_from is None:
+        raise ValueError("--decay-steps applies to --decay-from only")
     if args.nproc is not None:
         raise ValueError("--nproc applies to --dry-run only (launch N processes with torchrun --nproc_per_node N)")
     if args.resume and args.resume_if_exists:
         raise ValueError("--resume-if-exists starts --out or continues it; drop --resume (or --resume-if-exists)")
-    if args.resume:
+    if args.decay_from is not None:
+        result = run_decay_from(args)
+    elif args.resume:
         resume_sets = _resume_settings(args)
         given = [flag for attr, flag in RESUME_FIXED if getattr(args, attr, None) not in (None, [])]
         if given:
@@ -228,7 +237,7 @@ def run_train(args: argparse.Namespace) -> int:
         if args.on_divergence is not None:
             train_kw["on_divergence"] = args.on_divergence
         train_cfg = TrainConfig.from_dict(train_kw)
-        train_cfg.total_steps()  # refuse a budget shorter than one step before any work
+        schedule_factor(train_cfg, 0)  # refuse a budget shorter than one step, or a WSD decay inside the warm-up
         check_model_settings(preset, model_kw)
         from ..data import load_prepared
 
@@ -282,10 +291,11 @@ def recorded_settings(out: Path, model_cfg, train_cfg: TrainConfig, given: dict,
     per step) is not a difference."""
     run = read_run(out)
     recorded = TrainConfig.from_recorded(run["train"])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    train_cfg = train_cfg.for_world(world)  # grad_accum from global_batch_tokens, as the trainer resolves it
     want = train_cfg.to_dict()
     if want["steps"] is None and want["tokens"] == recorded.tokens:
         want["steps"] = recorded.steps  # resolved from tokens when the run started
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     if train_cfg.batch_size * train_cfg.grad_accum * train_cfg.seq_len * world == run.get("tokens_per_step"):
         want["grad_accum"] = recorded.grad_accum
     problems = config_differences(run, model_cfg.to_dict(), want)
@@ -297,12 +307,49 @@ def recorded_settings(out: Path, model_cfg, train_cfg: TrainConfig, given: dict,
     return recorded.replace(**{k: v for k, v in given.items() if k in RESUMABLE_KEYS})
 
 
+#: Options a ``--decay-from`` run refuses: its config, data and seed are the source run's.
+DECAY_FIXED = tuple(item for item in RESUME_FIXED if item[0] not in ("set", "out")) + (
+    ("resume", "--resume"), ("resume_if_exists", "--resume-if-exists"))
+
+
+def run_decay_from(args: argparse.Namespace):
+    """``train --decay-from RUN_OR_CHECKPOINT --decay-steps N --out NEW``: a new run that decays the source's
+    stable-phase checkpoint over N steps with its optimizer state and data position (``training.decay``). ``--set``
+    takes ``decay_shape``, ``min_lr_ratio`` and the resumable keys; the source's config, data and seed stay."""
+    from ..config import ModelConfig
+    from ..training.decay import DECAY_SETTABLE, check_world, checkpoint_step, decay_config, source_checkpoint
+
+    given = [flag for attr, flag in DECAY_FIXED if getattr(args, attr, None) not in (None, [], False)]
+    if given:
+        raise ValueError(f"--decay-from continues the source run's config, data and seed; drop {', '.join(given)}")
+    if args.out is None or args.decay_steps is None:
+        raise ValueError("--decay-from needs --out NEW_RUN_DIR and --decay-steps N (the steps of the decay)")
+    pairs = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in DECAY_SETTABLE | RESUMABLE_KEYS | {"data_parallel"}:
+            raise ValueError(f"--decay-from: --set {item!r} would change the source run's config (it takes "
+                             f"{', '.join(sorted(DECAY_SETTABLE))}, data_parallel and the resumable keys)")
+        pairs[key.strip()] = parse_value(value.strip(), key.strip())
+    ckpt, run = source_checkpoint(args.decay_from)
+    overrides = {k: v for k, v in {"device": args.device, "on_nonfinite": args.on_nonfinite,
+                                   "on_divergence": args.on_divergence}.items() if v is not None}
+    overrides.update({k: True for k in ("compile", "activation_checkpointing") if getattr(args, k)})
+    if args.no_verify:
+        overrides["verify_data"] = False
+    overrides["data_parallel"] = _resume_data_parallel(run["train"].get("data_parallel"), pairs)
+    train_cfg = decay_config(run, checkpoint_step(ckpt), args.decay_steps, ckpt, {**pairs, **overrides})
+    check_world(run, train_cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    return train(args.out, ModelConfig.from_dict(run["model"]), train_cfg, run["data"], decay_from=ckpt,
+                 progress=not args.no_progress)
+
+
 def run_dry_run(args: argparse.Namespace) -> int:
     """``--dry-run``: parameters, FLOPs per token, per-GPU memory and the tokens/s a target wall time needs, from
     the model built on the meta device (``training.dry_run``). Uses the data's vocabulary when --data is given,
     else the preset's (or the config's)."""
     from ..config import ModelConfig
-    from ..training.dry_run import dry_run, report
+    from ..training.dry_run import dry_run, launch_commands, report
 
     if args.resume:
         raise ValueError("--dry-run plans a new run; drop --resume")
@@ -320,8 +367,34 @@ def run_dry_run(args: argparse.Namespace) -> int:
         model_cfg = ModelConfig.from_preset(preset, **model_kw)
     if args.target_hours <= 0:
         raise ValueError(f"--target-hours {args.target_hours} must be > 0")
-    print(report(dry_run(model_cfg, train_cfg, args.nproc or 1), model_cfg, args.target_hours))
+    if args.gpus_per_node < 1:
+        raise ValueError(f"--gpus-per-node {args.gpus_per_node} must be >= 1")
+    nproc = args.nproc or 1
+    plan = dry_run(model_cfg, train_cfg, nproc)
+    extra = ["--set", "data_parallel=ddp"] if nproc > 1 and train_cfg.data_parallel is None else []
+    launch = launch_commands(nproc, args.gpus_per_node, launch_args(args) + extra, Path(args.out or "run").name)
+    print(report(plan, model_cfg, args.target_hours, launch))
     return 0
+
+
+def launch_args(args: argparse.Namespace) -> list[str]:
+    """The ``train`` options of ``args`` that a launch of the planned run repeats (``--dry-run``, ``--nproc``,
+    ``--target-hours`` and ``--gpus-per-node`` dropped), shell-quoted."""
+    import shlex
+
+    out: list[str] = []
+    for attr, flag in (("config", "--config"), ("preset", "--preset"), ("cross_layer", "--cross-layer"),
+                       ("steps", "--steps"), ("tokens", "--tokens"), ("seed", "--seed"), ("loops", "--loops"),
+                       ("data", "--data"), ("out", "--out"), ("device", "--device")):
+        if getattr(args, attr, None) is not None:
+            out += [flag, shlex.quote(str(getattr(args, attr)))]
+    for item in args.set:
+        out += ["--set", shlex.quote(item)]
+    for attr, flag in (("compile", "--compile"), ("activation_checkpointing", "--activation-checkpointing"),
+                       ("no_verify", "--no-verify")):
+        if getattr(args, attr, False):
+            out.append(flag)
+    return out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -349,9 +422,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--init-from", default=None, metavar="CHECKPOINT",
                    help="start from this checkpoint's weights, or a run folder's newest checkpoint (its cross_layer "
                         "may differ)")
+    p.add_argument("--decay-from", default=None, metavar="RUN_OR_CHECKPOINT",
+                   help="start a new run (--out) that decays this stable-phase checkpoint (or a run folder's newest) "
+                        "over --decay-steps steps, with its optimizer state and data position (WSD; "
+                        "docs/training.md)")
+    p.add_argument("--decay-steps", type=int, default=None, help="--decay-from: the steps of the decay")
     p.add_argument("--dry-run", action="store_true",
                    help="print parameters, FLOPs per token, per-GPU memory and the tokens/s needed; train nothing")
     p.add_argument("--nproc", type=int, default=None, help="--dry-run: data-parallel ranks to plan for (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=8,
+                   help="--dry-run: GPUs per node for the multi-node torchrun command (default 8)")
     p.add_argument("--target-hours", type=float, default=24.0,
                    help="--dry-run: wall time to plan the tokens/s for (default 24)")
     p.set_defaults(func=run_train)

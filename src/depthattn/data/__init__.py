@@ -4,6 +4,7 @@
 - :func:`prepare_corpus` -- stream documents (txt, jsonl[.gz|.zst], parquet, datasets folders), split them, train a
   byte-level BPE on a sample, encode in parallel into token shards + ``meta.json``.
 - :func:`load_prepared` -- read a prepared folder back (validated, shard sha256 verified) as :class:`PreparedData`.
+- :class:`EpochBatches` -- training windows in seeded epochs (each window once per epoch; :class:`KeyedPermutation`).
 - :class:`TokenBatches` -- training windows as a pure function of ``(seed, step)``; :func:`sequential_batches` for eval.
 - :class:`ShardedTokens` -- several shards as one 1-D token array.
 
@@ -12,6 +13,7 @@ See docs/data.md.
 
 from depthattn.data.corpus import embedded_corpus_documents, embedded_manifest, read_corpus_dir, verify_corpus
 from depthattn.data.document import Document
+from depthattn.data.epochs import EpochBatches, KeyedPermutation
 from depthattn.data.prepare import prepare_corpus, split_documents
 from depthattn.data.shards import PreparedData, TokenBatches, load_prepared, sequential_batches
 from depthattn.data.tokenstream import ShardedTokens
@@ -20,6 +22,8 @@ from depthattn.data.tokenizer import EOS_TOKEN, load_tokenizer, train_bpe
 __all__ = [
     "EOS_TOKEN",
     "Document",
+    "EpochBatches",
+    "KeyedPermutation",
     "PreparedData",
     "ShardedTokens",
     "TokenBatches",

@@ -8,7 +8,9 @@
 
 Bits per byte counts each token's bytes with ``tokenizer.token_byte_lengths`` (the byte-level alphabet), so the
 encode pass checks, piece by piece, that the tokens' byte lengths add up to the text's UTF-8 bytes, and refuses a
-tokenizer for which they do not (a normalizer, a Metaspace pre-tokenizer, unknown tokens).
+tokenizer for which they do not (a normalizer, a Metaspace pre-tokenizer, unknown tokens). A normalizer that is a
+Unicode form only (NFC: GPT-NeoX-20B's, Qwen3's) is applied to each document first, so the bytes counted are those
+of the normalised text (``text_normalization`` in meta.json).
 
 Everything is written into ``<parent>/.<name>.partial/folder/`` first (the ``.partial`` records its writer's host
 and pid and holds a ``flock``: :mod:`depthattn.data.staging`); only when all is complete is the folder renamed onto
@@ -23,11 +25,13 @@ lie inside an input (:func:`depthattn.outputs.check_output`). The folder's forma
 from __future__ import annotations
 
 import array
+import dataclasses
 import hashlib
 import json
 import os
 import random
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,10 +44,12 @@ from depthattn.data.document import Document
 from depthattn.data.encode import PIECE_CHARS, ShardWriter, encode_pieces, parallel_encode
 from depthattn.data.inputs import TXT_PIECE_CHARS, InputSource, resolve_inputs
 from depthattn.data.integrity import VERIFY_CACHE
+from depthattn.data.mixture import MixStaging, check_mix
 from depthattn.data.shards import DTYPES, META_FORMAT, SPLITS
 from depthattn.data.staging import claimed, touch
 from depthattn.data.tokenizer import (EOS_TOKEN, MIN_VOCAB_SIZE, add_special_tokens, check_special_tokens,
-                                      load_tokenizer, special_tokens_of, tokenizer_bytes, tokenizer_config, train_bpe)
+                                      load_tokenizer, special_tokens_of, tokenizer_bytes, tokenizer_config, train_bpe,
+                                      unicode_normalization)
 from depthattn.fileio import read_json, sha256_bytes, write_folder_atomically
 from depthattn.outputs import OutputKind, check_output, describe_entries
 
@@ -249,11 +255,13 @@ def _with_last(items: Iterator[str]) -> Iterator[tuple[str, bool]]:
     yield prev, True
 
 
-def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids: list[str], bar: tqdm
-           ) -> Iterator[tuple[list[tuple[int, str]], list[tuple[str, bool]]]]:
-    """Work units of about ``UNIT_CHARS`` characters: ``(tags, pieces)`` with one ``(split index, document id)`` tag
-    per ``(text, last)`` piece. Counts documents, bytes and characters per split into ``stats`` on the way."""
-    tags: list[tuple[int, str]] = []
+def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids: list[str], bar: tqdm,
+           form: str | None = None) -> Iterator[tuple[list[tuple[int, str, int]], list[tuple[str, bool]]]]:
+    """Work units of about ``UNIT_CHARS`` characters: ``(tags, pieces)`` with one ``(split index, document id,
+    document index)`` tag per ``(text, last)`` piece. Counts documents, bytes and characters per split into ``stats``
+    on the way. ``form``: the Unicode normalisation the tokenizer's normalizer applies (``unicode_normalization``),
+    applied to each whole document first, so its bytes are those of the text the tokens stand for."""
+    tags: list[tuple[int, str, int]] = []
     pieces: list[tuple[str, bool]] = []
     size = 0
     n = 0
@@ -263,13 +271,14 @@ def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids:
         n = i + 1
         s = int(is_val[i])
         st = stats[SPLITS[s]]
+        text = unicodedata.normalize(form, d.text) if form else d.text
         st["documents"] += 1
-        st["bytes"] += len(d.text.encode("utf-8"))
-        st["characters"] += len(d.text)
+        st["bytes"] += len(text.encode("utf-8"))
+        st["characters"] += len(text)
         if s:
             val_ids.append(d.id)
-        for part, last in _with_last(encode_pieces(d.text, PIECE_CHARS)):
-            tags.append((s, d.id))
+        for part, last in _with_last(encode_pieces(text, PIECE_CHARS)):
+            tags.append((s, d.id, i))
             pieces.append((part, last))
             size += len(part)
             if size >= UNIT_CHARS:
@@ -283,36 +292,59 @@ def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids:
         bar.update(size)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Mix:
+    """A ``--mix`` to apply: the weights, the prepare seed, the scan's per-input records and document lengths."""
+
+    weights: list[float]
+    seed: int
+    records: list[dict]
+    lengths: np.ndarray
+
+
 _CHANGED = "{names}: the inputs changed while being prepared (another number of documents than when first read)"
 
 
 def _encode_all(sources: list[InputSource], is_val: np.ndarray, tok: Tokenizer, dtype: str, folder: Path,
                 workers: int, shard_tokens: int, tokenizer: str | Path | None, total_chars: int,
-                progress: bool) -> tuple[dict, list[str]]:
-    """Encode every document into ``folder``'s shards; returns the per-split meta and the validation ids."""
+                progress: bool, mix: _Mix | None = None) -> tuple[dict, list[str], dict | None]:
+    """Encode every document into ``folder``'s shards; returns the per-split meta, the validation ids and (with
+    ``mix``) the ``mixture`` record: the training documents are then staged per source and mixed into the train
+    split by :mod:`depthattn.data.mixture`."""
     stats = {s: {"documents": 0, "bytes": 0, "characters": 0} for s in SPLITS}
     writers = [ShardWriter(folder, s, dtype, shard_tokens) for s in SPLITS]
     val_ids: list[str] = []
     eos_id = tok.token_to_id(EOS_TOKEN)
+    staged = MixStaging(folder, dtype, [r["documents"] for r in mix.records]) if mix is not None else None
+    mixture = None
     try:
         with tqdm(total=total_chars, unit="char", unit_scale=True, desc="encode", disable=not progress) as bar:
-            for tags, results in parallel_encode(_units(sources, is_val, stats, val_ids, bar), tok.to_str(),
-                                                 eos_id, dtype, workers):
-                for (s, doc_id), (ids, ok) in zip(tags, results):
+            units = _units(sources, is_val, stats, val_ids, bar, unicode_normalization(tok))
+            for tags, results in parallel_encode(units, tok.to_str(), eos_id, dtype, workers):
+                for (s, doc_id, i), (ids, ok) in zip(tags, results):
                     if not ok:
                         raise ValueError(_byte_mismatch(tokenizer, SPLITS[s], doc_id))
-                    writers[s].write(ids)
-        return {s: {**stats[s], **w.close()} for s, w in zip(SPLITS, writers)}, val_ids
+                    if staged is not None and s == 0:
+                        staged.write(i, ids)
+                    else:
+                        writers[s].write(ids)
+        if staged is not None:
+            stats["train"], mixture = staged.compose(writers[0], mix.weights, mix.seed, tok, ~is_val, mix.lengths,
+                                                     [r["input"] for r in mix.records], eos_id)
+        return {s: {**stats[s], **w.close()} for s, w in zip(SPLITS, writers)}, val_ids, mixture
     finally:
         for w in writers:
             w.abort()
+        if staged is not None:
+            staged.abort()
 
 
 def _byte_mismatch(tokenizer: str | Path | None, split: str, doc_id: str) -> str:
     source = f"tokenizer {tokenizer}" if tokenizer is not None else "the trained tokenizer"
     return (f"{source} does not preserve bytes: the tokens of {split} document {doc_id!r} do not stand for its "
             f"UTF-8 bytes by the byte-level alphabet; bits per byte needs a byte-level BPE without normalizer "
-            f"(ByteLevel pre-tokenizer and decoder, no normalizer), e.g. one trained by `depthattn data prepare` "
+            f"(ByteLevel pre-tokenizer and decoder; no normalizer, or only a Unicode form such as NFC, which prepare "
+            f"applies to the text first), e.g. one trained by `depthattn data prepare` "
             f"without --tokenizer")
 
 
@@ -358,7 +390,8 @@ def _input_paths(sources: list[InputSource], specs: list[str] | None, tokenizer:
 
 
 def _write_meta(staging: Path, tok: Tokenizer, tokenizer: str | Path | None, dtype: str, seed: int,
-                val_fraction: float, records: list[dict], splits: dict, val_ids: list[str]) -> dict:
+                val_fraction: float, records: list[dict], splits: dict, val_ids: list[str],
+                mixture: dict | None = None) -> dict:
     tok_bytes = tokenizer_bytes(tok)
     (staging / "tokenizer.json").write_bytes(tok_bytes)
     (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok), indent=2) + "\n")
@@ -371,6 +404,11 @@ def _write_meta(staging: Path, tok: Tokenizer, tokenizer: str | Path | None, dty
         "seed": seed, "val_fraction": val_fraction, "sources": records, "splits": splits,
         "val_document_ids": val_ids,
     }
+    if mixture is not None:  # absent: the sources concatenated (every folder before --mix)
+        meta["mixture"] = mixture
+    form = unicode_normalization(tok)
+    if form:  # absent: the text as read (every trained tokenizer; every folder before this field)
+        meta["text_normalization"] = form
     (staging / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return meta
 
@@ -385,7 +423,8 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
                    workers: int | None = None, text_column: str = "text",
                    tokenizer_sample_bytes: int = TOKENIZER_SAMPLE_BYTES, special_tokens: list[str] | None = None,
                    shard_tokens: int = SHARD_TOKENS, txt_piece_chars: int = TXT_PIECE_CHARS,
-                   overwrite: bool = False, wait_s: float = 0.0, if_missing: bool = False) -> dict:
+                   overwrite: bool = False, wait_s: float = 0.0, if_missing: bool = False,
+                   mix: list[float] | None = None) -> dict:
     """Split documents, train (or load) a tokenizer, and write ``tokenizer.json``, ``tokenizer_config.json``, the
     ``train-*.bin`` / ``val-*.bin`` shards and ``meta.json`` to ``out_dir``; returns the meta dict.
 
@@ -401,8 +440,14 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
     ``wait_s``: how long to wait for another process writing ``out_dir`` (0: refuse at once);
     ``if_missing``: once this process holds the folder's ``.partial``, return the folder's meta without preparing
     when another process has prepared it meanwhile. Bad input, an ``out_dir`` that is or holds an input, or one
-    that is not ours raises one ValueError naming the file or option (nothing written)."""
+    that is not ours raises one ValueError naming the file or option (nothing written).
+
+    ``mix``: one weight per input, the token shares of the training split (>= 0, adding up to 1 within
+    ``mixture.SUM_TOLERANCE``); sources are up- or downsampled to them (:mod:`depthattn.data.mixture`; checked before
+    any work) and ``meta.json`` records ``mixture``. None: the inputs concatenated as they are."""
     out_dir = Path(out_dir)
+    if mix is not None:
+        mix = check_mix(list(mix), [str(s) for s in inputs or ["embedded"]])
     workers = default_workers() if workers is None else workers
     special_tokens = list(special_tokens or [])
     tok = _check_options(out_dir, vocab_size, tokenizer, val_fraction, dtype, special_tokens, workers,
@@ -429,10 +474,11 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
 
         def fill(folder: str) -> None:
             touch(Path(folder))  # the tokenizer is ready: waiters on other hosts see the writer is alive
-            splits, val_ids = _encode_all(sources, is_val, tok, dtype, Path(folder), workers, shard_tokens,
-                                          tokenizer, int(lengths.sum()), progress)
+            splits, val_ids, mixture = _encode_all(
+                sources, is_val, tok, dtype, Path(folder), workers, shard_tokens, tokenizer, int(lengths.sum()),
+                progress, _Mix(mix, seed, records, lengths) if mix is not None else None)
             written.update(_write_meta(Path(folder), tok, tokenizer, dtype, seed, val_fraction, records, splits,
-                                       val_ids))
+                                       val_ids, mixture))
 
         write_folder_atomically(out_dir, fill, manifest=False, staging=staging)
     return written

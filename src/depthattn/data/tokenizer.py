@@ -12,6 +12,7 @@ special token. No normaliser runs, so byte counts of the text are exact.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
@@ -151,6 +152,20 @@ def read_tokenizer(path: str | os.PathLike, vocab_size: int | None = None) -> To
     except Exception as e:  # tokenizers raises a plain Exception (serde's message) on a bad file
         raise ValueError(f"{os.fspath(path)}: not a valid tokenizer.json ({e}); the file is truncated or "
                          f"corrupt") from None
+
+
+#: Unicode normalisation forms a given tokenizer's normalizer may be; ``data prepare`` applies it to the text itself.
+UNICODE_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
+
+
+def unicode_normalization(tok: Tokenizer) -> str | None:
+    """The Unicode normalisation form (one of :data:`UNICODE_FORMS`) that ``tok``'s normalizer is, alone or as the
+    only member of a ``Sequence``; None for no normalizer or any other kind (which prepare's byte check refuses
+    when it changes a text). GPT-NeoX-20B's and Qwen2/Qwen3's tokenizers normalise to NFC."""
+    norm = json.loads(tok.to_str()).get("normalizer") or {}
+    if norm.get("type") == "Sequence" and len(norm.get("normalizers") or []) == 1:
+        norm = norm["normalizers"][0] or {}
+    return norm.get("type") if norm.get("type") in UNICODE_FORMS else None
 
 
 def load_tokenizer(path: str | Path, vocab_size: int | None = None) -> Tokenizer:

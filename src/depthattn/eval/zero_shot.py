@@ -78,7 +78,8 @@ def score_requests(model, tokenizer, pairs: list[tuple[str, str]], batch_size: i
     one-token input whose output is dropped (FSDP: every rank must run the same number of forwards, since each
     forward all-gathers the shards; ``training.in_loop_tasks``).
 
-    Raises ``ValueError`` for ``batch_size < 1``, a tokenizer/model vocabulary mismatch, or an empty continuation.
+    Raises ``ValueError`` for ``batch_size < 1``, a tokenizer/model vocabulary mismatch, an empty continuation, or a
+    continuation longer than ``max_position_embeddings`` (its tokens cannot all be scored).
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
@@ -90,6 +91,9 @@ def score_requests(model, tokenizer, pairs: list[tuple[str, str]], batch_size: i
     for i, (ctx, cont) in enumerate(encoded):
         if not cont:
             raise ValueError(f"request {i} has an empty continuation after tokenisation: {pairs[i]!r}")
+        if len(cont) > max_len:
+            raise ValueError(f"request {i} has a continuation of {len(cont)} tokens, more than the model's "
+                             f"max_position_embeddings={max_len} can score (continuation {pairs[i][1][:60]!r}...)")
         inputs.append(((ctx + cont)[-(max_len + 1):][:-1], cont))
     order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i][0]))
     results: list[Scored | None] = [None] * len(inputs)

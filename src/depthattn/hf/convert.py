@@ -33,97 +33,25 @@ from typing import Any
 
 import torch
 
-from depthattn.accounting import check_model_fits
-from depthattn.checkpoint import (expected_shapes, load_model, load_weights_into, read_safetensors, save_model_files,
-                                  save_safetensors)
-from depthattn.checkpoint_files import check_header_fields, check_shapes, safetensors_shapes, write_tokenizer_config
-from depthattn.config import MAX_LAYERS, ModelConfig, read_json_object
-from depthattn.fileio import read_manifest, verify_manifest, write_folder_atomically
+from depthattn.checkpoint import model_from_folder, save_model_files, save_safetensors
+from depthattn.checkpoint_files import write_tokenizer_config
+from depthattn.config import ModelConfig, read_json_object
+from depthattn.fileio import write_folder_atomically
+from depthattn.folders import open_model
+from depthattn.folders.base import hf_token_ids as qwen3_token_ids
+from depthattn.folders.qwen3 import (SHARED_FIELDS, is_qwen3_folder, open_qwen3,
+                                     qwen3_to_model_config, read_qwen3_state)
 from depthattn.model import DecoderLM
 from depthattn.outputs import MODEL_FOLDER, check_output
 
-#: ModelConfig fields whose Qwen3Config field has the same name and meaning.
-SHARED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
-                 "tie_word_embeddings", "initializer_range")
+__all__ = [
+    "SHARED_FIELDS", "TOKENIZER_FILES", "convert_from_authors", "convert_from_qwen3", "convert_to_qwen3",
+    "copy_tokenizer_files", "is_qwen3_folder", "load_any_model", "load_qwen3", "model_config_to_qwen3", "open_qwen3",
+    "qwen3_to_model_config", "qwen3_token_ids", "read_qwen3_state", "save_qwen3", "upgrade_checkpoint",
+]
 
 #: Tokenizer files carried over by ``convert_from_qwen3`` / ``convert_to_qwen3`` when the source has them.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: not a Hugging Face checkpoint folder")
-    return read_json_object(path, "Hugging Face config")
-
-
-def is_qwen3_folder(path: str | os.PathLike) -> bool:
-    """True when ``path/config.json`` exists and declares ``"model_type": "qwen3"``."""
-    file = os.path.join(os.fspath(path), "config.json")
-    if not os.path.isfile(file):
-        return False
-    try:
-        return _read_json(file).get("model_type") == "qwen3"
-    except ValueError:
-        return False
-
-
-def _is_qwen3_config(values: dict[str, Any]) -> bool:
-    architectures = values.get("architectures") or []
-    return values.get("model_type") == "qwen3" or (isinstance(architectures, list)
-                                                   and "Qwen3ForCausalLM" in architectures)
-
-
-def qwen3_to_model_config(values: dict[str, Any], source: str = "Qwen3 config", **overrides: Any) -> ModelConfig:
-    """Map a Qwen3 ``config.json`` dict (v4 ``rope_theta`` or v5 ``rope_parameters`` form) to a ``ModelConfig``.
-
-    ``overrides`` set depthattn-only fields (``cross_layer``, method knobs). Raises ``ValueError`` naming the field
-    for any Qwen3 feature the core does not implement.
-    """
-    def refuse(field: str, why: str) -> None:
-        raise ValueError(f"{source}: {field}={values.get(field)!r} is not supported ({why})")
-
-    if values.get("model_type", "qwen3") != "qwen3":
-        refuse("model_type", "expected 'qwen3'")
-    if values.get("attention_bias", False):
-        refuse("attention_bias", "the core's projections have no bias")
-    if values.get("use_sliding_window", False):
-        refuse("use_sliding_window", "the core uses full causal attention in every layer")
-    layer_types = values.get("layer_types")
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        refuse("layer_types", "only 'full_attention' layers exist in the core")
-    if values.get("hidden_act", "silu") != "silu":
-        refuse("hidden_act", "the core's MLP is SwiGLU with SiLU")
-    if float(values.get("attention_dropout", 0.0) or 0.0) != 0.0:
-        refuse("attention_dropout", "the core has no attention dropout")
-    if values.get("rope_scaling"):
-        refuse("rope_scaling", "only default RoPE is implemented")
-    rope = values.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_theta", "rope_type"}:
-        refuse("rope_parameters", "only {'rope_theta': θ, 'rope_type': 'default'} is implemented")
-    layers = values.get("num_hidden_layers")
-    if isinstance(layers, int) and layers > MAX_LAYERS:  # before Qwen3Config builds a list of that many layer types
-        refuse("num_hidden_layers", f"more than {MAX_LAYERS} layers (depthattn.config.MAX_LAYERS) cannot be built")
-    # Every field the dict leaves out takes exactly the value transformers.Qwen3Config resolves (head_dim 128,
-    # vocab_size 151936, max_position_embeddings 32768, num_key_value_heads, rope_theta, ...), not our own defaults.
-    from transformers import Qwen3Config
-    try:
-        qwen3 = Qwen3Config(**values)
-    except Exception as e:  # huggingface_hub's strict-dataclass validation errors, TypeError, ValueError
-        raise ValueError(f"{source}: not a valid Qwen3Config: {e}") from e
-    rope = dict(qwen3.rope_parameters or {})
-    if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_theta", "rope_type"}:
-        refuse("rope_parameters", "only {'rope_theta': θ, 'rope_type': 'default'} is implemented")
-    if any(t != "full_attention" for t in (qwen3.layer_types or ())):
-        refuse("layer_types", "only 'full_attention' layers exist in the core")
-    theta = rope.get("rope_theta", 10000.0)
-    fields: dict[str, Any] = {name: getattr(qwen3, name) for name in SHARED_FIELDS}
-    heads, kv = fields.get("num_attention_heads"), fields.get("num_key_value_heads")
-    if heads is not None and kv is not None and (kv < 1 or heads % kv):
-        refuse("num_key_value_heads", f"num_attention_heads={heads} must be a multiple of it (GQA layout)")
-    fields["rope_theta"] = float(theta)
-    fields.update(overrides)
-    return ModelConfig.from_dict(fields)
 
 
 def model_config_to_qwen3(cfg: ModelConfig) -> dict[str, Any]:
@@ -150,82 +78,24 @@ def model_config_to_qwen3(cfg: ModelConfig) -> dict[str, Any]:
     return values
 
 
-def read_qwen3_state(path: str) -> dict[str, torch.Tensor]:
-    """Tensors of a Hugging Face folder: ``model.safetensors`` or a sharded ``model.safetensors.index.json``."""
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(single):
-        files = [single]
-    elif os.path.isfile(index):
-        files = [os.path.join(path, f) for f in sorted(set(_read_json(index).get("weight_map", {}).values()))]
-    else:
-        raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
-    digests = read_manifest(path)  # a folder depthattn wrote (convert --to-qwen3) has checksums.json
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        if digests is not None:
-            verify_manifest(path, [os.path.relpath(file, path).replace(os.sep, "/")])
-        state.update(read_safetensors(file))
-    return state
-
-
-def _qwen3_header(path: str, values: dict[str, Any], file: str) -> tuple[str, dict[str, tuple[int, ...]]] | None:
-    """The raw ``config.json`` sizes against the safetensors header(s) (``check_header_fields``), before
-    ``Qwen3Config`` (which builds a list of ``num_hidden_layers`` layer types) or a model is built; returns (the
-    weights file named in errors, name → shape of every stored tensor), None without weights."""
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(single):
-        weights, stored = single, safetensors_shapes(single)
-    elif os.path.isfile(index):
-        weights, stored = index, {}
-        for name in sorted(set(_read_json(index).get("weight_map", {}).values())):
-            stored.update(safetensors_shapes(os.path.join(path, name)))
-    else:
-        return None
-    check_header_fields(values, stored, file, weights)
-    return weights, stored
-
-
 def load_qwen3(path: str | os.PathLike, **overrides: Any) -> DecoderLM:
     """Build a ``DecoderLM`` from a Hugging Face Qwen3 folder (as ``Qwen3ForCausalLM.save_pretrained`` writes it).
 
     ``overrides`` select the method (``cross_layer="depth_attention"``, knobs). Qwen3 tensors load 1:1 (float32
     or their stored dtype, cast to the model's float32); parameters only our method has (``*.cross_layer.*``) keep
-    their vanilla-equivalent init. Raises ``ValueError`` naming the file for unknown or missing tensors or shapes.
+    their vanilla-equivalent init. Raises ``ValueError`` naming the file for unknown or missing tensors or shapes
+    (``depthattn.folders.qwen3.open_qwen3``).
     """
-    path = os.fspath(path)
-    file = os.path.join(path, "config.json")
-    verify_manifest(path)  # a folder we wrote (convert --to-qwen3): every file before any header is parsed
-    values = _read_json(file)
-    if not _is_qwen3_config(values):
-        hint = (" (it looks like a depthattn checkpoint: use it as it is, or export it with --to-qwen3)"
-                if "cross_layer" in values else "")
-        raise ValueError(f"{path} is not a Hugging Face Qwen3 folder: {file} has model_type="
-                         f"{values.get('model_type')!r} and architectures={values.get('architectures')!r}, "
-                         f"expected model_type 'qwen3' or architectures containing 'Qwen3ForCausalLM'{hint}")
-    header = _qwen3_header(path, values, file)
-    cfg = qwen3_to_model_config(values, source=file, **overrides)
-    if header is not None:  # every shape against a meta-device model, before the real one is allocated
-        check_shapes(cfg, expected_shapes(cfg), header[0], file, header[1])
-    check_model_fits(cfg, "cpu", torch.float32, path)
-    state = read_qwen3_state(path)
-    model = DecoderLM(cfg)
-    load_weights_into(model, state, path, kind="qwen3")
-    return model.eval()
+    return model_from_folder(open_qwen3(path, **overrides))
 
 
 def load_any_model(path: str | os.PathLike, device: torch.device | str = "cpu",
                    dtype: torch.dtype | None = None) -> DecoderLM:
-    """Open any model folder for inference, in eval mode on ``device`` (and ``dtype``): a depthattn checkpoint
-    (``depthattn.checkpoint.load_model``) or a Hugging Face Qwen3 folder (``"model_type": "qwen3"``, loaded as
-    ``cross_layer="none"`` by ``load_qwen3``). Raises ``ValueError`` / ``FileNotFoundError`` naming the file."""
-    if not is_qwen3_folder(path):
-        return load_model(path, device=device, dtype=dtype)
-    model = load_qwen3(path).to(device=device)
-    if dtype is not None:
-        model.to(dtype=dtype)
-    return model.eval()
+    """Open any model folder for inference, in eval mode on ``device`` (and ``dtype``): a depthattn checkpoint, a
+    Hugging Face Qwen3 folder (loaded as ``cross_layer="none"``) or an authors' folder (hyq718/Depth-Attention,
+    its q/k-norm order chosen per checkpoint: ``depthattn.folders.authors_config``); a sharded FSDP checkpoint is
+    refused naming ``depthattn export``. Raises ``ValueError`` / ``FileNotFoundError`` naming the file."""
+    return model_from_folder(open_model(path, ("depthattn", "qwen3", "authors")), device, dtype)
 
 
 def save_qwen3(model: DecoderLM, path: str | os.PathLike,
@@ -287,22 +157,6 @@ def _check_tokenizer_file(file: str) -> None:
     read_tokenizer(file)
 
 
-def qwen3_token_ids(path: str | os.PathLike) -> dict[str, int | None] | None:
-    """``bos``/``eos``/``pad_token_id`` of a Hugging Face folder: ``generation_config.json`` over ``config.json``
-    (``generate`` stops at the former's); None when neither names any (the tokenizer's EOS is used then). A missing
-    ``pad_token_id`` is the EOS id."""
-    ids: dict[str, int | None] = {}
-    for name in ("config.json", "generation_config.json"):
-        file = os.path.join(os.fspath(path), name)
-        if os.path.isfile(file):
-            values = read_json_object(file, "Hugging Face config")
-            ids.update({k: values[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-                        if values.get(k) is not None})
-    if ids and "pad_token_id" not in ids and isinstance(ids.get("eos_token_id"), int):
-        ids["pad_token_id"] = ids["eos_token_id"]
-    return ids or None
-
-
 def _check_out(out: str | os.PathLike, sources: list[str | os.PathLike], overwrite: bool) -> Path:
     """The folder to write for ``out`` (:func:`depthattn.outputs.check_output`: not a source, not inside or around
     one; an existing one only with ``overwrite`` and only a model folder we wrote)."""
@@ -349,7 +203,54 @@ def upgrade_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, overwrit
 
     with open_checkpoint(ckpt) as folder:  # a run folder: its newest checkpoint, under a shared lock
         out = _check_out(out, [ckpt, folder], overwrite)
-        model = load_model(folder)
+        model = model_from_folder(open_model(folder, ("depthattn",)))  # a Llama folder: "use --from-authors"
         tok = folder / TOKENIZER_NAME
         save_model(model, out, tokenizer_file=tok if tok.is_file() else None)
     return model, folder
+
+
+def _tokenizer_file(path: str | os.PathLike, vocab_size: int) -> Path:
+    """``path`` (a ``tokenizer.json``, or a folder holding one) checked as a tokenizer of at most ``vocab_size``
+    tokens (``data.tokenizer.read_tokenizer``); ``ValueError`` naming it."""
+    from depthattn.data.tokenizer import read_tokenizer
+
+    file = Path(path) / "tokenizer.json" if Path(path).is_dir() else Path(path)
+    if not file.is_file():
+        raise ValueError(f"--tokenizer {os.fspath(path)}: no tokenizer.json there")
+    read_tokenizer(file, vocab_size)
+    return file
+
+
+def convert_from_authors(src: str | os.PathLike, out: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
+                         dtype: torch.dtype | None = None, qk_norm_position: str | None = None,
+                         allow_vanilla: bool = False, overwrite: bool = False,
+                         shard_bytes: int | None = None) -> tuple[Any, list[str]]:
+    """An authors' folder (hyq718/Depth-Attention: ``config.json`` + safetensors, one file or sharded) → a depthattn
+    checkpoint folder, streamed one tensor at a time (``checkpoint.save_folder_files``: no model is built, no two
+    copies of the weights are held), written atomically. Returns (the opened ``ModelFolder``, whose ``notes`` say
+    what was chosen and why; the tokenizer files written).
+
+    ``tokenizer``: a ``tokenizer.json`` (or a folder with one) to ship in the folder; without it the source's
+    tokenizer files are copied when it has them. ``dtype``: of the weights written (default: the source's
+    ``torch_dtype``). ``qk_norm_position`` / ``allow_vanilla``: ``depthattn.folders.authors_config``.
+    ``shard_bytes``: the largest safetensors shard (default ``folders.shards.DEFAULT_SHARD_BYTES``). Raises
+    ``ValueError`` (one line) for anything the reader refuses and for an ``out`` :func:`_check_out` refuses."""
+    from depthattn.checkpoint import save_folder_files
+    from depthattn.folders.authors import open_authors
+    from depthattn.folders.shards import DEFAULT_SHARD_BYTES
+
+    out = _check_out(out, [src] + ([tokenizer] if tokenizer is not None else []), overwrite)
+    folder = open_authors(src, qk_norm_position, allow_vanilla)
+    tok = _tokenizer_file(tokenizer, folder.config.vocab_size) if tokenizer is not None else None
+    written: list[str] = []
+
+    def fill(tmp: str) -> None:
+        if tok is None:
+            written[:] = copy_tokenizer_files(src, tmp)
+        save_folder_files(folder, tmp, dtype, tok, shard_bytes or DEFAULT_SHARD_BYTES)
+        if tok is not None:
+            written[:] = [n for n in ("tokenizer.json", "tokenizer_config.json")
+                          if os.path.isfile(os.path.join(tmp, n))]
+
+    write_folder_atomically(out, fill)
+    return folder, written

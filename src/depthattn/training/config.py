@@ -16,6 +16,17 @@ import torch
 from ..config import ModelConfig, _finite
 
 
+#: ``TrainConfig.data_order`` choices: windows in seeded epochs, or drawn uniformly with replacement.
+DATA_ORDERS = ("epochs", "random")
+#: ``TrainConfig.lr_schedule`` choices (``optim.lr_factor``).
+LR_SCHEDULES = ("cosine", "wsd", "linear", "constant")
+#: ``TrainConfig.decay_shape`` choices: the shape of WSD's decay phase (``optim.lr_factor``).
+DECAY_SHAPES = ("linear", "1-sqrt")
+#: ``TrainConfig.adamw_impl`` choices (``optim.adamw_kwargs``). ``"torch_default"``: ``torch.optim.AdamW``'s own choice
+#: (``foreach=None, fused=None``: foreach when every tensor is on CUDA, else the for-loop), what release 97f8652 ran.
+ADAMW_IMPLS = ("auto", "fused", "foreach", "plain", "torch_default")
+
+
 @dataclass
 class TrainConfig:
     """Optimisation and bookkeeping settings (model architecture lives in ``ModelConfig``).
@@ -49,6 +60,24 @@ class TrainConfig:
     evaluations warns in one line (0 turns that warning off); it never stops a run. A recorded config without
     ``on_divergence`` (an older release's run.json) resumes with ``"warn"`` (``LEGACY_DEFAULTS``).
 
+    ``data_order``: how training windows are drawn. ``"epochs"`` (default): every window of ``seq_len + 1`` tokens
+    at stride ``seq_len`` once per epoch, in a seeded order of the global sample index (the same at any world size
+    and ``grad_accum`` split; the partial last window is dropped: ``data.EpochBatches``); ``"random"``: window
+    starts drawn uniformly with replacement per ``(seed, step, micro_step)`` (``data.TokenBatches``), what runs
+    recorded without this key did (``LEGACY_DEFAULTS``).
+
+    Schedule (``optim.lr_factor``): ``lr_schedule`` ``"cosine"`` (default), ``"linear"``, ``"constant"`` or
+    ``"wsd"`` (warmup–stable–decay: peak lr until the last ``decay_fraction`` of the steps, then ``decay_shape``
+    ``"linear"`` or ``"1-sqrt"`` down to ``min_lr_ratio``; ``depthattn train --decay-from`` decays a stable-phase
+    checkpoint into a new run, ``training.decay``). ``adamw_impl``: ``"auto"`` (fused where the device has it, else
+    foreach), ``"fused"``, ``"foreach"``, ``"plain"`` (the for-loop) or ``"torch_default"`` (torch's own choice,
+    what release 97f8652 used: a recorded config without the key reads as it, ``LEGACY_DEFAULTS``); the resolved one
+    is recorded in ``run.json`` (``adamw_impl``) and a resumed ``"auto"`` run keeps it.
+
+    ``global_batch_tokens``: the global batch in tokens (over all data-parallel ranks). When set, ``grad_accum``
+    follows from it for the world size (``for_world``: ``global_batch_tokens / (batch_size × seq_len × world)``,
+    refused when that is not a whole number); unset, ``grad_accum`` is taken as given (per rank).
+
     Zero-shot tasks during training (``training.in_loop_tasks``): ``eval_tasks`` (names of ``eval.tasks.TASKS``; a
     comma-separated string or ``"all"`` is turned into the list; empty: none) are scored every ``eval_tasks_every``
     steps (0: only at the last step) and at the last step, on the first ``eval_tasks_limit`` documents of each
@@ -62,6 +91,7 @@ class TrainConfig:
     """
 
     seed: int = 0
+    data_order: str = "epochs"
     steps: int | None = None
     tokens: int | None = None
     batch_size: int = 8
@@ -104,6 +134,11 @@ class TrainConfig:
     eval_tasks_every: int = 0
     eval_tasks_limit: int | None = None
     log_depth_every: int = 100
+    lr_schedule: str = "cosine"
+    decay_fraction: float = 0.2
+    decay_shape: str = "linear"
+    adamw_impl: str = "auto"
+    global_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.eval_tasks, str):  # --set eval_tasks=arc_easy,piqa (or "all")
@@ -163,11 +198,21 @@ class TrainConfig:
         need(isinstance(self.async_save, bool), "async_save", "must be true or false")
         need(not self.async_save or self.data_parallel == "fsdp", "async_save",
              "applies to sharded checkpoints: set data_parallel='fsdp', or async_save=false")
+        need(self.data_order in DATA_ORDERS, "data_order", f"must be one of {', '.join(DATA_ORDERS)}")
         need(self.on_nonfinite in ("stop", "skip"), "on_nonfinite", "must be 'stop' or 'skip'")
         need(self.on_divergence in ("stop", "warn"), "on_divergence", "must be 'stop' or 'warn'")
         need(isinstance(self.loss_rise_margin, (int, float)) and not isinstance(self.loss_rise_margin, bool)
              and _finite(self.loss_rise_margin) and self.loss_rise_margin > 0, "loss_rise_margin",
              "must be a finite number of nats > 0")
+        need(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(LR_SCHEDULES)}")
+        need(self.decay_shape in DECAY_SHAPES, "decay_shape", f"choose one of {', '.join(DECAY_SHAPES)}")
+        need(isinstance(self.decay_fraction, (int, float)) and not isinstance(self.decay_fraction, bool)
+             and 0 < self.decay_fraction <= 1, "decay_fraction", "must be a fraction of the steps in (0, 1]")
+        need(self.adamw_impl in ADAMW_IMPLS, "adamw_impl", f"choose one of {', '.join(ADAMW_IMPLS)}")
+        g = self.global_batch_tokens
+        need(g is None or (is_int(g) and g >= 1 and g % (self.batch_size * self.seq_len) == 0),
+             "global_batch_tokens", f"must be a multiple of batch_size × seq_len = {self.batch_size * self.seq_len} "
+             f"(tokens per step over all ranks), or unset")
         self._validate_periodic_stats(need, is_int)
         need(self.wandb_project is None or (isinstance(self.wandb_project, str) and bool(self.wandb_project)),
              "wandb_project", "must be a Weights & Biases project name, or unset")
@@ -217,16 +262,36 @@ class TrainConfig:
         """Training tokens per optimizer step, over all data-parallel ranks."""
         return self.batch_size * self.grad_accum * self.seq_len * self.world_size()
 
+    def for_world(self, world: int) -> "TrainConfig":
+        """This config on ``world`` data-parallel ranks: with ``global_batch_tokens`` set, ``grad_accum`` follows
+        (``global_batch_tokens / (batch_size × seq_len × world)``); unset, itself. Raises ``ValueError`` in one line
+        when that is not a whole number."""
+        if self.global_batch_tokens is None:
+            return self
+        per_accum = self.batch_size * self.seq_len * world
+        if self.global_batch_tokens % per_accum:
+            raise ValueError(f"TrainConfig.global_batch_tokens={self.global_batch_tokens} is not a multiple of "
+                             f"batch_size {self.batch_size} × seq_len {self.seq_len} × {world} rank(s) = "
+                             f"{per_accum}; choose a world size or batch_size that divides it")
+        accum = self.global_batch_tokens // per_accum
+        return self if accum == self.grad_accum else self.replace(grad_accum=accum)
+
+    def decay_steps(self) -> int:
+        """Steps of WSD's decay phase: ``round(decay_fraction × total_steps)``, at least 1 (0 for other
+        schedules)."""
+        return max(1, round(self.decay_fraction * self.total_steps())) if self.lr_schedule == "wsd" else 0
+
     def total_steps(self) -> int:
         """Resolved number of optimizer steps. Raises ``ValueError`` if the budget is shorter than one step."""
         if self.steps is not None:
             return self.steps
         if self.tokens is None:
             raise ValueError("set a training budget: TrainConfig.steps or TrainConfig.tokens")
-        steps = self.tokens // self.tokens_per_step()
+        per_step = self.global_batch_tokens or self.tokens_per_step()
+        steps = self.tokens // per_step
         if steps < 1:
             raise ValueError(f"TrainConfig.tokens={self.tokens} is shorter than one optimizer step of "
-                             f"{self.tokens_per_step()} tokens (batch_size {self.batch_size} × grad_accum "
+                             f"{per_step} tokens (batch_size {self.batch_size} × grad_accum "
                              f"{self.grad_accum} × seq_len {self.seq_len}); raise the budget or shrink the batch")
         return steps
 
@@ -236,25 +301,31 @@ class TrainConfig:
 
 TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
-#: Train keys that may change on ``--resume`` without changing the trajectory.
+#: Train keys that may change on ``--resume`` without changing the trajectory (``adamw_impl``: only its rounding; a
+#: resumed run keeps its recorded implementation unless one is asked for, ``runs.recorded_adamw_impl``).
 RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes", "async_save", "keep_last",
                             "log_every", "device", "compile", "activation_checkpointing", "fsdp_replicate",
                             "dist_timeout_s", "peak_flops", "tensorboard", "wandb_project", "verify_data",
                             "on_nonfinite", "max_nonfinite_skips", "on_divergence", "loss_rise_margin",
-                            "loss_rise_patience", "eval_tasks", "eval_tasks_every", "eval_tasks_limit",
-                            "log_depth_every"})
+                            "loss_rise_patience", "adamw_impl", "eval_tasks", "eval_tasks_every",
+                            "eval_tasks_limit", "log_depth_every"})
 
 #: The value of a train key that a recorded config written before the key existed must read as: the behaviour of
 #: the release that wrote it (a new run gets the dataclass default). Add a key here with every key added to
 #: ``TrainConfig`` whose default changes what a run does.
 #: Release 97f8652 had no divergence guard (its runs resume warn-only: same numbers, same exit status, one line) and
-#: no time-based saves, and logged no depth statistics (``log_depth_every``: a resumed old run logs what it did).
-LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "log_depth_every": 0}
+#: no time-based saves, drew its windows uniformly with replacement, built AdamW with torch's default
+#: implementation, and logged no depth statistics (``log_depth_every``: a resumed old run logs what it did).
+LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "data_order": "random",
+                                   "adamw_impl": "torch_default", "log_depth_every": 0}
 
 
 def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded train config (as a dict) with every ``LEGACY_DEFAULTS`` key it lacks filled in."""
-    return {**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in recorded}, **recorded}
+    """A recorded train config (as a dict) with every key it lacks filled in: the ``LEGACY_DEFAULTS`` value, else
+    the ``TrainConfig`` default (a key added with its default = the old behaviour reads as that)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+                if f.name not in recorded and f.default is not dataclasses.MISSING}
+    return {**defaults, **{k: v for k, v in LEGACY_DEFAULTS.items() if k not in recorded}, **recorded}
 
 
 #: Keys whose value ``none`` is the string (``cross_layer="none"``: vanilla), not "unset".

@@ -20,7 +20,6 @@ import errno
 import json
 import os
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +28,11 @@ import torch
 import torch.distributed as dist
 
 from .. import checkpoint as ckpt
-from ..accounting import check_model_fits
 from ..config import ModelConfig
 from ..data.tokenizer import read_tokenizer
 from ..fileio import atomic_write_text, replace_folder, seal_folder, write_folder_atomically
+from ..folders import open_model
+from ..folders.dcp import dcp_load
 from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
 from .retention import VAL_LOSS_FILE, val_loss_record
@@ -223,21 +223,11 @@ def load_sharded(checkpoint_dir: Path, model: DecoderLM, optimizer: torch.optim.
     """Load a sharded checkpoint into an FSDP (or, in one process, a plain) model and its optimizer, resharding to
     this world size. Raises ``ValueError`` naming the folder for another model config or a missing or corrupt
     shard."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     check_config(checkpoint_dir, model.config)
     states = _states(model, optimizer)
-    try:
-        # a plain model (export, one process) reads alone even inside a process group: no collective to wait on
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(states, checkpoint_id=str(checkpoint_dir / DCP_DIR), no_dist=not _is_sharded_model(model))
-    except (CheckpointException, OSError, RuntimeError, ValueError) as e:  # a BaseException: a missing/bad shard
-        cause = [line for line in str(e).splitlines() if "Error" in line][-1:] or [type(e).__name__]
-        raise ValueError(f"cannot read sharded checkpoint {checkpoint_dir / DCP_DIR} (a missing or corrupt shard?): "
-                         f"{cause[0].strip()}") from e
+    dcp_load(states, checkpoint_dir, no_dist=not _is_sharded_model(model))
     set_model_state_dict(model, states["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, states["optimizer"])
@@ -254,15 +244,8 @@ def export_checkpoint(source: str | os.PathLike, out: str | os.PathLike, overwri
     (``checkpoint.open_checkpoint``): a running trainer's pruning leaves it in place until the export is done."""
     with ckpt.open_checkpoint(source) as src:
         out = check_output(out, [source, src], MODEL_FOLDER, overwrite)
-        ckpt.verify_folder(src)  # checksums.json before any file is parsed (DCP shards are not listed)
-        # the config against the safetensors header before anything is allocated (a sharded one: bounds only)
-        cfg = ckpt.load_config(src) if is_sharded(src) else ckpt.check_folder_shapes(src)
-        check_model_fits(cfg, "cpu", torch.float32, str(src))
-        model = DecoderLM(cfg)
-        if is_sharded(src):
-            load_sharded(src, model, None)
-        else:
-            ckpt.load_weights_into(model, ckpt.load_state(src), str(src / ckpt.WEIGHTS_NAME))
+        folder = open_model(src, ("depthattn", "dcp"))  # checksums.json first, then config and shapes / DCP shards
+        model = ckpt.model_from_folder(folder)
 
         tokenizer = src / TOKENIZER_FILE
         if tokenizer.is_file() or tokenizer.is_symlink():  # the copy must be a tokenizer (a dangling link: refused)

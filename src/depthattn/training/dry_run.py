@@ -16,6 +16,13 @@ process keep them whole):
 
 The counts were measured with ``torch.autograd.graph.saved_tensors_hooks`` on CPU float32 (tests/test_dry_run.py
 keeps the estimate within 30 % of a measured step at the ``small`` preset).
+
+The plan is the config's on ``nproc`` ranks: with ``global_batch_tokens`` set, ``grad_accum`` follows for that world
+size (``TrainConfig.for_world``), so the global batch and the budget are the ones the config was written for;
+without it, ``grad_accum`` is per rank and the global batch scales with ``nproc`` (the report says so). The report
+prints the ``torchrun`` commands that launch the plan (one node, and several nodes of ``gpus_per_node``), flags a
+wall-time target that needs more than ``MAX_MFU`` of a GPU's peak as unreachable, and gives the throughput and wall
+time expected at ``ASSUMED_MFU`` of each listed GPU's peak dense bf16 FLOP/s (``metrics.PEAK_BF16_FLOPS``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,13 @@ from ..config import ModelConfig
 from .build import build_on_meta
 from .config import TrainConfig
 from .metrics import PEAK_BF16_FLOPS, train_flops_per_token
+
+#: MFU above which a target is flagged unreachable (well-tuned dense LLM training reports 40-55 % on H100/A100).
+MAX_MFU = 0.60
+#: The MFU the expected throughput assumes.
+ASSUMED_MFU = 0.40
+#: The GPUs the report plans for (names in ``metrics.PEAK_BF16_FLOPS``).
+PLAN_GPUS = ("H100", "A100", "B200")
 
 #: A method's own saved activations per token and block, in multiples of ``hidden_size`` (measured as above).
 #: The controls' fixed mixes are linear in the values and save nothing of their own (measured at ``small``: the
@@ -54,6 +68,10 @@ class DryRun:
     tokens_per_step: int
     total_tokens: int
     activation_checkpointing: bool
+    grad_accum: int = 1
+    batch_size: int = 1
+    seq_len: int = 1
+    global_batch_set: bool = False  # TrainConfig.global_batch_tokens fixed the batch (grad_accum derived)
 
     @property
     def total_bytes(self) -> float:
@@ -87,9 +105,12 @@ def activation_bytes(cfg: ModelConfig, tokens: int, itemsize: int, checkpointed:
 def dry_run(model_cfg: ModelConfig, train_cfg: TrainConfig, nproc: int = 1) -> DryRun:
     """Build ``model_cfg`` on the meta device and estimate one GPU's share of a run on ``nproc`` ranks.
 
-    Raises ``ValueError`` for ``nproc < 1`` or a budget shorter than one step."""
+    Raises ``ValueError`` for ``nproc < 1``, a ``global_batch_tokens`` that ``nproc`` ranks cannot split
+    (``TrainConfig.for_world``) or a budget shorter than one step."""
     if nproc < 1:
         raise ValueError(f"--nproc {nproc} must be >= 1")
+    fixed = train_cfg.global_batch_tokens is not None
+    train_cfg = train_cfg.for_world(nproc)
     params = build_on_meta(model_cfg).num_params()
     sharded = train_cfg.data_parallel == "fsdp"
     share = nproc if sharded else 1
@@ -109,15 +130,61 @@ def dry_run(model_cfg: ModelConfig, train_cfg: TrainConfig, nproc: int = 1) -> D
                   activation_bytes=activation_bytes(model_cfg, tokens, itemsize, False),
                   activation_bytes_checkpointed=activation_bytes(model_cfg, tokens, itemsize, True),
                   tokens_per_step=per_step, total_tokens=total,
-                  activation_checkpointing=train_cfg.activation_checkpointing)
+                  activation_checkpointing=train_cfg.activation_checkpointing, grad_accum=train_cfg.grad_accum,
+                  batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len, global_batch_set=fixed)
 
 
-def report(d: DryRun, model_cfg: ModelConfig, hours: float) -> str:
-    """The text ``--dry-run`` prints."""
-    gib = 2 ** 30
-    mode = f"FSDP over {d.nproc} ranks" if d.sharded else (f"DDP on {d.nproc} ranks" if d.nproc > 1 else "1 process")
+def launch_commands(nproc: int, gpus_per_node: int, train_args: list[str], run_id: str = "RUN") -> list[str]:
+    """The ``torchrun`` command lines of a plan on ``nproc`` ranks: one node (when ``nproc <= gpus_per_node``), and
+    ``nproc / gpus_per_node`` nodes with a c10d rendezvous (when ``nproc`` is a multiple of ``gpus_per_node``
+    above it; otherwise one line saying why there is none). ``train_args``: the ``train`` options (already
+    quoted)."""
+    tail = " ".join(["-m depthattn.cli train", *train_args])
+    out = []
+    if nproc <= gpus_per_node:
+        out.append(f"torchrun --standalone --nproc_per_node={nproc} {tail}")
+    if nproc > gpus_per_node and nproc % gpus_per_node == 0:
+        out.append(f"torchrun --nnodes={nproc // gpus_per_node} --nproc_per_node={gpus_per_node} "
+                   f"--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:29500 --rdzv_id={run_id} {tail}")
+    if not out:
+        out.append(f"(none: {nproc} ranks do not fill whole nodes of {gpus_per_node} GPUs; set --gpus-per-node)")
+    return out
+
+
+def expected_throughput(d: DryRun, peak: float, mfu: float = ASSUMED_MFU) -> float:
+    """Training tokens/s over all ``d.nproc`` GPUs at ``mfu`` of a per-GPU ``peak`` FLOP/s."""
+    return mfu * peak / d.train_flops_per_token * d.nproc
+
+
+def plan_lines(d: DryRun, hours: float) -> list[str]:
+    """The batch, MFU-needed (unreachable above ``MAX_MFU``) and expected-throughput lines of the report."""
+    peaks = dict(PEAK_BF16_FLOPS)
     need = d.tokens_per_s_for(hours)
     per_gpu_flops = need / d.nproc * d.train_flops_per_token
+    batch = (f"global batch {d.tokens_per_step:,d} tokens per step = batch_size {d.batch_size} x grad_accum "
+             f"{d.grad_accum} x seq_len {d.seq_len} x {d.nproc} rank(s)")
+    batch += (" (grad_accum from global_batch_tokens)" if d.global_batch_set else
+              "; grad_accum is per rank, so the global batch and a steps budget scale with --nproc (set "
+              "global_batch_tokens to keep them)")
+    mfus = [(name, per_gpu_flops / peaks[name]) for name in PLAN_GPUS]
+    lines = [batch,
+             f"to finish in {hours:g} h: {need:,.0f} tokens/s in all, {need / d.nproc:,.0f} per GPU "
+             f"({per_gpu_flops / 1e12:.1f} TFLOP/s per GPU; MFU "
+             + ", ".join(f"{100 * m:.0f}% on {name}" for name, m in mfus) + ")"]
+    over = [name for name, m in mfus if m > MAX_MFU]
+    if over:
+        lines.append(f"  unreachable on {', '.join(over)}: above {100 * MAX_MFU:.0f}% MFU; raise --target-hours or "
+                     f"--nproc")
+    lines.append(f"expected at {100 * ASSUMED_MFU:.0f}% MFU: " + "; ".join(
+        f"{name} {expected_throughput(d, peaks[name]):,.0f} tokens/s, "
+        f"{d.total_tokens / expected_throughput(d, peaks[name]) / 3600:,.1f} h" for name in PLAN_GPUS))
+    return lines
+
+
+def report(d: DryRun, model_cfg: ModelConfig, hours: float, launch: list[str] | None = None) -> str:
+    """The text ``--dry-run`` prints (``launch``: the ``launch_commands`` lines, printed last)."""
+    gib = 2 ** 30
+    mode = f"FSDP over {d.nproc} ranks" if d.sharded else (f"DDP on {d.nproc} ranks" if d.nproc > 1 else "1 process")
     lines = [f"dry run: {model_cfg.cross_layer}, {d.params:,d} parameters ({mode}); nothing allocated",
              f"FLOPs per token: forward {d.forward_flops_per_token:.4g}, training (3x) {d.train_flops_per_token:.4g}",
              "per-GPU memory (GiB):",
@@ -132,10 +199,9 @@ def report(d: DryRun, model_cfg: ModelConfig, hours: float) -> str:
              f"  total                  {d.total_bytes / gib:9.2f}  (activation checkpointing "
              f"{'on' if d.activation_checkpointing else 'off'})",
              f"budget: {d.total_tokens:,d} tokens, {d.tokens_per_step:,d} per step",
-             f"to finish in {hours:g} h: {need:,.0f} tokens/s in all, {need / d.nproc:,.0f} per GPU "
-             f"({per_gpu_flops / 1e12:.1f} TFLOP/s per GPU; MFU "
-             + ", ".join(f"{100 * per_gpu_flops / peak:.0f}% on {name}" for name, peak in PEAK_BF16_FLOPS
-                         if name in ("H100", "A100", "B200")) + ")"]
+             *plan_lines(d, hours)]
+    if launch:
+        lines += ["launch:", *(f"  {c}" for c in launch)]
     return "\n".join(lines)
 
 

@@ -7,8 +7,9 @@ The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`
 precision, seeding, the torchrun process group), ``run_folder`` (the run folder's files and its lock), ``runs`` (its
 checkpoints and trainer state, the resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation
 checkpointing, compile, DDP); the loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows
-come from ``data.TokenBatches``, a pure function of ``(seed, step, micro_step)``; with the RNG, optimizer and
-scheduler states restored, a resumed run repeats an uninterrupted one bit for bit on float32 CPU.
+come from ``data.EpochBatches`` (or ``data.TokenBatches``: ``TrainConfig.data_order``), a pure function of ``(seed,
+step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run repeats an uninterrupted
+one bit for bit on float32 CPU.
 
 Divergence: the loss and the gradient norm are checked before each optimizer step and the weights before each
 checkpoint (every rank agrees); a non-finite value stops the run with ``NonFiniteError`` or skips the step
@@ -51,6 +52,7 @@ from .optim import build_optimizer, build_scheduler, decay_rule
 from .build import build_on_meta, materialize
 from .depth_stats import DepthProbe
 from .in_loop_tasks import TaskSuite
+from .decay import decay_source
 from .dcp import PendingSave, finish_async_save, is_sharded, load_sharded, save_sharded, start_async_save
 from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
 from .metrics import MetricsLogger, Throughput, progress_postfix
@@ -60,8 +62,8 @@ from .retention import best_checkpoint
 from .run_folder import RunFolder
 from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, environment,
                    fault_point, init_from_changes, init_from_checkpoint, keep_tokens_per_step, load_resume_weights,
-                   read_resume_checkpoint, restore_trainer_state, resume_point, run_tokens_per_s, save_checkpoint,
-                   set_aside, trainer_state)
+                   read_resume_checkpoint, recorded_adamw_impl, restore_trainer_state, resume_point,
+                   run_tokens_per_s, save_checkpoint, set_aside, trainer_state)
 from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
                       seed_everything, start_distributed)
 
@@ -97,7 +99,7 @@ class _Trainer:
     net: torch.nn.Module  # ``model`` as parallelized (DDP, compiled blocks, activation checkpointing)
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    batches: Any  # data.TokenBatches
+    batches: Any  # data.EpochBatches or data.TokenBatches (TrainConfig.data_order)
     val_windows: torch.Tensor
     device: torch.device
     amp: torch.dtype | None
@@ -135,7 +137,8 @@ class _Trainer:
 def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: str | os.PathLike,
           *, resume: bool = False, init_from: str | os.PathLike | None = None, stop_after: int | None = None,
           progress: bool = True, log: Callable[[str], None] = print,
-          on_step: Callable[[int, int], None] | None = None) -> TrainResult:
+          on_step: Callable[[int, int], None] | None = None,
+          decay_from: str | os.PathLike | None = None) -> TrainResult:
     """Train ``model_cfg`` on the prepared data folder ``data_dir`` into ``run_dir``.
 
     ``resume``: continue from the newest checkpoint of ``run_dir`` (configs must match the recorded ones, except
@@ -145,7 +148,9 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished;
     an unreadable newest checkpoint skipped, a torn metrics line dropped, leftovers of interrupted writes removed).
     ``on_step(step, total_steps)``: called after each optimizer step with its validation, logging and checkpoint
-    (``compare`` times the first steps with it to estimate the job's duration).
+    (``compare`` times the first steps with it to estimate the job's duration). ``decay_from``: a checkpoint of
+    another run to start from with its weights, optimizer, RNG states and step (``training.decay``: the new run
+    folder records it, and resumed before its first checkpoint it starts from it again).
 
     SIGTERM, SIGINT and SIGUSR1 are handled while it runs (the previous handlers come back after): the step in
     progress finishes, its checkpoint is written, and ``TrainingPreempted`` is raised (see ``preemption``).
@@ -168,7 +173,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     run_dir, data_dir = Path(run_dir), Path(data_dir).resolve()
     # the run folder's lock (taken in _set_up) and the stop-signal handlers, released however we leave
     with contextlib.ExitStack() as held, stop_signals() as stop:
-        t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log, held)
+        t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log, held, decay_from)
         t.stop, t.last_save = stop, clock()
         last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
         t.net.train()
@@ -196,11 +201,13 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
 
 # ---------------------------------------------------------------------------------------------------- set-up
 def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path, resume: bool,
-            init_from: str | os.PathLike | None, log: Callable[[str], None], held: contextlib.ExitStack) -> _Trainer:
+            init_from: str | os.PathLike | None, log: Callable[[str], None], held: contextlib.ExitStack,
+            decay_from: str | os.PathLike | None = None) -> _Trainer:
     """Take the run folder's lock (into ``held``; rank 0, before anything is written), check everything, then build
     model, optimizer and data, restore the newest checkpoint on ``resume`` and (rank 0) write the run folder's
     files."""
     train_cfg = start_distributed(train_cfg)
+    train_cfg = train_cfg.for_world(train_cfg.world_size())  # grad_accum from global_batch_tokens, when set
     rank = process_rank()
     folder = RunFolder(run_dir)
     held.enter_context(folder.lock("trainer"))  # RunFolderLocked on every rank when another trainer holds it
@@ -216,7 +223,15 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
               "device": str(device), "resolved_precision": resolved_precision(amp),
               "world_size": train_cfg.world_size(), "tokens_per_step": train_cfg.tokens_per_step()}
     say = log if rank == 0 else lambda _: None
+    adamw = recorded_adamw_impl(run_dir, train_cfg.adamw_impl, device, resume)
+    record["adamw_impl"] = adamw
+    source = decay_source(run_dir, decay_from, resume)
+    if source is not None:
+        record["decay_from"] = str(source.resolve())
     found = _read_resume(run_dir, resume_point(run_dir, record, data_dir, resume), model_cfg, say)
+    decaying = found is None and source is not None
+    if decaying:  # the source checkpoint's weights, optimizer, RNG states and step
+        found = read_resume_checkpoint([source], model_cfg, say, fall_back=False)
     resume_from = found.path if found else None
     run_dir.mkdir(parents=True, exist_ok=True)
     sharded = resume_from is not None and is_sharded(resume_from)
@@ -229,7 +244,7 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     elif init_from is not None:
         _init_from(model, init_from, train_cfg.data_parallel == "fsdp", log if rank == 0 else lambda _: None)
     net = torch.nn.parallel.DistributedDataParallel(model) if train_cfg.data_parallel == "ddp" else model
-    optimizer, scheduler, groups = _build_optimizer(model, train_cfg)
+    optimizer, scheduler, groups = _build_optimizer(model, train_cfg, adamw)
     step, tokens_seen, skips = 0, 0, 0
     if resume_from is not None:
         if sharded:
@@ -241,14 +256,15 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
             log(f"{run_dir} already finished at step {step}; nothing to do")
         else:
             log(f"resuming {run_dir} from step {step} of {train_cfg.total_steps()}")
+    if decaying and rank == 0:
+        log(f"decaying from {source} (step {step}) over {train_cfg.total_steps() - step} steps into {run_dir}")
     if rank == 0:
         if found is not None:
             set_aside(found.unreadable, log)
         record.update(environment(train_cfg, device, amp))
         rule = decay_rule(train_cfg.weight_decay_method_params)
         folder.start(record, {**groups, "rule": rule}, resume, step, finished=step == train_cfg.total_steps(), log=log)
-    batches = data.TokenBatches(prepared.train, train_cfg.batch_size, train_cfg.seq_len, seed=train_cfg.seed,
-                                rank=rank, world_size=train_cfg.world_size())  # ranks split one global draw
+    batches = _training_batches(prepared.train, train_cfg, rank, say)
     throughput = Throughput(model_cfg, train_cfg.seq_len, train_cfg.world_size(), device, train_cfg.peak_flops)
     if rank == 0 and device.type == "cuda" and throughput.peak is None:
         log(throughput.note)  # an unknown GPU: said once
@@ -257,9 +273,25 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
                     val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, folder=folder,
                     data_dir=data_dir,
-                    is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen, saved=resume_from,
+                    is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen,
+                    saved=None if decaying else resume_from,
                     start_step=step, nonfinite_skips=skips, guard=guard, log=say, tasks=tasks,
                     depth=DepthProbe.for_run(train_cfg.log_depth_every, val_windows, device))
+
+
+def _training_batches(tokens, cfg: TrainConfig, rank: int, log: Callable[[str], None]):
+    """The run's training windows: ``data.EpochBatches`` (``data_order="epochs"``: says once how many windows an
+    epoch has and how many tail tokens are never a target) or ``data.TokenBatches`` (``"random"``); either way the
+    ranks split one global batch."""
+    if cfg.data_order == "random":
+        return data.TokenBatches(tokens, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=rank,
+                                 world_size=cfg.world_size())
+    batches = data.EpochBatches(tokens, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=rank,
+                                world_size=cfg.world_size(), grad_accum=cfg.grad_accum)
+    log(f"data order: epochs of {batches.num_windows:,d} windows of {cfg.seq_len + 1} tokens (stride {cfg.seq_len}); "
+        f"the run covers {batches.epoch(cfg.total_steps()):.3g} epochs; the last {batches.tail_tokens} tokens of the "
+        f"train split are never a target (a partial window)")
+    return batches
 
 
 def _distributed() -> bool:
@@ -364,11 +396,13 @@ def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Calla
         log(f"note: the new model differs from {source}/config.json in {'; '.join(changes)}")
 
 
-def _build_optimizer(model: DecoderLM, cfg: TrainConfig):
-    """(AdamW, warm-up + cosine scheduler, parameter groups as written to ``param_groups.json``)."""
-    optimizer, groups = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps,
+def _build_optimizer(model: DecoderLM, cfg: TrainConfig, impl: str):
+    """(AdamW of the resolved implementation ``impl``, the warm-up + ``lr_schedule`` scheduler, parameter groups as
+    written to ``param_groups.json``)."""
+    optimizer, groups = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps, impl,
                                         method_params=cfg.weight_decay_method_params)
-    scheduler = build_scheduler(optimizer, cfg.warmup_steps(), cfg.total_steps(), cfg.min_lr_ratio)
+    scheduler = build_scheduler(optimizer, cfg.warmup_steps(), cfg.total_steps(), cfg.min_lr_ratio, cfg.lr_schedule,
+                                cfg.decay_steps(), cfg.decay_shape)
     return optimizer, scheduler, groups
 
 
@@ -384,6 +418,7 @@ def _metrics_log(t: _Trainer) -> MetricsLogger:
     are purged, as ``metrics.jsonl``'s rows are."""
     return MetricsLogger(t.folder.path, t.folder.METRICS_FILE, enabled=t.is_main, tensorboard=t.cfg.tensorboard,
                          purge_step=t.step + 1,  # TensorBoard drops the steps after the checkpoint: they are redone
+                         wandb_resume=t.step > 0,  # a session continuing logged steps: the saved W&B run id
                          wandb_project=t.cfg.wandb_project, config={"train": t.cfg.to_dict(),
                                                                     "model": t.model.config.to_dict()})
 
@@ -440,6 +475,8 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     t.train_tokens += t.cfg.tokens_per_step()
     row = {"step": t.step, "tokens": t.tokens_seen, "loss": train_loss, "lr": lr, "grad_norm": grad_norm,
            **layer_norms}
+    if t.cfg.data_order == "epochs":
+        row["epoch"] = t.batches.epoch(t.step)  # fractional epochs seen after this step
     if bad is not None:
         row.update(skipped=True, nonfinite=bad)
     return t.throughput.update(row, t.cfg.tokens_per_step(), dt)

@@ -15,12 +15,14 @@ import math
 import os
 import resource
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
 from ..accounting import num_flops
 from ..config import ModelConfig
+from ..fileio import atomic_write_text
+from ..run_layout import WANDB_FILE
 
 #: Peak dense (no sparsity) bf16 tensor-core FLOP/s per device, from the vendors' data sheets, matched in order
 #: against ``torch.cuda.get_device_name()`` (first substring that occurs wins).
@@ -114,6 +116,29 @@ class Throughput:
         return row
 
 
+def new_wandb_id() -> str:
+    """A fresh W&B run id: 8 random lowercase hex characters (W&B ids are letters, digits, ``-`` and ``_``)."""
+    import secrets
+
+    return secrets.token_hex(4)
+
+
+def wandb_run_id(run_dir: Path, reuse: bool, new_id: Callable[[], str] = new_wandb_id) -> str:
+    """The W&B run id of ``run_dir``: the one saved in its ``wandb.json`` when ``reuse`` and the file holds one,
+    else ``new_id()``, saved there (atomically) before W&B is started."""
+    path = run_dir / WANDB_FILE
+    if reuse and path.is_file():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8")).get("id")
+        except (OSError, ValueError, AttributeError):
+            saved = None  # unreadable: a new W&B run, said by W&B itself
+        if isinstance(saved, str) and saved:
+            return saved
+    run_id = new_id()
+    atomic_write_text(path, json.dumps({"id": run_id}) + "\n")
+    return run_id
+
+
 class MetricsLogger:
     """Rank 0's sinks for metrics rows: ``metrics.jsonl`` (appended, flushed per row, strict JSON: a non-finite
     value such as the loss of a skipped step is written as null), TensorBoard event files
@@ -126,12 +151,16 @@ class MetricsLogger:
     ``SessionLog.START`` event at that step makes TensorBoard drop the earlier sessions' events at it and after,
     so each step is shown once.
 
+    W&B: the run id is kept in the run folder's ``wandb.json`` (``run_layout.WANDB_FILE``); with ``wandb_resume``
+    (a session continuing logged steps) a saved id is reused (``wandb.init(id=..., resume="allow")``), so a resumed
+    run logs into the same W&B run; otherwise a new id is drawn and saved.
+
     Raises ``ValueError`` for ``wandb_project`` without the ``wandb`` package installed.
     """
 
     def __init__(self, run_dir: Path, metrics_file: str, *, enabled: bool, tensorboard: bool = True,
                  wandb_project: str | None = None, config: Mapping[str, Any] | None = None,
-                 purge_step: int | None = None):
+                 purge_step: int | None = None, wandb_resume: bool = False):
         self.file = self.tb = self.wandb = None
         if wandb_project is not None:
             try:
@@ -149,7 +178,8 @@ class MetricsLogger:
             with named_os_errors(run_dir / "tensorboard"):  # its writer thread's full disk, re-raised here
                 self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
         if wandb_project is not None:
-            self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), name=run_dir.name,
+            run_id = wandb_run_id(run_dir, wandb_resume)
+            self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), name=run_dir.name, id=run_id,
                                     config=dict(config or {}), resume="allow",
                                     mode=os.environ.get("WANDB_MODE", "online"))
 

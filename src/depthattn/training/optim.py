@@ -1,5 +1,5 @@
 """Optimizer and learning-rate schedule: AdamW with decay on projection and embedding matrices only, linear
-warm-up then cosine to a floor.
+warm-up then cosine (default), linear, constant or warmup–stable–decay to a floor (``lr_factor``).
 
 Recipe (spec-depth-attention.md §12, the authors' released configs): AdamW β = (0.9, 0.95), eps 1e-8, weight decay
 0.1, 2 % linear warm-up, cosine decay to 0.1 × peak, gradient clipping at 1.0.
@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .. import cross_layer
+from .config import ADAMW_IMPLS, DECAY_SHAPES, LR_SCHEDULES
 
 #: Regular expressions (``re.search`` on the parameter name) of parameters that never decay, whatever the method:
 #: norm gains (spec-baselines.md §8). The methods' own names come from their records (``no_decay_patterns``).
@@ -100,29 +101,99 @@ def param_groups(model: nn.Module, weight_decay: float,
              {"params": groups["no_decay"], "weight_decay": 0.0}], names)
 
 
+def fused_adamw_supported(device: torch.device) -> bool:
+    """Whether ``torch.optim.AdamW(fused=True)`` runs on ``device``'s type (torch's own list of fused-capable
+    devices: CUDA, and in recent releases CPU, MPS, XPU...)."""
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+    except ImportError:  # a private helper: an older/newer torch without it has CUDA's at least
+        return device.type == "cuda"
+    return device.type in _get_fused_kernels_supported_devices()
+
+
+def resolve_adamw_impl(impl: str, device: torch.device) -> str:
+    """The implementation a run on ``device`` uses for ``TrainConfig.adamw_impl=impl``: ``"auto"`` is ``"fused"``
+    where the device has the fused kernel (``fused_adamw_supported``), else ``"foreach"``; the others are
+    themselves. Raises ``ValueError`` for ``"fused"`` on a device without the kernel, or an unknown name."""
+    if impl not in ADAMW_IMPLS:
+        raise ValueError(f"TrainConfig.adamw_impl={impl!r} is invalid: choose one of {', '.join(ADAMW_IMPLS)}")
+    if impl == "auto":
+        return "fused" if fused_adamw_supported(device) else "foreach"
+    if impl == "fused" and not fused_adamw_supported(device):
+        raise ValueError(f"TrainConfig.adamw_impl='fused': torch {torch.__version__} has no fused AdamW on "
+                         f"{device.type}; use adamw_impl=foreach (or auto)")
+    return impl
+
+
+def adamw_kwargs(impl: str) -> dict[str, bool | None]:
+    """``torch.optim.AdamW`` keywords of a resolved implementation (``resolve_adamw_impl``)."""
+    return {"fused": {"fused": True, "foreach": False}, "foreach": {"fused": False, "foreach": True},
+            "plain": {"fused": False, "foreach": False}, "torch_default": {"fused": None, "foreach": None}}[impl]
+
+
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
-                    eps: float = 1e-8, *,
+                    eps: float = 1e-8, impl: str = "torch_default", *,
                     method_params: bool = False) -> tuple[torch.optim.AdamW, dict[str, list[str]]]:
-    """AdamW over ``param_groups(model, weight_decay, method_params)``; returns the optimizer and the group names."""
+    """AdamW over ``param_groups(model, weight_decay, method_params)``; returns the optimizer and the group names.
+    ``impl``: a resolved ``adamw_impl`` (``resolve_adamw_impl``; the same update up to rounding,
+    tests/test_schedules.py)."""
     groups, names = param_groups(model, weight_decay, method_params)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps), names
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **adamw_kwargs(impl)), names
 
 
-def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> float:
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1, schedule: str = "cosine",
+              decay_steps: int = 0, decay_shape: str = "linear") -> float:
     """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
 
-    Linear warm-up ``(step + 1) / warmup_steps`` for ``step < warmup_steps``, then cosine from 1 down to
-    ``min_lr_ratio`` at ``step = total_steps - 1``: ``r + (1 - r) · ½ (1 + cos(π · p))`` with
-    ``p = (step - warmup) / max(1, total - 1 - warmup)`` clipped to [0, 1].
+    Linear warm-up ``(step + 1) / warmup_steps`` for ``step < warmup_steps``, then, with ``r = min_lr_ratio``:
+
+    * ``"cosine"``: ``r + (1 - r) · ½ (1 + cos(π · p))``, ``p = (step - warmup) / max(1, total - 1 - warmup)``
+      clipped to [0, 1]: 1 at ``step = warmup``, ``r`` at ``step = total - 1``;
+    * ``"linear"``: ``r + (1 - r) · (1 - p)``, the same ``p``;
+    * ``"constant"``: 1;
+    * ``"wsd"`` (warmup–stable–decay; Hägele et al. 2024, arXiv 2405.18392): 1 up to ``d = total - decay_steps``,
+      then ``r + (1 - r) · (1 - q)`` (``decay_shape="linear"``) or ``r + (1 - r) · (1 - √q)`` (``"1-sqrt"``) with
+      ``q = (step - d) / max(1, decay_steps - 1)`` clipped to [0, 1]: 1 at ``step = d``, ``r`` at ``total - 1``.
+
+    Raises ``ValueError`` for an unknown ``schedule`` or ``decay_shape`` (listing the choices), or a WSD decay that
+    starts inside the warm-up (``total - decay_steps < warmup_steps``).
     """
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"TrainConfig.lr_schedule={schedule!r} is invalid: choose one of {', '.join(LR_SCHEDULES)}")
+    if schedule == "wsd" and decay_shape not in DECAY_SHAPES:
+        raise ValueError(f"TrainConfig.decay_shape={decay_shape!r} is invalid: choose one of {', '.join(DECAY_SHAPES)}")
+    if schedule == "wsd" and total_steps - decay_steps < warmup_steps:
+        raise ValueError(f"the WSD decay of {decay_steps} steps starts at step {total_steps - decay_steps}, inside the "
+                         f"warm-up of {warmup_steps} steps (of {total_steps}); lower TrainConfig.decay_fraction or "
+                         f"TrainConfig.warmup")
     if step < warmup_steps:
         return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule == "wsd":
+        start = total_steps - decay_steps
+        if step < start:
+            return 1.0
+        q = min(1.0, (step - start) / max(1, decay_steps - 1))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - (math.sqrt(q) if decay_shape == "1-sqrt" else q))
     progress = min(1.0, max(0.0, (step - warmup_steps) / max(1, total_steps - 1 - warmup_steps)))
+    if schedule == "linear":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def schedule_factor(cfg, step: int) -> float:
+    """``lr_factor`` at ``step`` of a ``TrainConfig``'s schedule (its budget resolved: ``total_steps``)."""
+    return lr_factor(step, cfg.warmup_steps(), cfg.total_steps(), cfg.min_lr_ratio, cfg.lr_schedule,
+                     cfg.decay_steps(), cfg.decay_shape)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
-                    min_lr_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
-    """``LambdaLR`` applying ``lr_factor``; call ``scheduler.step()`` once after every optimizer step."""
+                    min_lr_ratio: float = 0.1, schedule: str = "cosine", decay_steps: int = 0,
+                    decay_shape: str = "linear") -> torch.optim.lr_scheduler.LambdaLR:
+    """``LambdaLR`` applying ``lr_factor``; call ``scheduler.step()`` once after every optimizer step. Checks the
+    schedule first (``lr_factor``'s ``ValueError``)."""
+    lr_factor(0, warmup_steps, total_steps, min_lr_ratio, schedule, decay_steps, decay_shape)
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, min_lr_ratio))
+        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, min_lr_ratio, schedule, decay_steps,
+                                          decay_shape))

@@ -172,13 +172,7 @@ def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], tr
     and a key the recorded model config lacks as its ``ModelConfig`` default (a field added later defaults to what
     older releases computed). Empty when the run may be resumed with them."""
     return (_diff(with_model_defaults(recorded["model"]), model)
-            + _diff(with_train_defaults(recorded["train"]), train, RESUMABLE_KEYS))
-
-
-def with_train_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded train config (as a dict) with every key it lacks at its ``LEGACY_DEFAULTS`` value, else at its
-    ``TrainConfig`` default."""
-    return {**TrainConfig().to_dict(), **with_legacy_defaults(recorded)}
+            + _diff(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS))
 
 
 def with_model_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
@@ -199,10 +193,13 @@ def _recorded_precision(run: dict[str, Any]) -> str | None:
 def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainConfig:
     """On resume under another world size than the run's: ``grad_accum`` rescaled so one step keeps the recorded
     tokens per step, or ``ValueError`` when no whole ``grad_accum`` does. Never a silent change of the global batch,
-    nor of the data: one line through ``log`` says the world-size change, the rescale, and that the batches of the
-    remaining steps differ from the uninterrupted run's (``data.TokenBatches`` draws each micro-step's windows by
-    ``(seed, step, micro_step)`` and splits them among the ranks, so another ``grad_accum`` × world size draws other
-    windows: the same number of tokens per step, not the same tokens). Same world size: nothing said."""
+    nor of the data: one line through ``log`` says the world-size change, the rescale, and what happens to the
+    batches. ``data_order="epochs"``: they are the uninterrupted run's (``data.EpochBatches`` orders the windows by
+    the global sample index alone, and each rank takes its slice of each step's global batch), so the run continues
+    it up to the order of floating-point reductions. ``"random"``: they differ (``data.TokenBatches`` draws each
+    micro-step's windows by ``(seed, step, micro_step)`` and splits them among the ranks, so another ``grad_accum``
+    × world size draws other windows: the same number of tokens per step, not the same tokens). Same world size:
+    nothing said."""
     folder = RunFolder(run_dir)
     if not folder.is_run():
         return train_cfg
@@ -214,6 +211,10 @@ def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainCon
     differ = (f"the batches of the remaining steps differ from the uninterrupted run's (windows are drawn per rank "
               f"and micro-step), so its curve and weights will not repeat it exactly; resume on {was} rank(s) for a "
               f"bit-exact continuation")
+    if train_cfg.data_order == "epochs":
+        differ = (f"the batches of the remaining steps are the same as the uninterrupted run's (data_order=epochs: "
+                  f"the window order depends only on the seed and the global sample index), so it continues it up "
+                  f"to the order of floating-point sums; resume on {was} rank(s) for a bit-exact continuation")
     if recorded is None or train_cfg.tokens_per_step() == recorded:
         log(f"resuming on {world} rank(s) instead of {was}: {differ}")
         return train_cfg
@@ -243,6 +244,18 @@ def resumed_data_parallel(recorded: str | None, environ: Mapping[str, str] = os.
         return None, ("the run trained with data_parallel=ddp; launched as one process (no torchrun) it resumes with "
                       "data_parallel null")
     return recorded, ""
+
+
+def recorded_adamw_impl(run_dir: Path, request: str, device: torch.device, resume: bool) -> str:
+    """The AdamW implementation of this session (``optim.resolve_adamw_impl``): on ``resume`` of a run whose
+    ``run.json`` recorded the one it resolved to (``adamw_impl``) and whose ``request`` is still ``"auto"``, that
+    one (a run keeps its implementation wherever it resumes); else ``request`` resolved on ``device``. Raises
+    ``ValueError`` when the implementation is not available on ``device``."""
+    from .optim import resolve_adamw_impl
+
+    folder = RunFolder(run_dir)
+    recorded = folder.read_run().get("adamw_impl") if resume and folder.is_run() else None
+    return resolve_adamw_impl(recorded if recorded and request == "auto" else request, device)
 
 
 def check_checkpoint_kind(checkpoint: Path, data_parallel: str | None) -> None:
