@@ -25,6 +25,7 @@ import torch
 
 from depthattn.checkpoint import checkpoint_dirs
 from depthattn.cli import main
+from depthattn.config import ModelConfig
 from depthattn.data import load_prepared
 from depthattn.training import TrainConfig, read_metrics, read_run, resolve_model_config, train
 from depthattn.training import loop as loop_module
@@ -210,8 +211,8 @@ def test_a_run_recorded_before_save_every_minutes_reads_it_as_0_and_resumes_unch
     assert "save_every_minutes" not in recorded["train"]
     assert TrainConfig.from_recorded(recorded["train"]).save_every_minutes == 0
     assert with_legacy_defaults({"save_every_minutes": 5})["save_every_minutes"] == 5
-    assert config_differences(recorded, recorded["model"], TrainConfig.from_recorded(recorded["train"]).to_dict()) \
-        == []
+    requested = ModelConfig.from_dict(recorded["model"]).to_dict()  # as a resume builds it: every field
+    assert config_differences(recorded, requested, TrainConfig.from_recorded(recorded["train"]).to_dict()) == []
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert "trained 8 steps" in capsys.readouterr().out
     assert [r["loss"] for r in read_metrics(run)] == reference_losses()

@@ -13,11 +13,51 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import Callable
 
 import torch
 
 from .cross_layer import get as method_record
 from .cross_layer.depth_attention import depth_weights
+
+
+def check_depth_attention(model) -> None:
+    """``ValueError`` unless ``model.config.cross_layer`` mixes by Depth-Attention's softmax (the value-seam
+    controls ``value_residual`` and ``depth_attention_uniform`` have fixed weights: nothing to measure)."""
+    record = method_record(model.config.cross_layer)
+    if not record.has_value_seam or record.value_mix is not None:
+        raise ValueError(f"depth-attention weights need cross_layer='depth_attention', the checkpoint has "
+                         f"{model.config.cross_layer!r}")
+
+
+def each_depth_weights(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None,
+                       each: Callable[[int, torch.Tensor], None]) -> int:
+    """One forward of ``model`` (in eval mode, hooks removed afterwards) calling ``each(u, w_nKN)`` for every
+    virtual layer u with the Depth-Attention weights of its real tokens: ``[n_real, K, N]`` (N candidates, self
+    last; float32 for a float32 model). Runs under the caller's grad mode. Returns the number of real tokens.
+    Raises ``ValueError`` as ``check_depth_attention``."""
+    check_depth_attention(model)
+    mask = None if attention_mask_BT is None else attention_mask_BT.bool()
+
+    def hook(module, args, kwargs, output):
+        call = inspect.signature(module.forward).bind(*args, **kwargs).arguments  # by name, however it was called
+        x_BTC, sources, ctx, u = call["x_BTC"], call["sources"], call["ctx"], call["layer_idx"]
+        q_BHTD, _, _ = module.project(x_BTC, ctx.cos, ctx.sin)
+        k_self = output[1][0]
+        w_BKTN = depth_weights(q_BHTD, [k for k, _ in sources] + [k_self])
+        m = torch.ones(w_BKTN.shape[0], w_BKTN.shape[2], dtype=torch.bool) if mask is None else mask
+        each(u, w_BKTN.permute(0, 2, 1, 3)[m.to(w_BKTN.device)])  # [n_real, K, N]
+
+    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
+    was_training = model.training
+    model.eval()
+    try:
+        model(input_ids_BT, attention_mask=attention_mask_BT)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return int(mask.sum()) if mask is not None else input_ids_BT.numel()
 
 
 @torch.inference_mode()
@@ -30,33 +70,12 @@ def depth_weight_means(model, input_ids_BT: torch.Tensor, attention_mask_BT: tor
     Raises ``ValueError`` if ``model.config.cross_layer`` does not mix by Depth-Attention's softmax (the value-seam
     controls ``value_residual`` and ``depth_attention_uniform`` have fixed weights: nothing to measure).
     """
-    record = method_record(model.config.cross_layer)
-    if not record.has_value_seam or record.value_mix is not None:
-        raise ValueError(f"depth-attention weights need cross_layer='depth_attention', the checkpoint has "
-                         f"{model.config.cross_layer!r}")
     sums: dict[int, torch.Tensor] = {}
-    mask = None if attention_mask_BT is None else attention_mask_BT.bool()
 
-    def hook(module, args, kwargs, output):
-        call = inspect.signature(module.forward).bind(*args, **kwargs).arguments  # by name, however it was called
-        x_BTC, sources, ctx, u = call["x_BTC"], call["sources"], call["ctx"], call["layer_idx"]
-        q_BHTD, _, _ = module.project(x_BTC, ctx.cos, ctx.sin)
-        k_self = output[1][0]
-        w_BKTN = depth_weights(q_BHTD, [k for k, _ in sources] + [k_self])
-        m = torch.ones(w_BKTN.shape[0], w_BKTN.shape[2], dtype=torch.bool) if mask is None else mask
-        w = w_BKTN.permute(0, 2, 1, 3)[m.to(w_BKTN.device)]  # [n_real, K, N]
-        sums[u] = sums.get(u, 0) + w.sum(dim=(0, 1)).double()
+    def add(u: int, w_nKN: torch.Tensor) -> None:
+        sums[u] = sums.get(u, 0) + w_nKN.sum(dim=(0, 1)).double()
 
-    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
-    was_training = model.training
-    model.eval()
-    try:
-        model(input_ids_BT, attention_mask=attention_mask_BT)
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    n_tokens = int(mask.sum()) if mask is not None else input_ids_BT.numel()
+    n_tokens = each_depth_weights(model, input_ids_BT, attention_mask_BT, add)
     K = model.config.num_key_value_heads
     layers = []
     for u, cands in enumerate(model.plan):

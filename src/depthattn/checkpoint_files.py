@@ -81,12 +81,6 @@ def model_config_from_json(values: dict[str, Any], source: str) -> ModelConfig:
         raise ValueError(f"{folder} is a Hugging Face Qwen3 folder, not a depthattn checkpoint: open it with "
                          f"depthattn.hf.convert.load_any_model, or convert it with depthattn convert --from-qwen3")
     if model_type is not None and model_type != MODEL_TYPE:
-        from .folders.authors_config import looks_like_authors
-
-        if looks_like_authors(values):
-            raise ValueError(f"{source}: model_type={model_type!r}: this looks like a hyq718/Depth-Attention "
-                             f"checkpoint, not a depthattn one; convert it with depthattn convert --from-authors "
-                             f"{os.path.dirname(source) or '.'} --out DIR")
         raise ValueError(f"{source}: model_type={model_type!r} is not a depthattn checkpoint (expected "
                          f"{MODEL_TYPE!r}, or a Hugging Face 'qwen3' folder for depthattn convert --from-qwen3)")
     if model_type is None:  # the previous format: the flat ModelConfig dict

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import statistics
 import time
@@ -278,6 +279,9 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
         "sample": generate_text(model, tokenizer, SAMPLE_PROMPT, max_new_tokens=SAMPLE_TOKENS, temperature=0.8,
                                 top_k=50, seed=0, device=dev),
     }
+    in_loop = task_curve(rows)
+    if in_loop:  # TrainConfig.eval_tasks: the zero-shot numbers logged during training
+        out["task_curve"] = in_loop
     if tasks:
         zs = run_zero_shot(model, tokenizer, tasks=tasks, limit=limit, batch_size=eval_batch_size, harness=harness,
                            out_dir=str(run_dir / "zero_shot"), progress=progress)
@@ -286,6 +290,13 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
         out["task_n"] = {t: int(m["n"]) for t, m in zs.get("tasks", {}).items() if "n" in m}
         out["task_chance"] = {t: _chance(zs.get("items", {}).get(t, [])) for t in out["task_n"]}
     return out
+
+
+def task_curve(rows: list[dict]) -> list[dict]:
+    """The in-loop zero-shot rows of a run's metrics (``TrainConfig.eval_tasks``): step, tokens and every
+    ``task/<name>/<metric>`` key, one entry per step that has them ([] for a run without)."""
+    return [{"step": r["step"], "tokens": r["tokens"], **{k: v for k, v in r.items() if k.startswith("task/")}}
+            for r in rows if any(k.startswith("task/") for k in r)]
 
 
 def _chance(items: list[dict]) -> float:
@@ -604,6 +615,28 @@ def render_zero_shot(results: dict) -> str:
                       "|---|---|---:|---:|---:|---:|"] + rows) + "\n"
 
 
+def render_task_curves(results: dict) -> str:
+    """The in-loop zero-shot accuracies (``TrainConfig.eval_tasks``): per method and task, the accuracy at the
+    first and the last step both logged by every seed, mean over seeds ("" when no run logged any)."""
+    rows = []
+    for name, m in results["methods"].items():
+        curves = [r["task_curve"] for r in m["runs"] if r.get("task_curve")]
+        if not curves:
+            continue
+        steps = sorted(set.intersection(*({c["step"] for c in curve} for curve in curves)))
+        if not steps:
+            continue
+        at = {s: [next(c for c in curve if c["step"] == s) for curve in curves] for s in (steps[0], steps[-1])}
+        for key in sorted(k for k in at[steps[-1]][0] if k.startswith("task/") and k.endswith("/acc")):
+            first, last = (statistics.fmean(c[key] for c in at[s]) for s in (steps[0], steps[-1]))
+            rows.append(f"| {name} | {key.split('/')[1]} | {first:.4f} (step {steps[0]}) | "
+                        f"{last:.4f} (step {steps[-1]}) | {len(curves)} |")
+    if not rows:
+        return ""
+    return "\n".join(["| method | task | first in-loop acc | last in-loop acc | seeds |", "|---|---|---:|---:|---:|"]
+                     + rows) + "\n"
+
+
 def render_history(results: dict) -> list[str]:
     lines = ["## Wall time", "", "Training time per run (optimizer steps over every session, from the run's "
              "metrics.jsonl):", "", "| run | train s |", "|---|---:|"]
@@ -678,6 +711,14 @@ def render_report(results: dict) -> str:
         lines += ["## Zero-shot", "", "Accuracy is the mean over seeds; the binomial standard error is "
                   "√(acc (1 − acc) / N) with N = items × seeds; chance is the mean of 1 / (number of choices).", "",
                   zs]
+    in_loop = render_task_curves(results)
+    if in_loop:
+        limit = t.get("eval_tasks_limit")
+        lines += ["## Zero-shot during training", "",
+                  f"Scored by the trainer (`eval_tasks`) on the first {limit or 'all'} documents of each task every "
+                  f"{t.get('eval_tasks_every') or t['steps']} steps and at the last step (the native scorer's "
+                  "definitions, mean over seeds); the plot's fourth panel shows the average accuracy over the tasks.",
+                  "", in_loop]
     lines += ["![validation loss](loss_curves.png)", "",
               f"## Samples (seed 0, temperature 0.8, top-k 50, {SAMPLE_TOKENS} tokens)", "",
               f"Prompt: `{s['sample_prompt']}`", ""]
@@ -704,16 +745,42 @@ def _seed_curves(m: dict) -> tuple[list[float], list[list[float]]]:
     return xs, [[c[i]["val_loss"] for c in curves] for i in range(n)]
 
 
+def _plot_task_curves(ax, results: dict) -> None:
+    """The fourth panel: in-loop zero-shot accuracy averaged over the tasks (mean over seeds) vs tokens."""
+    from matplotlib.ticker import FuncFormatter
+
+    for name, m in results["methods"].items():
+        curves = [r["task_curve"] for r in m["runs"] if r.get("task_curve")]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        ax.plot([curves[0][i]["tokens"] for i in range(n)],
+                [statistics.fmean(c[i].get("task/average/acc", math.nan) for c in curves) for i in range(n)],
+                marker="o", markersize=3, label=name)
+    ax.set_xlabel("training tokens")
+    ax.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
+    ax.set_ylabel("accuracy")
+    ax.set_title("zero-shot during training (average over tasks)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+
+
 def plot_curves(results: dict, path: Path) -> None:
     """Three panels vs training tokens: validation loss (mean over seeds, min–max band), each method's difference
-    from ``none`` (per-seed paired, mean and min–max band) and training loss (20-step moving mean, seed 0)."""
+    from ``none`` (per-seed paired, mean and min–max band) and training loss (20-step moving mean, seed 0); a fourth
+    with the in-loop zero-shot accuracy when a run logged it (``render_task_curves``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    fig, (ax, axd, ax2) = plt.subplots(1, 3, figsize=(16, 4.2))
+    in_loop = any(r.get("task_curve") for m in results["methods"].values() for r in m["runs"])
+    fig, axes = plt.subplots(1, 4 if in_loop else 3, figsize=(21 if in_loop else 16, 4.2))
+    ax, axd, ax2 = axes[:3]
+    if in_loop:
+        _plot_task_curves(axes[3], results)
     base = results["methods"].get(BASELINE)
     base_by_seed = _by_seed(base) if base else {}
     finished: list[float] = []  # the finished runs' losses: the y-range a diverged curve may leave

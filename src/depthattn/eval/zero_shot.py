@@ -71,8 +71,12 @@ def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int
 
 @torch.inference_mode()
 def score_requests(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 16,
-                   desc: str = "scoring", progress: bool = True) -> list[Scored]:
+                   desc: str = "scoring", progress: bool = True, min_batches: int = 0) -> list[Scored]:
     """Score (context, continuation) pairs with ``model`` (a ``DecoderLM``); one ``Scored`` per pair, in order.
+
+    ``min_batches``: run at least this many forwards, the ones beyond ``ceil(len(pairs) / batch_size)`` on a
+    one-token input whose output is dropped (FSDP: every rank must run the same number of forwards, since each
+    forward all-gathers the shards; ``training.in_loop_tasks``).
 
     Raises ``ValueError`` for ``batch_size < 1``, a tokenizer/model vocabulary mismatch, an empty continuation, or a
     continuation longer than ``max_position_embeddings`` (its tokens cannot all be scored).
@@ -113,6 +117,8 @@ def score_requests(model, tokenizer, pairs: list[tuple[str, str]], batch_size: i
                 ll = float(lp_NV.gather(-1, target[:, None]).sum())
                 greedy = bool((lp_NV.argmax(-1) == target).all())
                 results[i] = Scored(ll, greedy)
+        for _ in range(min_batches - -(-len(order) // batch_size)):  # padding forwards (collectives under FSDP)
+            model(torch.zeros(1, 1, dtype=torch.long, device=device))
     finally:
         model.train(was_training)
     return results  # type: ignore[return-value]

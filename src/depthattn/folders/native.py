@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from .. import checkpoint_files as files
 from ..config import ModelConfig, read_json_object
 from ..fileio import verify_manifest
+from .authors_config import looks_like_authors
 from .base import LazyTensors, ModelFolder, expected_shapes, hf_token_ids
 from .shards import SINGLE_NAME, read_tensor, stored_shapes, weight_files
 
@@ -32,6 +33,16 @@ SHARDED_DIR = "dcp"
 RESUME_ONLY_FILES = ("trainer_state.pt",)
 
 
+def model_config_from_json(values: dict, source: str) -> ModelConfig:
+    """``checkpoint_files.model_config_from_json``, with the command to use when the object is an authors' config
+    (hyq718/Depth-Attention: ``model_type="llama"`` with their switches): ``ValueError`` naming ``source``."""
+    if looks_like_authors(values):
+        raise ValueError(f"{source}: model_type={values.get('model_type')!r}: this looks like a hyq718/Depth-Attention "
+                         f"checkpoint, not a depthattn one; convert it with depthattn convert --from-authors "
+                         f"{os.path.dirname(source) or '.'} --out DIR")
+    return files.model_config_from_json(values, source)
+
+
 def load_config(path: str | os.PathLike) -> ModelConfig:
     """Read ``config.json`` of a depthattn checkpoint folder (Hugging Face or previous flat format). Raises
     ``ValueError`` / ``FileNotFoundError`` naming it (a Hugging Face Qwen3 folder, or another ``model_type``, is a
@@ -39,7 +50,7 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
     file = os.path.join(os.fspath(path), CONFIG_NAME)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: {os.fspath(path)!r} is not a depthattn checkpoint folder")
-    return files.model_config_from_json(read_json_object(file, "model config"), file)
+    return model_config_from_json(read_json_object(file, "model config"), file)
 
 
 def refuse_sharded(path: str | os.PathLike) -> None:
@@ -88,7 +99,7 @@ def check_folder_shapes(path: str | os.PathLike, cfg: ModelConfig | None = None)
         values = read_json_object(config_file, "model config")
         if stored is not None:
             files.check_header_fields(values, stored, config_file, file)
-        cfg = files.model_config_from_json(values, config_file)
+        cfg = model_config_from_json(values, config_file)
     elif stored is not None:
         files.check_header_fields(cfg.to_dict(), stored, config_file, file)
     if stored is not None:

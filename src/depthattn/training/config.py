@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -84,8 +84,16 @@ class TrainConfig:
     run without the key reads false, today's behaviour (``LEGACY_DEFAULTS``). Refused before training on data
     without document boundaries (``data.boundaries``).
 
+    Zero-shot tasks during training (``training.in_loop_tasks``): ``eval_tasks`` (names of ``eval.tasks.TASKS``; a
+    comma-separated string or ``"all"`` is turned into the list; empty: none) are scored every ``eval_tasks_every``
+    steps (0: only at the last step) and at the last step, on the first ``eval_tasks_limit`` documents of each
+    (None: all). ``log_depth_every``: every that many steps the depth statistics of a fixed probe batch and the
+    per-layer gradient norms are logged (``training.depth_stats``; 0: off, what a run recorded before the key
+    existed reads, ``LEGACY_DEFAULTS``). None of the four changes the trajectory; all may change on resume.
+
     Raises:
-        ValueError: naming the field and the value, for any impossible setting.
+        ValueError: naming the field and the value, for any impossible setting (an unknown task name: with the
+            list of choices).
     """
 
     seed: int = 0
@@ -129,6 +137,10 @@ class TrainConfig:
     on_divergence: str = "stop"
     loss_rise_margin: float = 1.0
     loss_rise_patience: int = 3
+    eval_tasks: list[str] = field(default_factory=list)
+    eval_tasks_every: int = 0
+    eval_tasks_limit: int | None = None
+    log_depth_every: int = 100
     lr_schedule: str = "cosine"
     decay_fraction: float = 0.2
     decay_shape: str = "linear"
@@ -136,6 +148,14 @@ class TrainConfig:
     global_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.eval_tasks, str):  # --set eval_tasks=arc_easy,piqa (or "all")
+            self.eval_tasks = [t.strip() for t in self.eval_tasks.split(",") if t.strip()]
+        if isinstance(self.eval_tasks, tuple):
+            self.eval_tasks = list(self.eval_tasks)
+        if self.eval_tasks == ["all"]:
+            from ..eval.tasks import TASKS
+
+            self.eval_tasks = list(TASKS)
         self.validate()
 
     def validate(self) -> None:
@@ -201,8 +221,24 @@ class TrainConfig:
         need(g is None or (is_int(g) and g >= 1 and g % (self.batch_size * self.seq_len) == 0),
              "global_batch_tokens", f"must be a multiple of batch_size × seq_len = {self.batch_size * self.seq_len} "
              f"(tokens per step over all ranks), or unset")
+        self._validate_periodic_stats(need, is_int)
         need(self.wandb_project is None or (isinstance(self.wandb_project, str) and bool(self.wandb_project)),
              "wandb_project", "must be a Weights & Biases project name, or unset")
+
+    def _validate_periodic_stats(self, need, is_int) -> None:
+        """``eval_tasks`` (known task names, ``eval.tasks.TASKS``), ``eval_tasks_every``, ``eval_tasks_limit``,
+        ``log_depth_every``."""
+        from ..eval.tasks import TASKS
+
+        need(isinstance(self.eval_tasks, list) and all(isinstance(t, str) for t in self.eval_tasks), "eval_tasks",
+             "must be a list of task names (or a comma-separated string, or \"all\")")
+        unknown = [t for t in self.eval_tasks if t not in TASKS]
+        need(not unknown, "eval_tasks", f"unknown task name(s) {unknown}; choose from {sorted(TASKS)} or 'all'")
+        need(len(set(self.eval_tasks)) == len(self.eval_tasks), "eval_tasks", "names a task twice")
+        for name in ("eval_tasks_every", "log_depth_every"):
+            need(is_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
+        need(self.eval_tasks_limit is None or (is_int(self.eval_tasks_limit) and self.eval_tasks_limit >= 1),
+             "eval_tasks_limit", "must be a number of documents per task >= 1 (or unset: every document)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -279,7 +315,8 @@ RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes
                             "log_every", "device", "compile", "activation_checkpointing", "fsdp_replicate",
                             "dist_timeout_s", "peak_flops", "tensorboard", "wandb_project", "verify_data",
                             "on_nonfinite", "max_nonfinite_skips", "on_divergence", "loss_rise_margin",
-                            "loss_rise_patience", "adamw_impl"})
+                            "loss_rise_patience", "adamw_impl", "eval_tasks", "eval_tasks_every",
+                            "eval_tasks_limit", "log_depth_every"})
 
 #: The value of a train key that a recorded config written before the key existed must read as: the behaviour of
 #: the release that wrote it (a new run gets the dataclass default). Add a key here with every key added to
@@ -290,6 +327,10 @@ RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes
 #: key otherwise compares as None on resume).
 LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "data_order": "random",
                                    "adamw_impl": "torch_default", "doc_mask": False}
+
+#: implementation, and logged no depth statistics (``log_depth_every``: a resumed old run logs what it did).
+LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "data_order": "random",
+                                   "adamw_impl": "torch_default", "log_depth_every": 0}
 
 
 def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,8 @@ from ..model import DecoderLM
 from .config import TrainConfig, check_vocab_size
 from .optim import build_optimizer, build_scheduler, decay_rule
 from .build import build_on_meta, materialize
+from .depth_stats import DepthProbe
+from .in_loop_tasks import TaskSuite
 from .decay import decay_source
 from .dcp import PendingSave, finish_async_save, is_sharded, load_sharded, save_sharded, start_async_save
 from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
@@ -125,6 +127,8 @@ class _Trainer:
     pending: PendingSave | None = None  # an asynchronous save in flight (``TrainConfig.async_save``)
     async_done: bool = False  # rank 0's part of ``pending`` is on disk (DCP's metadata too): make it visible
     doc_eos: int | None = None  # doc_mask: the end-of-document token the windows' documents end at, else None
+    tasks: TaskSuite | None = None  # in-loop zero-shot tasks (``eval_tasks``)
+    depth: DepthProbe | None = None  # depth statistics and per-layer gradient norms (``log_depth_every``)
 
     @property
     def total_steps(self) -> int:
@@ -181,6 +185,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
                     row = _optimizer_step(t)
                     fault_point("step")
                     _maybe_validate(t, row)
+                    _periodic_stats(t, row)
                     _log_row(t, row, metrics, bar, last)
                     fault_point("logged")
                     _watch(t, row)
@@ -212,6 +217,8 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
         train_cfg = keep_tokens_per_step(run_dir, train_cfg, log if rank == 0 else lambda _: None)
     prepared, val_windows, train_cfg = _load_data(model_cfg, train_cfg, data_dir)
     doc_eos = document_boundary_token(prepared.meta, prepared.train, data_dir) if train_cfg.doc_mask else None
+    tasks = TaskSuite.for_run(train_cfg, data_dir / TOKENIZER_FILE, model_cfg.vocab_size, rank,
+                              train_cfg.world_size())  # missing benchmark data: refused before anything is written
     device = resolve_device(train_cfg.device)
     amp = autocast_dtype(train_cfg.precision, device)
     record = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": str(data_dir),
@@ -271,7 +278,8 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
                     data_dir=data_dir,
                     is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen,
                     saved=None if decaying else resume_from,
-                    start_step=step, nonfinite_skips=skips, guard=guard, log=say, doc_eos=doc_eos)
+                    start_step=step, nonfinite_skips=skips, guard=guard, log=say, doc_eos=doc_eos, tasks=tasks,
+                    depth=DepthProbe.for_run(train_cfg.log_depth_every, val_windows, device))
 
 
 def _training_batches(tokens, cfg: TrainConfig, rank: int, log: Callable[[str], None]):
@@ -447,6 +455,7 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     lr = t.scheduler.get_last_lr()[0]
     loss_sum = _accumulate_gradients(t)
     train_loss = loss_sum / t.cfg.grad_accum
+    layer_norms = t.depth.grad_norms(t.model) if t.depth is not None and t.depth.due(t.step + 1) else {}
     max_norm = t.cfg.grad_clip if t.cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), max_norm)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
@@ -467,7 +476,8 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     dt = time.perf_counter() - t0
     t.train_time += dt
     t.train_tokens += t.cfg.tokens_per_step()
-    row = {"step": t.step, "tokens": t.tokens_seen, "loss": train_loss, "lr": lr, "grad_norm": grad_norm}
+    row = {"step": t.step, "tokens": t.tokens_seen, "loss": train_loss, "lr": lr, "grad_norm": grad_norm,
+           **layer_norms}
     if t.cfg.data_order == "epochs":
         row["epoch"] = t.batches.epoch(t.step)  # fractional epochs seen after this step
     if bad is not None:
@@ -551,6 +561,22 @@ def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
     t.val_step = t.step
 
 
+def _periodic_stats(t: _Trainer, row: dict[str, Any]) -> None:
+    """Into ``row``: the in-loop zero-shot tasks when due (``in_loop_tasks``; a stop signal between tasks abandons
+    them and sets ``t.stopping``) and the depth statistics of the probe batch every ``log_depth_every`` steps
+    (``depth_stats``). Not when the run is stopping. Every rank runs both (collectives under FSDP)."""
+    if t.stopping:
+        return
+    if t.tasks is not None and t.tasks.due(t.step, t.total_steps):
+        found = t.tasks.run(t.model, abandon=lambda: _stop_agreed(t, "tasks"))
+        if found is None:
+            t.stopping = True
+            return
+        row.update(found)
+    if t.depth is not None and t.depth.due(t.step):
+        row.update(t.depth.statistics(t.model))
+
+
 def _stop_agreed(t: _Trainer, phase: str | None = None) -> bool:
     """Whether a stop signal reached any rank (a one-float all-reduce under torchrun). ``phase``: the fault-injection
     point passed first (``runs.fault_point``)."""
@@ -562,7 +588,8 @@ def _stop_agreed(t: _Trainer, phase: str | None = None) -> bool:
 def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last: int) -> None:
     """Log ``row`` (``metrics.jsonl``, TensorBoard, W&B) every ``log_every`` steps, with a validation, for a skipped
     step, and at ``last``; update the progress bar (loss, tokens/s, MFU, validation loss)."""
-    if t.step % t.cfg.log_every == 0 or "val_loss" in row or t.step == last or row.get("skipped"):
+    periodic = any("/" in k for k in row)  # in-loop tasks, depth statistics, per-layer gradient norms
+    if t.step % t.cfg.log_every == 0 or "val_loss" in row or t.step == last or row.get("skipped") or periodic:
         metrics.log(row)  # every skipped step is logged: the summary counts them from the log
     bar.update(1)
     bar.set_postfix(**progress_postfix(row, t.val_loss))

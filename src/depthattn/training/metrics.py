@@ -195,7 +195,7 @@ class MetricsLogger:
         if self.tb is not None:
             with named_os_errors(self.tb.log_dir):
                 for key, value in scalars.items():
-                    self.tb.add_scalar(f"train/{key}" if key != "val_loss" else "val/loss", value, step)
+                    self.tb.add_scalar(tensorboard_tag(key), value, step)
                 self.tb.flush()
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)
@@ -226,6 +226,12 @@ class MetricsLogger:
         except OSError:
             if exc is None:  # a failure of its own; while another error is on its way out, that one is reported
                 raise
+
+
+def tensorboard_tag(key: str) -> str:
+    """A row key's TensorBoard tag: ``val/loss``, a key with a slash as it is (``task/arc_easy/acc``,
+    ``depth/L3/self``, ``grad_norm/L3``), else ``train/<key>``."""
+    return "val/loss" if key == "val_loss" else key if "/" in key else f"train/{key}"
 
 
 def progress_postfix(row: Mapping[str, Any], val_loss: float | None) -> dict[str, str]:
