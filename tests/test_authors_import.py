@@ -370,3 +370,22 @@ def test_the_dcp_reader_gathers_shards(tmp_path):
     assert all(torch.equal(folder.tensors[k], v) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match=r"sharded FSDP checkpoint .*depthattn export"):
         load_model(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("mode", [None, "residual"])
+def test_an_old_generation_pattern_without_the_depth_softmax_mode_is_imported_with_a_note(tmp_path, capsys, mode):
+    """cross_layer_pattern=depth_softmax with cross_layer_mode missing or 'residual': their newest code (3bdad70)
+    runs Depth-Attention, their older one (019daf9) another method; imported as the newest reads it, said in a line.
+    With the mode set to depth_softmax both agree, and nothing is said."""
+    changes = {"cross_layer_mode": mode}
+    src, values, _ = folder_of(tmp_path, "depth_attention", "old", **changes)
+    if mode is None:
+        values.pop("cross_layer_mode")
+        (src / "config.json").write_text(__import__("json").dumps(values))
+    assert convert(src, tmp_path / "out") == 0
+    out = capsys.readouterr().out
+    assert load_config(tmp_path / "out").cross_layer == "depth_attention"
+    assert "read as Depth-Attention, as their newest code (3bdad70) runs it" in out
+    src2, _, _ = folder_of(tmp_path / "agree", "depth_attention", "old")
+    assert convert(src2, tmp_path / "out2") == 0
+    assert "their older code" not in capsys.readouterr().out

@@ -258,6 +258,12 @@ def authors_model_config(values: Mapping[str, Any], source: str, stored: Mapping
                              f"code runs it as vanilla Llama + q/k-norm; pass --allow-vanilla to import it so "
                              f"(cross_layer='none')")
         notes.append(f"importing as vanilla (cross_layer='none'): {'; '.join(off)}")
+    if (method == "depth_attention" and values.get("cross_layer_pattern") in _DEPTH_PATTERNS
+            and values.get("cross_layer_mode") in (None, "residual") and "use_depth_attention" not in values):
+        notes.append(f"read as Depth-Attention, as their newest code (3bdad70) runs it: cross_layer_pattern="
+                     f"{values['cross_layer_pattern']!r} with cross_layer_mode={values.get('cross_layer_mode')!r}; "
+                     f"their older code (019daf9) mixes only with cross_layer_mode='depth_softmax' "
+                     f"(docs/authors-checkpoints.md)")
     order, why = _norm_order(method, qk_norm_position)
     notes.append(f"qk_norm_position={order}: {why}")
     try:
