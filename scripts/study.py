@@ -230,6 +230,14 @@ def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) 
     return lines
 
 
+#: The code the published parts in docs/study were run with: commit 73cecd4d, whose defaults drew training windows
+#: uniformly with replacement (``data_order="random"``) and ran PyTorch's default AdamW (``adamw_impl=
+#: "torch_default"``). Runs of this release's defaults (epochs, fused AdamW) train on other batches; the parts are
+#: regenerated with them by the science issue.
+PUBLISHED_WITH = ("commit 73cecd4d (defaults then: `data_order = \"random\"`, `adamw_impl = \"torch_default\"`; "
+                  "this release's defaults, seeded epochs and fused AdamW, train on other batches)")
+
+
 def aggregate(publish: Path, out: Path) -> str:
     published = load_published(publish)
     done = {res["study"]["part"] for res in published}
@@ -242,6 +250,7 @@ def aggregate(publish: Path, out: Path) -> str:
                   "(`python scripts/study.py list`, then `python scripts/study.py run --next` until every part is "
                   "done; each part resumes where it stopped), then `python scripts/study.py aggregate`.", ""]
     else:
+        lines += [f"The published parts were run with the code of {PUBLISHED_WITH}.", ""]
         if missing:
             lines += [f"**Incomplete:** {len(missing)} of {len(parts())} parts are not yet run "
                       f"({', '.join(missing)}); the tables below cover the finished parts only.", ""]

@@ -68,6 +68,7 @@ def test_aggregate_pairs_across_parts(study, tmp_path):
     publish(pub, "ablation-1w0-s0", "ablation", ablation, label="stride=1, window=0")
     text = study.aggregate(pub, tmp_path / "results.md")
     assert "**Incomplete:**" in text and "main-s1" in text
+    assert f"run with the code of {study.PUBLISHED_WITH}" in text  # the tables say which code made them
     lines = text.splitlines()
     da = next(line for line in lines if line.startswith("| depth_attention | 3 |"))
     assert "-0.0180 ± 0.0269 | -0.0848 to +0.0488 | 2 of 3 |" in da
