@@ -57,9 +57,14 @@ def train_quiet(folder, model_cfg, data_dir, *, resume=False, stop_after=None, *
 
 @pytest.fixture(autouse=True)
 def fresh_fault_counts(monkeypatch):
-    """The fault hooks count phases per process: start each test at zero."""
+    """The fault hooks count phases per process: start each test at zero. SIGINT gets Python's default handler for
+    the test: a suite started in the background by a shell without job control (`cmd &`) inherits SIGINT ignored,
+    which the trainer rightly leaves ignored (the launcher's choice), and the SIGINT cases would then not stop."""
     monkeypatch.setattr(preemption, "_signal_counts", {})
     monkeypatch.setattr(runs, "_fault_counts", {})
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="module")
