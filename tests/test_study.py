@@ -42,7 +42,31 @@ def test_parts_cover_the_study(study):
     long = [p for p in parts if p.group == "long"]
     assert {m for p in long for m in p.methods.split(",")} == {"none", "depth_attention", "attnres"}
     assert all(p.steps_scale == 4 for p in long) and {p.seeds for p in long} == {"0", "1"}
-    assert all(p.minutes <= 45 for p in parts)
+    assert all(p.minutes <= 45 for p in parts if p.group != "mix16")
+
+
+def test_mix_parts_run_in_the_issues_stopping_order(study):
+    """Issue 28: none, depth_attention, depth_attention_uniform × 3 seeds at 16 × first (one run a part), then
+    attnres × 2 seeds at 16 ×, then the four at 1 × and 4 ×; all on the mix, with time-based saves."""
+    mix = [p for p in study.parts() if p.corpus == "mix"]
+    sixteen = [(p.methods, p.seeds) for p in mix[:9]]
+    assert sixteen == [(m, s) for s in "012" for m in ("none", "depth_attention", "depth_attention_uniform")]
+    assert [(p.methods, p.seeds) for p in mix[9:11]] == [("attnres", "0"), ("attnres", "1")]
+    assert all(p.steps_scale == 16 and p.group == "mix16" for p in mix[:11])
+    four = {"none", "depth_attention", "depth_attention_uniform", "attnres"}
+    for group, scale in (("mix1", 1), ("mix4", 4)):
+        got = [p for p in mix if p.group == group]
+        assert all(p.steps_scale == scale for p in got)
+        for seed in "012":
+            assert {m for p in got if p.seeds == seed for m in p.methods.split(",")} == four
+    assert all(f"save_every_minutes={study.MIX_SAVE_MINUTES}" in p.sets for p in mix)
+    assert [p.group for p in study.parts()][-len(mix):] == [p.group for p in mix]  # after every older part
+    args = type("A", (), {"data": None, "mix_data": None, "root": "R", "tiny": False})
+    argv = study.command(mix[0], args)
+    assert argv[argv.index("--data") + 1] == str(Path("R") / "data-mix")
+    assert argv[argv.index("--steps") + 1] == str(16 * study.DEFAULT_STEPS)
+    assert study.command(study.parts()[0], args)[study.command(study.parts()[0], args).index("--data") + 1] \
+        == str(Path("R") / "data")
 
 
 def test_aggregate_without_parts_says_not_run(study, tmp_path):
@@ -127,6 +151,9 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
     assert res["study"]["group"] == "ablation" and "--set depth_attention_stride=1" in res["study"]["command"]
     assert res["methods"]["depth_attention"]["runs"][0]["steps"] == study.TINY_STEPS
     assert (tmp_path / "pub/ablation-1w0-s0/loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+    depth = json.loads((tmp_path / "pub/ablation-1w0-s0/depth_stats.json").read_text())["depth_attention"]["0"]
+    assert [r["step"] for r in depth] == [2, 4] and all("depth/L1/entropy" in r for r in depth)
+    assert res["study"]["corpus"] == "embedded" and res["study"]["commit"]
     for name in ("results.json", "report.md"):  # no path of the machine that ran it: the root reads runs/study
         text = (tmp_path / "pub/ablation-1w0-s0" / name).read_text()
         assert str(tmp_path / "root") not in text
@@ -134,7 +161,7 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
     assert study.status(study.parts()[5], type("A", (), {"publish": str(tmp_path / "pub"),
                                                        "root": str(tmp_path / "root")})) == "done"
     text = study.aggregate(tmp_path / "pub", tmp_path / "results.md")
-    assert "| depth_attention (stride=1, window=0) | 1 |" in text and "**Incomplete:** 18 of 19" in text
+    assert "| depth_attention (stride=1, window=0) | 1 |" in text and f"**Incomplete:** {len(study.parts()) - 1} of {len(study.parts())}" in text
 
 
 def test_published_study_files_hold_no_machine_paths():
@@ -144,3 +171,59 @@ def test_published_study_files_hold_no_machine_paths():
     offenders = [str(f.relative_to(docs)) for f in files
                  if any(p in f.read_text(encoding="utf-8") for p in ("/work/", "/home/", "/root/", "/tmp/"))]
     assert offenders == []
+
+
+def with_method(res: dict, method: str, offsets: dict[int, float]) -> dict:
+    """``res`` with ``method``'s runs: none's runs of each seed with val_loss = none's + offsets[seed]."""
+    import copy
+
+    res = copy.deepcopy(res)
+    runs = []
+    for r in res["methods"]["none"]["runs"]:
+        runs.append(dict(r, method=method, val_loss=r["val_loss"] + offsets[r["seed"]]))
+    res["methods"][method] = {"runs": runs}
+    return res
+
+
+def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_path):
+    """The mix's trend table and sentences: Δ per budget, and the change 1 × → 16 × paired over seeds, called a
+    widening only when its interval excludes 0 (issue 28)."""
+    pub = tmp_path / "pub"
+    one = with_method(results(), "depth_attention_uniform", {0: -0.05, 1: -0.05, 2: -0.05})
+    # 1 ×: depth_attention − none = −0.026, +0.012, −0.040 (results()); depth_attention − uniform = +0.024, ...
+    publish(pub, "mix1-s0", "mix1", one)
+    sixteen = with_method(results(), "depth_attention_uniform", {0: -0.2, 1: -0.2, 2: -0.2})
+    for r, off in zip(sixteen["methods"]["depth_attention"]["runs"], (-0.10, -0.12, -0.11)):
+        r["val_loss"] = {0: 5.0, 1: 5.1, 2: 4.9}[r["seed"]] + off
+    publish(pub, "mix16-s0-none", "mix16", sixteen)
+    rows = [{"step": 2, "depth/L1/entropy": 1.0, "depth/L1/from0": 0.5, "depth/L2/entropy": 1.1},
+            {"step": 4, "depth/L1/entropy": 0.8, "depth/L1/from0": 0.6, "depth/L2/entropy": 0.9}]
+    (pub / "mix16-s0-none" / "depth_stats.json").write_text(json.dumps({"depth_attention": {"0": rows, "1": rows}}))
+    out = tmp_path / "docs" / "results.md"
+    text = study.aggregate(pub, out)
+    lines = text.splitlines()
+    row = next(line for line in lines if line.startswith("| `depth_attention` − `none` |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1].startswith("-0.0180 ± 0.0269 [-0.0848, +0.0488] (2 of 3 lower)")
+    assert cells[2].startswith("-0.1100 ± 0.0100") and cells[2].endswith("(3 of 3 lower)")
+    change = [-0.10 + 0.026, -0.12 - 0.012, -0.11 + 0.040]
+    d = study.paired_difference(change, [0.0] * 3)
+    assert d["ci95"][1] < 0
+    said = next(line for line in lines if line.startswith("- `depth_attention` − `none`:"))
+    assert f"change {d['mean']:+.3f} (95 % interval {d['ci95'][0]:+.3f} to {d['ci95'][1]:+.3f})" in said
+    assert "-0.018 nats at 1 × and -0.110 at 16 ×" in said and "the gap **widens**" in said
+    uni = next(line for line in lines if line.startswith("- `depth_attention` − `depth_attention_uniform`:"))
+    assert "no change detectable" in uni and "**" not in uni  # change +0.058, interval includes 0
+    assert "| `depth_attention` − `depth_attention_uniform` | +0.0320" in text
+    assert (out.parent / study.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
+    assert f"]({study.DEPTH_FIGURE.as_posix()})" in text
+    assert "The 1 × parts are not run yet" not in text and "Training time per run:" in text
+
+
+def test_depth_stats_are_extracted_from_metrics_rows(study, tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 9.0}\n{"step": 100, "depth/L1/entropy": 0.5, "grad_norm/L1": 2.0}\n\n')
+    assert study.study_depth.extract(metrics) == [{"step": 100, "depth/L1/entropy": 0.5}]
+    metrics.write_text('{"step": 1}\n{"step": 2,\n')
+    with pytest.raises(SystemExit, match=r"metrics.jsonl:2 is not JSON"):
+        study.study_depth.extract(metrics)

@@ -1,0 +1,87 @@
+"""The depth statistics of the study's runs (``TrainConfig.log_depth_every``; keys in
+``depthattn.training.depth_stats``): extracted from a run's metrics.jsonl into a small published file, and drawn as
+one figure per method: per layer, the entropy of the depth weights and the weight on layer 0 over training.
+
+    extract(run_folder / "metrics.jsonl")   -> [{"step": 100, "depth/L1/entropy": 1.02, ...}, ...]
+    figure({seed: rows}, png, title)         -> the figure (mean over seeds, a line per layer)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+#: The per-layer keys the figure draws: (key suffix, axis label).
+PANELS = (("entropy", "entropy of the depth weights (nats)"), ("from0", "weight on layer 0"))
+_LAYER_KEY = re.compile(r"^depth/L(\d+)/(entropy|from0)$")
+
+
+def extract(metrics: Path) -> list[dict]:
+    """The depth-statistics rows of a metrics.jsonl: ``[{"step": int, "depth/...": float, ...}]`` in step order,
+    only the ``depth/`` keys (gradient norms and the rest are left in the run folder). Empty if the method logs
+    none. Raises ``SystemExit`` naming the file on a row that is not JSON."""
+    rows = []
+    for n, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"study: {metrics}:{n} is not JSON ({e.msg})") from None
+        depth = {k: v for k, v in row.items() if k.startswith("depth/")}
+        if depth:
+            rows.append({"step": int(row["step"]), **depth})
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def layer_series(by_seed: dict[int, list[dict]], suffix: str) -> dict[int, tuple[list[int], list[float]]]:
+    """``{layer: (steps, mean over seeds)}`` of ``depth/L{layer}/{suffix}``, over the steps every seed logged."""
+    per_seed = []
+    for rows in by_seed.values():
+        table: dict[int, dict[int, float]] = {}
+        for row in rows:
+            for key, value in row.items():
+                m = _LAYER_KEY.match(key)
+                if m and m.group(2) == suffix:
+                    table.setdefault(int(m.group(1)), {})[row["step"]] = float(value)
+        per_seed.append(table)
+    out = {}
+    for layer in sorted(set().union(*per_seed)) if per_seed else []:
+        steps = sorted(set.intersection(*(set(t.get(layer, {})) for t in per_seed)))
+        if steps:
+            out[layer] = (steps, [sum(t[layer][s] for t in per_seed) / len(per_seed) for s in steps])
+    return out
+
+
+def figure(by_seed: dict[int, list[dict]], png: Path, title: str, tokens_per_step: int) -> bool:
+    """Draw the per-layer entropy and layer-0 weight over training tokens (mean over the seeds given) to ``png``.
+    Returns False (and writes nothing) when the rows hold no per-layer depth-attention keys."""
+    series = {suffix: layer_series(by_seed, suffix) for suffix, _ in PANELS}
+    if not any(series.values()):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(11, 4), constrained_layout=True)
+    cmap = plt.get_cmap("viridis")
+    layers = sorted(set().union(*(s.keys() for s in series.values())))
+    for ax, (suffix, label) in zip(axes, PANELS):
+        for i, layer in enumerate(layers):
+            if layer in series[suffix]:
+                steps, values = series[suffix][layer]
+                ax.plot([s * tokens_per_step / 1e6 for s in steps], values, color=cmap(i / max(1, len(layers) - 1)),
+                        label=f"layer {layer}")
+        ax.set_xlabel("training tokens (millions)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=8, ncol=2)
+    fig.suptitle(f"{title} (mean over seeds {', '.join(str(s) for s in sorted(by_seed))})")
+    png.parent.mkdir(parents=True, exist_ok=True)
+    tmp = png.with_name(png.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(png)
+    return True

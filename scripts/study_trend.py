@@ -1,0 +1,92 @@
+"""The budget-trend section of docs/results.md (issue 28): does a method's gap to ``none`` (and Depth-Attention's gap
+to its uniform-weight control) move from 1 × to 4 × to 16 × the default budget on the public-domain mix?
+
+Input: ``{group: {label: {seed: run}}}`` (``study.collect``), groups ``mix1``, ``mix4``, ``mix16``; a run is a
+compare results.json run record (``val_loss``, ``tokens``, ``train_seconds``). Δ is a per-seed paired difference
+of final validation loss (nats; negative: the first method is lower). Across budgets the same seeds are paired
+again: the change of a gap from 1 × to 16 × is ``Δ16(s) − Δ1(s)`` over the seeds both budgets have, with its 95 %
+t-interval; "closes", "widens" or "holds" is said only when that interval excludes 0.
+"""
+
+from __future__ import annotations
+
+from depthattn.stats import paired_difference
+
+BUDGETS = (("mix1", "1 ×"), ("mix4", "4 ×"), ("mix16", "16 ×"))
+#: (method, reference) pairs the trend follows: every method against none, and Depth-Attention against its control.
+UNIFORM_PAIR = ("depth_attention", "depth_attention_uniform")
+
+
+def gaps(group: dict[str, dict[int, dict]], method: str, ref: str) -> dict[int, float]:
+    """``{seed: val_loss(method) − val_loss(ref)}`` over the seeds both have in ``group``."""
+    a, b = group.get(method, {}), group.get(ref, {})
+    return {s: a[s]["val_loss"] - b[s]["val_loss"] for s in sorted(a) if s in b}
+
+
+def cell(g: dict[int, float]) -> str:
+    """``mean ± std [lo, hi] (k of n lower)`` of per-seed gaps, or ``—``."""
+    if not g:
+        return "—"
+    d = paired_difference(list(g.values()), [0.0] * len(g))
+    if d["ci95"] is None:
+        return f"{d['mean']:+.4f} (1 seed)"
+    lo, hi = d["ci95"]
+    return f"{d['mean']:+.4f} ± {d['std']:.4f} [{lo:+.4f}, {hi:+.4f}] ({d['favouring']} of {d['n']} lower)"
+
+
+def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[int, float]) -> str:
+    """One plain sentence on how the gap ``method − ref`` moved from 1 × to 16 ×, paired over common seeds."""
+    seeds = [s for s in first if s in last]
+    name = f"`{method}` − `{ref}`"
+    if not seeds:
+        return f"- {name}: no seed has both budgets yet."
+    d = paired_difference([last[s] for s in seeds], [first[s] for s in seeds])
+    m1, m16 = (sum(x[s] for s in seeds) / len(seeds) for x in (first, last))
+    head = f"- {name}: {m1:+.3f} nats at 1 × and {m16:+.3f} at 16 × (seeds {', '.join(map(str, seeds))}); "
+    if d["ci95"] is None:
+        return head + "one seed gives no interval: the trend is undetermined."
+    lo, hi = d["ci95"]
+    change = f"change {d['mean']:+.3f} (95 % interval {lo:+.3f} to {hi:+.3f})"
+    if lo <= 0 <= hi:
+        return head + change + ": no change detectable with these seeds (inconclusive: the interval includes 0)."
+    if m16 < 0 and m1 < 0 or m16 > 0 and m1 > 0:
+        word = "widens" if abs(m16) > abs(m1) else "closes"
+    else:
+        word = "changes sign"
+    return head + change + f": the gap **{word}** with training (the interval excludes 0)."
+
+
+def section(runs: dict[str, dict[str, dict[int, dict]]], baseline: str = "none") -> list[str]:
+    """The markdown lines of the trend section; empty if no mix group is published."""
+    present = [(g, name) for g, name in BUDGETS if g in runs]
+    if not present:
+        return []
+    labels = [lab for lab in dict.fromkeys(lab for g, _ in present for lab in runs[g]) if lab != baseline]
+    lines = ["## Public-domain mix: does the gap move with training budget?", "",
+             "Each cell: the per-seed paired Δ in final validation loss (nats), mean ± standard deviation over "
+             "seeds, [95 % t-interval], and how many seeds the first method is lower on. 1 × is the default budget "
+             "(409,600 tokens), 16 × is 6,553,600 tokens, under one epoch of the mix's training split.", "",
+             "| Δ | " + " | ".join(name for _, name in present) + " |", "|---|" + "---:|" * len(present)]
+    pairs = [(lab, baseline) for lab in labels] + ([UNIFORM_PAIR] if all(
+        any(m in runs[g] for g, _ in present) for m in UNIFORM_PAIR) else [])
+    for method, ref in pairs:
+        lines.append(f"| `{method}` − `{ref}` | " + " | ".join(cell(gaps(runs[g], method, ref)) for g, _ in present)
+                     + " |")
+    lines.append("")
+    if "mix1" in runs and "mix16" in runs:
+        lines += ["From 1 × to 16 × (the same seeds paired across budgets; no correction for multiple comparisons):",
+                  ""]
+        lines += [change_sentence(m, r, gaps(runs["mix1"], m, r), gaps(runs["mix16"], m, r)) for m, r in pairs]
+        lines.append("")
+    else:
+        lines += ["The 1 × parts are not run yet, so no change across budgets is stated.", ""]
+    return lines
+
+
+def train_minutes(group: dict[str, dict[int, dict]]) -> str:
+    """``"a–b min (mean m)"`` of the runs' training seconds in a group (sequential, on a shared machine)."""
+    mins = [r.get("train_seconds", 0.0) / 60 for by_seed in group.values() for r in by_seed.values()]
+    mins = [m for m in mins if m > 0]
+    if not mins:
+        return "n/a"
+    return f"{min(mins):.0f}–{max(mins):.0f} min (mean {sum(mins) / len(mins):.0f})"
