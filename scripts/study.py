@@ -196,6 +196,19 @@ def portable(text: str, args) -> str:
     return text
 
 
+def run_commits(results: dict) -> str:
+    """The commits the part's runs started with (their run.json ``git_revision``, 8 digits, comma-separated), else
+    this checkout's (``code_commit``)."""
+    found = set()
+    for m in results["methods"].values():
+        for r in m["runs"]:
+            path = Path(r["run_dir"]) / "run.json"
+            rev = json.loads(path.read_text(encoding="utf-8")).get("git_revision") if path.is_file() else None
+            if rev:
+                found.add(rev[:8])
+    return ", ".join(sorted(found)) or code_commit()
+
+
 def run_part(part: Part, args) -> None:
     prepare_data(part, args)
     argv = command(part, args)
@@ -209,7 +222,7 @@ def run_part(part: Part, args) -> None:
     pub.mkdir(parents=True, exist_ok=True)
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     results["study"] = {"part": part.name, "group": part.group, "label": part.label,
-                        "command": "depthattn " + shlex.join(argv), "commit": code_commit(),
+                        "command": "depthattn " + shlex.join(argv), "commit": run_commits(results),
                         "corpus": part.corpus}
     shutil.copyfile(folder / "loss_curves.png", pub / "loss_curves.png")
     depth = {}
@@ -343,11 +356,11 @@ def code_line(published: list[dict]) -> str:
         by_commit.setdefault(res["study"].get("commit") or "", []).append(res["study"]["part"])
     said = []
     if "" in by_commit:
-        said.append(f"the embedded-corpus parts were run with the code of {PUBLISHED_WITH}")
+        said.append(f"The embedded-corpus parts were run with the code of {PUBLISHED_WITH}.")
     for commit, names in by_commit.items():
         if commit:
-            said.append(f"{', '.join(names)} with commit {commit}")
-    return "The published parts: " + "; ".join(said) + "."
+            said.append(f"Part{'s' if len(names) > 1 else ''} {', '.join(names)}: the code of commit {commit}.")
+    return " ".join(said)
 
 
 def group_sections(runs: dict) -> list[str]:
