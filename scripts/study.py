@@ -1,4 +1,4 @@
-"""The issue-14 study, in resumable parts: every part is one ``depthattn compare`` into its own folder.
+"""The studies of issues 14 and 28, in resumable parts: every part is one ``depthattn compare`` into its own folder.
 
 Groups (all on the embedded corpus, preset ``small``, the default compare budget unless said otherwise):
 
@@ -14,7 +14,8 @@ Groups (all on the embedded corpus, preset ``small``, the default compare budget
   seeds 0, 1 at 16 × the default tokens (one part per run: ~75 min each), then the four at 1 × and 4 × on the same
   seeds. The parts run in that order, which is the order to stop in when time runs short.
 
-A part of ~30–45 min on an idle 2-core CPU (estimate: ~4.5 min per default-budget run including the evaluation);
+A part of ~5–45 min on an idle 2-core CPU (~4.5 min per default-budget run including the evaluation; a mix16 part
+~75 min);
 ``compare`` reuses finished runs and resumes interrupted ones from their last checkpoint, so a killed part loses at
 most ``save_every`` steps (the mix parts also save every ``MIX_SAVE_MINUTES``). After each part its report.md, results.json and loss_curves.png are copied to
 ``--publish`` (small files, to commit); ``aggregate`` builds docs/results.md from the published parts alone.
@@ -32,7 +33,6 @@ import functools
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from depthattn.compare import BASELINE, _curve
-from depthattn.fileio import atomic_write_text
+from depthattn.fileio import atomic_write_bytes, atomic_write_text
 from depthattn.stats import paired_difference, tokens_to_target, verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -188,29 +188,53 @@ PUBLISHED_ROOT = "runs/study"
 
 
 def portable(text: str, args) -> str:
-    """``text`` with this machine's absolute path of ``--root`` replaced by ``PUBLISHED_ROOT``, so the published
-    reports and commands hold no path of the machine that ran the study (and read as run from a checkout with the
-    default --root)."""
-    for root in sorted({str(Path(args.root).resolve()), str(Path(args.root).absolute())}, key=len, reverse=True):
-        text = text.replace(root, PUBLISHED_ROOT)
+    """``text`` with this machine's absolute paths of ``--mix-data`` and ``--root`` replaced by their defaults under
+    ``PUBLISHED_ROOT``, so the published reports and commands hold no path of the machine that ran the study (and
+    read as run from a checkout with the default --root and --mix-data)."""
+    pairs = [(getattr(args, "mix_data", None), f"{PUBLISHED_ROOT}/data-mix"), (args.root, PUBLISHED_ROOT)]
+    for path, published in pairs:
+        if path:
+            for form in sorted({str(Path(path).resolve()), str(Path(path).absolute()), str(path)}, key=len,
+                               reverse=True):
+                text = text.replace(form, published)
     return text
 
 
-def run_commits(results: dict) -> str:
-    """The commits the part's runs started with (their run.json ``git_revision``, 8 digits, comma-separated), else
-    this checkout's (``code_commit``)."""
-    found = set()
+def record_invocation(part: Part, args) -> None:
+    """Append this invocation's start time and code (``code_commit``) to ROOT/PART/study_invocations.jsonl: a part
+    split across sessions may resume under other commits, and each is published."""
+    folder = Path(args.root) / part.name
+    folder.mkdir(parents=True, exist_ok=True)
+    row = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": code_commit()}
+    with open(folder / "study_invocations.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def part_commits(part: Part, args, results: dict) -> str:
+    """The commits the part ran under, in order: those its invocations recorded, then any other its runs' run.json
+    name (``git_revision``: the last session's), 8 digits, ``+dirty`` kept; else ``code_commit()``."""
+    found: list[str] = []
+    log = Path(args.root) / part.name / "study_invocations.jsonl"
+    if log.is_file():
+        for line in log.read_text(encoding="utf-8").splitlines():
+            try:
+                found.append(json.loads(line)["commit"])
+            except (json.JSONDecodeError, KeyError):
+                continue  # a torn last line
     for m in results["methods"].values():
         for r in m["runs"]:
             path = Path(r["run_dir"]) / "run.json"
             rev = json.loads(path.read_text(encoding="utf-8")).get("git_revision") if path.is_file() else None
             if rev:
-                found.add(rev[:8])
-    return ", ".join(sorted(found)) or code_commit()
+                found.append(rev[:8] + ("+dirty" if rev.endswith("-dirty") else ""))
+    return ", ".join(dict.fromkeys(c for c in found if c != "unknown")) or code_commit()
 
 
 def run_part(part: Part, args) -> None:
     prepare_data(part, args)
+    record_invocation(part, args)
     argv = command(part, args)
     print(f"== {part.name}: depthattn {shlex.join(argv)}", flush=True)
     t0 = time.perf_counter()
@@ -218,17 +242,29 @@ def run_part(part: Part, args) -> None:
                           *argv])
     if rc != 0:
         raise SystemExit(f"study: part {part.name} failed (exit {rc}); rerun it to resume")
+    publish_part(part, args)
+    print(f"== {part.name} done in {time.perf_counter() - t0:.0f} s; published to {Path(args.publish) / part.name}",
+          flush=True)
+
+
+def publish_part(part: Part, args) -> None:
+    """Copy a finished part's report, results (with the study record), plot and depth statistics from ROOT/PART to
+    PUBLISH/PART, machine paths made portable; results.json last (it marks the part done). Raises ``SystemExit``
+    if the part has not finished."""
     folder, pub = Path(args.root) / part.name, Path(args.publish) / part.name
+    if not (folder / "results.json").is_file():
+        raise SystemExit(f"study: {folder} holds no finished compare (no results.json); run the part first")
+    argv = command(part, args)
     pub.mkdir(parents=True, exist_ok=True)
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     results["study"] = {"part": part.name, "group": part.group, "label": part.label,
-                        "command": "depthattn " + shlex.join(argv), "commit": run_commits(results),
+                        "command": "depthattn " + shlex.join(argv), "commit": part_commits(part, args, results),
                         "corpus": part.corpus}
-    shutil.copyfile(folder / "loss_curves.png", pub / "loss_curves.png")
+    atomic_write_bytes(pub / "loss_curves.png", (folder / "loss_curves.png").read_bytes())
     depth = {}
     for method, m in results["methods"].items():
         for r in m["runs"]:
-            rows = study_depth.extract(Path(r["run_dir"]) / "metrics.jsonl")
+            rows = study_depth.extract(Path(r["run_dir"]))
             if rows:
                 depth.setdefault(method, {})[str(r["seed"])] = rows
     if depth:
@@ -236,7 +272,6 @@ def run_part(part: Part, args) -> None:
     report = (folder / "report.md").read_text(encoding="utf-8")
     atomic_write_text(pub / "report.md", portable(report, args))
     atomic_write_text(pub / "results.json", portable(json.dumps(results, indent=2) + "\n", args))
-    print(f"== {part.name} done in {time.perf_counter() - t0:.0f} s; published to {pub}", flush=True)
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -359,7 +394,8 @@ def code_line(published: list[dict]) -> str:
         said.append(f"The embedded-corpus parts were run with the code of {PUBLISHED_WITH}.")
     for commit, names in by_commit.items():
         if commit:
-            said.append(f"Part{'s' if len(names) > 1 else ''} {', '.join(names)}: the code of commit {commit}.")
+            what = "commits" if "," in commit else "commit"
+            said.append(f"Part{'s' if len(names) > 1 else ''} {', '.join(names)}: the code of {what} {commit}.")
     return " ".join(said)
 
 
@@ -373,7 +409,8 @@ def group_sections(runs: dict) -> list[str]:
         lines += [f"## {TITLES[group]}", ""] + group_table(runs[group], base) + [""]
         if group.startswith("mix"):
             lines += [f"Training time per run: {study_trend.train_minutes(runs[group])} on the 2-core CPU "
-                      "(sequential; the machine was otherwise idle unless a part's report says so).", ""]
+                      "(runs one after another; a run's time includes any other load on the machine, which was kept to short "
+                      "tests and reviews: the study was stopped while CI ran).", ""]
         said = group_verdicts(runs[group], base)
         if said:
             lines += ["In words (Δ is the method's validation loss minus `none`'s; negative is better; no "
@@ -458,9 +495,9 @@ def aggregate(publish: Path, out: Path) -> str:
     lines += ["**a ± b** is the mean ± sample standard deviation over seeds. Δ is the per-seed paired "
               "difference in final validation loss (whole held-out split) from `none` of the same group and "
               "seed (same data order); the 95 % interval is the t-interval over seeds. Train time ratio: "
-              "optimizer-step seconds over the paired seeds, method / none, measured sequentially on a shared "
-              "machine and including any time a run was paused or starved (the published parts shared the "
-              "machine with other work and were paused while benchmarks ran): **not a speed measurement**; "
+              "optimizer-step seconds over the paired seeds, method / none, measured sequentially and including "
+              "any time a run was paused or starved (the embedded-corpus parts shared the machine with other work "
+              "and were paused while benchmarks ran): **not a speed measurement**; "
               "`scripts/bench.py` measures speed interleaved ([benchmarks.md](benchmarks.md)).", ""]
     runs = collect(published)
     every = [r for g in runs.values() for by_seed in g.values() for r in by_seed.values()]
@@ -492,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("parts", nargs="*")
     r.add_argument("--next", action="store_true", help="the first part that is not done")
     r.add_argument("--all", action="store_true", help="every part that is not done, in order")
+    pb = sub.add_parser("publish", help="publish finished parts again from --root (e.g. after a publisher fix)")
+    pb.add_argument("parts", nargs="+")
     a = sub.add_parser("aggregate")
     a.add_argument("--out", default="docs/results.md")
     args = ap.parse_args(argv)
@@ -509,9 +548,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"study: unknown part(s) {bad}; `python scripts/study.py list` shows them", file=sys.stderr)
         return 2
     todo = [table[n] for n in args.parts]
+    if args.cmd == "publish":
+        for p in todo:
+            publish_part(p, args)
+            print(f"published {p.name} to {Path(args.publish) / p.name}")
+        return 0
     if args.next or args.all:
         pending = [p for p in parts() if status(p, args) != "done"]
         todo += pending[:1] if args.next else pending
+    wrong = [p.name for p in todo if p.corpus == "mix" and args.data and not args.tiny]
+    if wrong:
+        print(f"study: --data {args.data} would train the mix part(s) {', '.join(wrong)} on another corpus; give the "
+              "prepared mix as --mix-data (or leave it out to fetch and prepare it)", file=sys.stderr)
+        return 2
     for p in todo:
         run_part(p, args)
     return 0

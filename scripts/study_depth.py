@@ -2,13 +2,12 @@
 ``depthattn.training.depth_stats``): extracted from a run's metrics.jsonl into a small published file, and drawn as
 one figure per method: per layer, the entropy of the depth weights and the weight on layer 0 over training.
 
-    extract(run_folder / "metrics.jsonl")   -> [{"step": 100, "depth/L1/entropy": 1.02, ...}, ...]
+    extract(run_folder)                      -> [{"step": 100, "depth/L1/entropy": 1.02, ...}, ...]
     figure({seed: rows}, png, title)         -> the figure (mean over seeds, a line per layer)
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -17,22 +16,19 @@ PANELS = (("entropy", "entropy of the depth weights (nats)"), ("from0", "weight 
 _LAYER_KEY = re.compile(r"^depth/L(\d+)/(entropy|from0)$")
 
 
-def extract(metrics: Path) -> list[dict]:
-    """The depth-statistics rows of a metrics.jsonl: ``[{"step": int, "depth/...": float, ...}]`` in step order,
-    only the ``depth/`` keys (gradient norms and the rest are left in the run folder). Empty if the method logs
-    none. Raises ``SystemExit`` naming the file on a row that is not JSON."""
-    rows = []
-    for n, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"study: {metrics}:{n} is not JSON ({e.msg})") from None
-        depth = {k: v for k, v in row.items() if k.startswith("depth/")}
-        if depth:
-            rows.append({"step": int(row["step"]), **depth})
-    return sorted(rows, key=lambda r: r["step"])
+def extract(run_dir: Path) -> list[dict]:
+    """The depth-statistics rows of a run's metrics.jsonl: ``[{"step": int, "depth/...": float, ...}]`` in step
+    order, only the ``depth/`` keys (gradient norms and the rest are left in the run folder). Empty if the method
+    logs none. Read as the trainer reads it (``RunFolder.read_metrics``: a torn last line is dropped with a
+    warning); raises ``SystemExit`` naming the file and line on a bad row elsewhere."""
+    from depthattn.training.run_folder import RunFolder
+
+    try:
+        rows = RunFolder(run_dir).read_metrics()
+    except ValueError as e:
+        raise SystemExit(f"study: {e}") from None
+    depth = [{"step": int(r["step"]), **{k: v for k, v in r.items() if k.startswith("depth/")}} for r in rows]
+    return sorted((r for r in depth if len(r) > 1), key=lambda r: r["step"])
 
 
 def layer_series(by_seed: dict[int, list[dict]], suffix: str) -> dict[int, tuple[list[int], list[float]]]:

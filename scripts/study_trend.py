@@ -5,10 +5,16 @@ Input: ``{group: {label: {seed: run}}}`` (``study.collect``), groups ``mix1``, `
 compare results.json run record (``val_loss``, ``tokens``, ``train_seconds``). Δ is a per-seed paired difference
 of final validation loss (nats; negative: the first method is lower). Across budgets the same seeds are paired
 again: the change of a gap from 1 × to 16 × is ``Δ16(s) − Δ1(s)`` over the seeds both budgets have, with its 95 %
-t-interval; "closes", "widens" or "holds" is said only when that interval excludes 0.
+t-interval. Only when that interval excludes 0 is the gap said to **widen** (the change has the 1 × gap's sign) or
+**narrow** (the opposite sign), and to **reverse** when moreover the 16 × gap's own interval excludes 0 on the other
+side; otherwise "no change detectable" (inconclusive). "Holds" is never said: that would need an equivalence margin
+this study does not set. Runs paired across budgets must have the same settings but for ``steps`` (else
+``SystemExit``).
 """
 
 from __future__ import annotations
+
+import json
 
 from depthattn.stats import paired_difference
 
@@ -34,6 +40,19 @@ def cell(g: dict[int, float]) -> str:
     return f"{d['mean']:+.4f} ± {d['std']:.4f} [{lo:+.4f}, {hi:+.4f}] ({d['favouring']} of {d['n']} lower)"
 
 
+def direction(m1: float, change: float, last: dict[int, float]) -> str:
+    """"widens", "narrows" or "reverses": how a gap of mean ``m1`` at 1 × moved by a significant ``change``;
+    "reverses" needs the 16 × gaps ``last`` to have an interval excluding 0 on the side opposite to ``m1``."""
+    if m1 == 0:
+        return "moves away from 0"
+    if (change < 0) == (m1 < 0):
+        return "widens"
+    d = paired_difference(list(last.values()), [0.0] * len(last))
+    if d["ci95"] is not None and (d["ci95"][0] > 0 if m1 < 0 else d["ci95"][1] < 0):
+        return "reverses"
+    return "narrows"
+
+
 def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[int, float]) -> str:
     """One plain sentence on how the gap ``method − ref`` moved from 1 × to 16 ×, paired over common seeds."""
     seeds = [s for s in first if s in last]
@@ -49,11 +68,23 @@ def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[i
     change = f"change {d['mean']:+.3f} (95 % interval {lo:+.3f} to {hi:+.3f})"
     if lo <= 0 <= hi:
         return head + change + ": no change detectable with these seeds (inconclusive: the interval includes 0)."
-    if m16 < 0 and m1 < 0 or m16 > 0 and m1 > 0:
-        word = "widens" if abs(m16) > abs(m1) else "closes"
-    else:
-        word = "changes sign"
+    word = direction(m1, d["mean"], {s: last[s] for s in seeds})
     return head + change + f": the gap **{word}** with training (the interval excludes 0)."
+
+
+def check_pairable(runs: dict[str, dict[str, dict[int, dict]]], groups: list[str]) -> None:
+    """Raise ``SystemExit`` if runs of ``groups`` differ in anything but steps and seed (train settings, data,
+    preset): their gaps would not be comparable across budgets."""
+    seen = {}
+    for g in groups:
+        for label, by_seed in runs[g].items():
+            for seed, r in by_seed.items():
+                train = {k: v for k, v in (r.get("train_settings") or {}).items() if k not in ("steps", "seed")}
+                key = json.dumps([train, r.get("data"), r.get("preset")], sort_keys=True, default=str)
+                seen.setdefault(key, f"{g} {label} seed {seed}")
+    if len(seen) > 1:
+        raise SystemExit(f"study: the budget groups were trained with other settings ({'; '.join(seen.values())}); "
+                         "cannot compare their gaps")
 
 
 def section(runs: dict[str, dict[str, dict[int, dict]]], baseline: str = "none") -> list[str]:
@@ -62,11 +93,14 @@ def section(runs: dict[str, dict[str, dict[int, dict]]], baseline: str = "none")
     if not present:
         return []
     labels = [lab for lab in dict.fromkeys(lab for g, _ in present for lab in runs[g]) if lab != baseline]
+    check_pairable(runs, [g for g, _ in present])
     lines = ["## Public-domain mix: does the gap move with training budget?", "",
              "Each cell: the per-seed paired Δ in final validation loss (nats), mean ± standard deviation over "
              "seeds, [95 % t-interval], and how many seeds the first method is lower on. 1 × is the default budget "
              "(409,600 tokens), 16 × is 6,553,600 tokens, under one epoch of the mix's training split.", "",
              "| Δ | " + " | ".join(name for _, name in present) + " |", "|---|" + "---:|" * len(present)]
+    if not labels:
+        return lines[:4] + ["No method beside `none` is published yet.", ""]
     pairs = [(lab, baseline) for lab in labels] + ([UNIFORM_PAIR] if all(
         any(m in runs[g] for g, _ in present) for m in UNIFORM_PAIR) else [])
     for method, ref in pairs:
@@ -79,7 +113,8 @@ def section(runs: dict[str, dict[str, dict[int, dict]]], baseline: str = "none")
         lines += [change_sentence(m, r, gaps(runs["mix1"], m, r), gaps(runs["mix16"], m, r)) for m, r in pairs]
         lines.append("")
     else:
-        lines += ["The 1 × parts are not run yet, so no change across budgets is stated.", ""]
+        gone = " and ".join(name for g, name in BUDGETS if g in ("mix1", "mix16") and g not in runs)
+        lines += [f"The {gone} parts are not published yet, so no change across budgets is stated.", ""]
     return lines
 
 

@@ -154,6 +154,12 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
     depth = json.loads((tmp_path / "pub/ablation-1w0-s0/depth_stats.json").read_text())["depth_attention"]["0"]
     assert [r["step"] for r in depth] == [2, 4] and all("depth/L1/entropy" in r for r in depth)
     assert res["study"]["corpus"] == "embedded" and res["study"]["commit"]
+    before = (tmp_path / "pub/ablation-1w0-s0/results.json").read_text()
+    (tmp_path / "pub/ablation-1w0-s0/results.json").unlink()
+    assert study.main(common + ["publish", "ablation-1w0-s0"]) == 0  # again from --root, without training
+    assert (tmp_path / "pub/ablation-1w0-s0/results.json").read_text() == before
+    with pytest.raises(SystemExit, match="no finished compare"):
+        study.main(common + ["publish", "ablation-1w0-s1"])
     for name in ("results.json", "report.md"):  # no path of the machine that ran it: the root reads runs/study
         text = (tmp_path / "pub/ablation-1w0-s0" / name).read_text()
         assert str(tmp_path / "root") not in text
@@ -217,13 +223,69 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
     assert "| `depth_attention` − `depth_attention_uniform` | +0.0320" in text
     assert (out.parent / study.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
     assert f"]({study.DEPTH_FIGURE.as_posix()})" in text
-    assert "The 1 × parts are not run yet" not in text and "Training time per run:" in text
+    assert "not published yet" not in text and "Training time per run:" in text
 
 
 def test_depth_stats_are_extracted_from_metrics_rows(study, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1, "loss": 9.0}\n{"step": 100, "depth/L1/entropy": 0.5, "grad_norm/L1": 2.0}\n\n')
-    assert study.study_depth.extract(metrics) == [{"step": 100, "depth/L1/entropy": 0.5}]
-    metrics.write_text('{"step": 1}\n{"step": 2,\n')
-    with pytest.raises(SystemExit, match=r"metrics.jsonl:2 is not JSON"):
-        study.study_depth.extract(metrics)
+    assert study.study_depth.extract(tmp_path) == [{"step": 100, "depth/L1/entropy": 0.5}]
+    metrics.write_text('{"step": 1}\n{"step": 2, "depth/L1/self": 0.25}\n{"step": 3,')  # a torn last line
+    with pytest.warns(UserWarning, match="metrics.jsonl"):
+        assert study.study_depth.extract(tmp_path) == [{"step": 2, "depth/L1/self": 0.25}]
+    metrics.write_text('{"step": 1,\n{"step": 2}\n')
+    with pytest.raises(SystemExit, match=r"metrics.jsonl"):
+        study.study_depth.extract(tmp_path)
+
+
+@pytest.mark.parametrize("first, last, word", [
+    ((-0.20, -0.21, -0.19), (0.002, 0.001, 0.0), "narrows"),     # the gap closed: its 16 × interval includes 0
+    ((-0.20, -0.21, -0.19), (0.10, 0.12, 0.11), "reverses"),     # now significantly the other way
+    ((-0.20, -0.21, -0.19), (-0.30, -0.32, -0.31), "widens"),
+    ((0.05, 0.06, 0.04), (0.20, 0.22, 0.19), "widens"),          # a method behind falls further behind
+    ((-0.20, -0.21, -0.19), (-0.20, -0.15, -0.25), None)])       # change 0 ± 0.05: inconclusive
+def test_change_sentence_words_follow_the_intervals(study, first, last, word):
+    said = study.study_trend.change_sentence("m", "none", dict(enumerate(first)), dict(enumerate(last)))
+    if word is None:
+        assert "no change detectable" in said and "**" not in said
+    else:
+        assert f"the gap **{word}** with training" in said
+
+
+def test_trend_of_partial_publication_says_what_is_missing(study, tmp_path):
+    pub = tmp_path / "pub"
+    only_none = results()
+    del only_none["methods"]["depth_attention"]
+    publish(pub, "mix16-s0-none", "mix16", only_none)
+    text = study.aggregate(pub, tmp_path / "results.md")
+    assert "No method beside `none` is published yet." in text and "| `depth_attention` − `none` |" not in text
+    publish(pub, "mix16-s0-depth_attention", "mix16", results())
+    text = study.aggregate(pub, tmp_path / "results.md")
+    assert "The 1 × parts are not published yet" in text
+    other = results()
+    other["settings"]["train"] = dict(other["settings"]["train"], lr=5e-3)
+    publish(pub, "mix1-s0", "mix1", other)
+    with pytest.raises(SystemExit, match="budget groups were trained with other settings"):
+        study.aggregate(pub, tmp_path / "results.md")
+
+
+def test_mix_parts_refuse_another_corpus_and_publish_portable_paths(study, tmp_path, capsys):
+    assert study.main(["--data", str(tmp_path), "run", "mix16-s0-none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--mix-data" in err[0] and "mix16-s0-none" in err[0]
+    args = type("A", (), {"root": str(tmp_path / "root"), "mix_data": str(tmp_path / "elsewhere" / "mix")})
+    text = f"--data {tmp_path / 'elsewhere' / 'mix'} --out {tmp_path / 'root' / 'mix1-s0'}"
+    assert study.portable(text, args) == "--data runs/study/data-mix --out runs/study/mix1-s0"
+
+
+def test_a_part_publishes_every_commit_it_ran_under(study, tmp_path):
+    part = next(p for p in study.parts() if p.name == "mix1-s0")
+    args = type("A", (), {"root": str(tmp_path)})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"git_revision": "cccccccc" + "0" * 32 + "-dirty"}))
+    (tmp_path / "mix1-s0").mkdir()
+    (tmp_path / "mix1-s0" / "study_invocations.jsonl").write_text(
+        '{"commit": "aaaaaaaa"}\n{"commit": "bbbbbbbb+dirty"}\n{"commit": "aaaa')
+    res = {"methods": {"none": {"runs": [{"run_dir": str(run_dir)}]}}}
+    assert study.part_commits(part, args, res) == "aaaaaaaa, bbbbbbbb+dirty, cccccccc+dirty"

@@ -323,14 +323,11 @@ RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes
 #: ``TrainConfig`` whose default changes what a run does.
 #: Release 97f8652 had no divergence guard (its runs resume warn-only: same numbers, same exit status, one line) and
 #: no time-based saves, drew its windows uniformly with replacement, built AdamW with torch's default
-#: implementation, and had no document masking (listed although ``doc_mask``'s new-run default is the same: a missing
-#: key otherwise compares as None on resume).
+#: implementation, had no document masking (listed although ``doc_mask``'s new-run default is the same: a missing
+#: key otherwise compares as None on resume) and logged no depth statistics (``log_depth_every``: a resumed old run
+#: logs what it did).
 LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "data_order": "random",
-                                   "adamw_impl": "torch_default", "doc_mask": False}
-
-#: implementation, and logged no depth statistics (``log_depth_every``: a resumed old run logs what it did).
-LEGACY_DEFAULTS: dict[str, Any] = {"on_divergence": "warn", "save_every_minutes": 0.0, "data_order": "random",
-                                   "adamw_impl": "torch_default", "log_depth_every": 0}
+                                   "adamw_impl": "torch_default", "doc_mask": False, "log_depth_every": 0}
 
 
 def with_legacy_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
