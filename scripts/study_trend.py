@@ -124,4 +124,6 @@ def train_minutes(group: dict[str, dict[int, dict]]) -> str:
     mins = [m for m in mins if m > 0]
     if not mins:
         return "n/a"
-    return f"{min(mins):.0f}–{max(mins):.0f} min (mean {sum(mins) / len(mins):.0f})"
+    if len(mins) == 1:
+        return f"{mins[0]:.0f} min (one run)"
+    return f"{min(mins):.0f}–{max(mins):.0f} min (mean {sum(mins) / len(mins):.0f}, {len(mins)} runs)"
