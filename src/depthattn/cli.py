@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(sub, extra)}")
     cmd = f"depthattn {command_name(args)}"
     default_hook = threading.excepthook
+    caller_group = process_group_live()  # a group the caller made is the caller's to destroy
     thread_errors = quiet_thread_os_errors(args)
     try:
         check_input_paths(args)
@@ -257,13 +258,26 @@ def main(argv: list[str] | None = None) -> int:
                        1)
     finally:
         threading.excepthook = default_hook
+        if not caller_group and process_group_live():
+            sys.modules["torch.distributed"].destroy_process_group()
     return int(result or 0)
+
+
+def process_group_live() -> bool:
+    """Whether this process is in a torch.distributed process group (without importing torch).
+
+    ``main`` destroys a group the command joined (torchrun's) on every way out: a rank that exits with it alive can
+    abort at interpreter shutdown ("terminate called without an active exception", SIGABRT) instead of returning
+    its exit status. Destroying is local (no collective), so a rank leaving alone after an error cannot hang in it."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def _report(args: argparse.Namespace, line: str, code: int = 1) -> int:
     if getattr(args, "debug", False):
         traceback.print_exc()
-    print(" ".join(line.split("\n")), file=sys.stderr)
+    sys.stderr.write(" ".join(line.split("\n")) + "\n")  # one write: the ranks of a torchrun job do not interleave
+    sys.stderr.flush()
     return code
 
 

@@ -363,6 +363,7 @@ class RunFolder:
             except (ValueError, OSError) as e:
                 verdict = [(type(e).__name__, str(e))]
         dist.broadcast_object_list(verdict, src=0)
+        dist.barrier()  # every rank has the verdict before rank 0 goes on (and, on an error, leaves the group)
         if verdict[0] is not None:
             kind, message = verdict[0]
             raise RunFolderLocked(message) if kind == RunFolderLocked.__name__ else OSError(message)
