@@ -289,3 +289,12 @@ def test_a_part_publishes_every_commit_it_ran_under(study, tmp_path):
         '{"commit": "aaaaaaaa"}\n{"commit": "bbbbbbbb+dirty"}\n{"commit": "aaaa')
     res = {"methods": {"none": {"runs": [{"run_dir": str(run_dir)}]}}}
     assert study.part_commits(part, args, res) == "aaaaaaaa, bbbbbbbb+dirty, cccccccc+dirty"
+
+
+def test_depth_figure_series_average_seeds_over_the_steps_every_seed_logged(study):
+    rows0 = [{"step": 100, "depth/L1/entropy": 1.0, "depth/L1/from0": 0.2}, {"step": 200, "depth/L1/entropy": 0.5}]
+    rows1 = [{"step": 100, "depth/L1/entropy": 0.6}, {"step": 200, "depth/L1/entropy": 0.3},
+             {"step": 300, "depth/L1/entropy": 0.1}]  # step 300: seed 0 has none, so it is left out
+    series = study.study_depth.layer_series({0: rows0, 1: rows1}, "entropy")
+    assert series == {1: ([100, 200], [pytest.approx(0.8), pytest.approx(0.4)])}
+    assert study.study_depth.layer_series({0: rows0, 1: rows1}, "from0") == {}  # seed 1 logged no layer-0 weight
