@@ -46,6 +46,18 @@ def left_padded_batch(vocab: int, lengths: list[int], seed: int = 0, pad_id: int
     return ids, mask
 
 
+def cached_logits(model, ids, mask, chunks):
+    """Feed ``ids`` through a fresh KV cache in chunks of the given sizes; return (the concatenated logits, cache)."""
+    cache = model.new_cache(ids.shape[0], ids.shape[1])
+    outs, start = [], 0
+    for n in chunks:
+        with torch.no_grad():
+            outs.append(model(ids[:, start:start + n], attention_mask=mask[:, :start + n], cache=cache).logits)
+        start += n
+    assert start == ids.shape[1] and cache.length == start
+    return torch.cat(outs, dim=1), cache
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """A prepared data folder of real text (``test_train.make_data``: six embedded documents, BPE vocab 512) shared

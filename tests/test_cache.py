@@ -7,21 +7,9 @@ from depthattn import KVCache, ModelConfig, generate, generate_stream, naive_gen
 from depthattn.checks import check_forward_inputs
 from depthattn.generate import sample
 
-from conftest import left_padded_batch, make_model
+from conftest import cached_logits, left_padded_batch, make_model
 
 METHODS = ["none", "depth_attention"]
-
-
-def _cached_logits(model, ids, mask, chunks):
-    """Feed ``ids`` through a cache in chunks of the given sizes; return the concatenated logits."""
-    cache = model.new_cache(ids.shape[0], ids.shape[1])
-    outs, start = [], 0
-    for n in chunks:
-        with torch.no_grad():
-            outs.append(model(ids[:, start:start + n], attention_mask=mask[:, :start + n], cache=cache).logits)
-        start += n
-    assert start == ids.shape[1] and cache.length == start
-    return torch.cat(outs, dim=1), cache
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -32,7 +20,7 @@ def test_cached_decode_equals_full_forward_left_padded(method, chunks):
     ids, mask = left_padded_batch(512, [12, 7], seed=5)
     with torch.no_grad():
         full = model(ids, attention_mask=mask).logits
-    cached, _ = _cached_logits(model, ids, mask, chunks)
+    cached, _ = cached_logits(model, ids, mask, chunks)
     torch.testing.assert_close(cached[mask], full[mask], atol=1e-5, rtol=0)
     assert torch.isfinite(cached).all()
 
@@ -48,7 +36,7 @@ def test_cache_holds_the_mixed_values_of_the_full_forward_and_is_vanilla_sized()
         model(ids, attention_mask=mask)  # no cache
     for h in hooks:
         h.remove()
-    _, cache = _cached_logits(model, ids, mask, [3, 1, 4])
+    _, cache = cached_logits(model, ids, mask, [3, 1, 4])
     for layer in range(5):
         k_full, v_full = captured[layer]
         torch.testing.assert_close(cache.k[layer][mask[:, None, :, None].expand_as(k_full)],
@@ -251,11 +239,13 @@ def test_hot_path_reads_no_tensor_value_on_the_host(method, monkeypatch):
     model(ids, attention_mask=mask, labels=ids).loss.backward()
     model.eval()
     token = prefill(model, ids, mask, cache).argmax(-1)
-    token_s = steps.prefill(model, ids, mask, static).argmax(-1)
-    for _ in range(3):
+    tokens, tokens_s = [token], [steps.prefill(model, ids, mask, static).argmax(-1)]
+    for _ in range(3):  # both caches are fed the dynamic path's tokens; their greedy choices are compared below
         logits, logits_s = decode_one_token(model, token, cache), steps.decode_one_token(model, token, static)
-        token, token_s = logits.argmax(-1), logits_s.argmax(-1)
+        token = logits.argmax(-1)
+        tokens.append(token), tokens_s.append(logits_s.argmax(-1))
     monkeypatch.undo()
+    assert torch.equal(torch.stack(tokens_s), torch.stack(tokens))
     assert cache.length == static.length == 10
     torch.testing.assert_close(logits_s, logits, atol=1e-5, rtol=0)
     assert torch.equal(static.slot, torch.tensor(10)) and torch.equal(static.key_mask, cache.key_mask)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from depthattn import ModelConfig, num_flops, num_params
+from depthattn import num_flops, num_params
 from depthattn.attention import Attention
 from depthattn.cli import main
 from depthattn.cross_layer import get as method_record

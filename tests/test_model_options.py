@@ -23,19 +23,9 @@ from depthattn.cross_layer import names as method_names
 from depthattn.cross_layer.depth_attention import depth_mix
 from depthattn.cross_layer.mhc import sinkhorn, sinkhorn_exp, sinkhorn_exp_ref
 
-from conftest import left_padded_batch, make_model
+from conftest import cached_logits, left_padded_batch, make_model
 
 POSITIONS = list(QK_NORM_POSITIONS)
-
-
-def _cached_logits(model, ids, mask, chunks):
-    cache = model.new_cache(ids.shape[0], ids.shape[1])
-    outs, start = [], 0
-    for n in chunks:
-        with torch.no_grad():
-            outs.append(model(ids[:, start:start + n], attention_mask=mask[:, :start + n], cache=cache).logits)
-        start += n
-    return torch.cat(outs, dim=1), cache
 
 
 def _perturb_k_norms(model, scale=0.5, seed=3):
@@ -55,7 +45,7 @@ def test_cached_decode_equals_full_forward(method, position):
     ids, mask = left_padded_batch(512, [12, 7], seed=5)
     with torch.no_grad():
         full = model(ids, attention_mask=mask).logits
-    cached, _ = _cached_logits(model, ids, mask, [5, 3, 1, 2, 1])
+    cached, _ = cached_logits(model, ids, mask, [5, 3, 1, 2, 1])
     torch.testing.assert_close(cached[mask], full[mask], atol=1e-5, rtol=0)
 
 
@@ -114,38 +104,39 @@ def test_keys_equal_the_slow_twin_and_are_what_the_cache_and_the_depth_mix_read(
         twin = _key_twin(inputs[i], layer.self_attn, model.config)
         torch.testing.assert_close(outputs[i].double(), twin, atol=1e-5, rtol=0)
     assert [k.data_ptr() for k in mixed_keys] == [outputs[j].data_ptr() for j in (0, 2, 4)]
-    _, cache = _cached_logits(model, ids, torch.ones_like(ids, dtype=torch.bool), [4, 1, 3, 1])
+    _, cache = cached_logits(model, ids, torch.ones_like(ids, dtype=torch.bool), [4, 1, 3, 1])
     for i in range(5):  # the cached key is the key the sequence attention and the depth mix used
         torch.testing.assert_close(cache.k[i], outputs[i], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("method", ["none", "depth_attention"])
-def test_k_after_rope_differs_from_before_rope_with_trained_like_gains(method):
+def _logits_by_position(method, equal_gain_pairs=False):
+    """``{qk_norm_position: logits at the unpadded positions}`` of one model with perturbed K-norm gains; with
+    ``equal_gain_pairs`` each gain pair (i, i + D/2) is made equal first."""
     ids, mask = left_padded_batch(512, [12, 7], seed=5)
     logits = {}
     for position in POSITIONS:
         model = make_model(cross_layer=method, qk_norm_position=position)
         _perturb_k_norms(model)
         with torch.no_grad():
+            for layer in model.model.layers if equal_gain_pairs else ():
+                w = layer.self_attn.k_norm.weight
+                half = w.shape[0] // 2
+                w[half:] = w[:half]
+                assert w[:half].std() > 0.1  # the gains still differ from channel to channel
             logits[position] = model(ids, attention_mask=mask).logits[mask]
+    return logits
+
+
+@pytest.mark.parametrize("method", ["none", "depth_attention"])
+def test_k_after_rope_differs_from_before_rope_with_trained_like_gains(method):
+    logits = _logits_by_position(method)
     assert (logits["before_rope"] - logits["k_after_rope"]).abs().max() > 0.05
 
 
 @pytest.mark.parametrize("method", ["none", "depth_attention"])
 def test_the_orders_agree_when_every_gain_pair_is_equal(method):
     """RMS is rotation-invariant, and a gain equal on (i, i + D/2) commutes with the rotation of that pair."""
-    ids, mask = left_padded_batch(512, [12, 7], seed=5)
-    logits = {}
-    for position in POSITIONS:
-        model = make_model(cross_layer=method, qk_norm_position=position)
-        _perturb_k_norms(model)
-        with torch.no_grad():
-            for layer in model.model.layers:
-                w = layer.self_attn.k_norm.weight
-                half = w.shape[0] // 2
-                w[half:] = w[:half]
-                assert w[:half].std() > 0.1  # the gains still differ from channel to channel
-            logits[position] = model(ids, attention_mask=mask).logits[mask]
+    logits = _logits_by_position(method, equal_gain_pairs=True)
     assert (logits["before_rope"] - logits["k_after_rope"]).abs().max() <= 1e-6
 
 
