@@ -243,7 +243,8 @@ def test_hot_path_reads_no_tensor_value_on_the_host(method, monkeypatch):
     for _ in range(3):  # both caches are fed the dynamic path's tokens; their greedy choices are compared below
         logits, logits_s = decode_one_token(model, token, cache), steps.decode_one_token(model, token, static)
         token = logits.argmax(-1)
-        tokens.append(token), tokens_s.append(logits_s.argmax(-1))
+        tokens.append(token)
+        tokens_s.append(logits_s.argmax(-1))
     monkeypatch.undo()
     assert torch.equal(torch.stack(tokens_s), torch.stack(tokens))
     assert cache.length == static.length == 10
