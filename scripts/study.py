@@ -9,19 +9,28 @@ Groups (all on the embedded corpus, preset ``small``, the default compare budget
   0, 1, paired against ``main``'s none;
 * ``long``     — 4 × the default tokens: none, depth_attention, attnres × seeds 0, 1;
 * ``mix16``, ``mix1``, ``mix4`` — on the public-domain mix (``depthattn data fetch public-domain-mix``, prepared
-  with the small preset's 8,192-token vocabulary; about 17 M training tokens, so 16 × the default budget, 6.55 M
+  with the small preset's 8,192-token vocabulary; about 18 M training tokens, so 16 × the default budget, 6.55 M
   tokens, stays inside one epoch): none, depth_attention, depth_attention_uniform × seeds 0, 1, 2 and attnres ×
-  seeds 0, 1 at 16 × the default tokens (one part per run: ~75 min each), then the four at 1 × and 4 × on the same
-  seeds. The parts run in that order, which is the order to stop in when time runs short.
+  seeds 0, 1 at 16 × the default tokens, then the four at 1 × and 4 × on the same seeds; one part per run (~75 min
+  each at 16 × on a 2-core CPU, seconds on a GPU). The parts run in that order, which is the order to stop in when
+  time runs short. They train in float32 on any device (``MIX_SETS``), so a GPU and a CPU run the same arithmetic
+  up to rounding; ``--device`` and ``--compile`` (settings that do not change a run's trajectory,
+  ``RESUMABLE_KEYS``) choose where and how;
+* ``mix16cpu`` — the first two 16 × runs as they were trained on the 2-core CPU (precision ``auto``, saves every 100
+  steps): kept as a cross-check of the GPU runs of the same seed, never paired with them.
 
 A part of ~5–45 min on an idle 2-core CPU (~4.5 min per default-budget run including the evaluation; a mix16 part
 ~75 min);
 ``compare`` reuses finished runs and resumes interrupted ones from their last checkpoint, so a killed part loses at
-most ``save_every`` steps (the mix parts also save every ``MIX_SAVE_MINUTES``). After each part its report.md, results.json and loss_curves.png are copied to
-``--publish`` (small files, to commit); ``aggregate`` builds docs/results.md from the published parts alone.
+most ``save_every`` steps (the mix parts save every ``MIX_SAVE_MINUTES`` instead). After each part its report.md,
+results.json and loss_curves.png are copied to ``--publish`` (small files, to commit); ``aggregate`` builds
+docs/results.md from the published parts alone. ``run --jobs N`` runs N parts at once (each part's output in
+ROOT/PART/study.log; one that fails is named with its log's last lines and the others go on): for a GPU, which one
+10 M-parameter run leaves mostly idle.
 
     python scripts/study.py list                       # parts, their commands and status
     python scripts/study.py run main-s0 loops-a        # run parts (or --next for the first missing one)
+    python scripts/study.py --device cuda --compile run --all --jobs 12   # the rest, 12 at a time on one GPU
     python scripts/study.py aggregate                  # docs/results.md from --publish
     python scripts/study.py --tiny --root /tmp/s --publish /tmp/s/pub --data DIR run --all   # a few steps each
 """
@@ -32,6 +41,7 @@ import argparse
 import functools
 import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -42,6 +52,7 @@ from pathlib import Path
 from depthattn.compare import BASELINE, _curve
 from depthattn.fileio import atomic_write_bytes, atomic_write_text
 from depthattn.stats import paired_difference, tokens_to_target, verdict
+from depthattn.training.config import RESUMABLE_KEYS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study_depth  # noqa: E402  (scripts/ is not a package)
@@ -62,6 +73,12 @@ MIX_SEEDS = (0, 1, 2)
 MIX_ATTNRES_SEEDS = (0, 1)
 MIX_SAVE_MINUTES = 5
 MIX_VOCAB = 8192  # the small preset as the default compare trains it (10.5 M parameters)
+#: The mix parts' settings beside the compare defaults: float32 on every device ("auto" is bf16 autocast on CUDA, so
+#: a GPU run would not be the CPU's arithmetic), and checkpoints by time alone (a GPU runs 100 steps in seconds).
+MIX_SETS = ("precision=float32", "save_every=0", f"save_every_minutes={MIX_SAVE_MINUTES}")
+#: The settings of the two 16 × runs trained on the 2-core CPU before the mix parts moved to MIX_SETS (group
+#: ``mix16cpu``): precision auto (float32 there), a save every 100 steps and every MIX_SAVE_MINUTES.
+CPU_CHECK_SETS = (f"save_every_minutes={MIX_SAVE_MINUTES}",)
 
 
 @dataclass
@@ -76,6 +93,7 @@ class Part:
     label: str = ""  # the ablation config, e.g. "stride=1, window=2"
     minutes: int = 0  # estimated on an idle 2-core CPU
     corpus: str = "embedded"  # or "mix": the public-domain mix (--mix-data)
+    device_sets: bool = True  # whether --device / --compile apply (not to parts published with other settings)
 
 
 def parts() -> list[Part]:
@@ -96,17 +114,18 @@ def parts() -> list[Part]:
 
 
 def mix_parts() -> list[Part]:
-    """The budget-trend study on the public-domain mix, in its stopping order (issue 28)."""
-    mix = functools.partial(Part, corpus="mix", sets=[f"save_every_minutes={MIX_SAVE_MINUTES}"])
+    """The budget-trend study on the public-domain mix, one run per part, in its stopping order (issue 28), then
+    the CPU cross-check parts (already published)."""
+    mix = functools.partial(Part, corpus="mix", sets=list(MIX_SETS))
     out = [mix(f"mix16-s{s}-{m}", "mix16", m, str(s), steps_scale=16, minutes=75)
            for s in MIX_SEEDS for m in MIX_METHODS]
     out += [mix(f"mix16-s{s}-attnres", "mix16", "attnres", str(s), steps_scale=16, minutes=75)
             for s in MIX_ATTNRES_SEEDS]
-    four = ",".join((*MIX_METHODS, "attnres"))
-    out += [mix(f"mix1-s{s}", "mix1", four, str(s), minutes=25) for s in MIX_SEEDS]
-    for s in MIX_SEEDS:
-        out += [mix(f"mix4-s{s}-a", "mix4", "none,depth_attention", str(s), steps_scale=4, minutes=40),
-                mix(f"mix4-s{s}-b", "mix4", "depth_attention_uniform,attnres", str(s), steps_scale=4, minutes=40)]
+    four = (*MIX_METHODS, "attnres")
+    out += [mix(f"mix1-s{s}-{m}", "mix1", m, str(s), minutes=5) for s in MIX_SEEDS for m in four]
+    out += [mix(f"mix4-s{s}-{m}", "mix4", m, str(s), steps_scale=4, minutes=20) for s in MIX_SEEDS for m in four]
+    out += [Part(f"mix16cpu-s0-{m}", "mix16cpu", m, "0", steps_scale=16, minutes=75, corpus="mix",
+                 sets=list(CPU_CHECK_SETS), device_sets=False) for m in ("none", "depth_attention")]
     return out
 
 
@@ -119,6 +138,11 @@ def command(part: Part, args) -> list[str]:
     argv += ["--data", str(data_dir(args, part))]
     for s in part.sets:
         argv += ["--set", s]
+    if part.device_sets:
+        if getattr(args, "device", None):
+            argv += ["--set", f"device={args.device}"]
+        if getattr(args, "compile", False):
+            argv += ["--set", "compile=true"]
     if args.tiny:
         argv += TINY
     return argv
@@ -200,51 +224,125 @@ def portable(text: str, args) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=None)
+def hardware(device: str | None) -> str:
+    """What the parts run on, in words: the GPU's name (``--device`` cuda…, or auto where CUDA is available), else the
+    CPU's model and core count; with torch's version."""
+    import torch
+
+    want = device or "auto"
+    if (want.startswith("cuda") or want == "auto") and torch.cuda.is_available():  # else the part says CUDA is missing
+        index = (torch.device(want).index or 0) if want.startswith("cuda") else 0
+        return f"{torch.cuda.get_device_name(index)} (CUDA), torch {torch.__version__}"
+    model = platform.processor() or "CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
 def record_invocation(part: Part, args) -> None:
-    """Append this invocation's start time and code (``code_commit``) to ROOT/PART/study_invocations.jsonl: a part
-    split across sessions may resume under other commits, and each is published."""
+    """Append this invocation's start time, code (``--commit``, else ``code_commit``), hardware and number of parts
+    run at once to ROOT/PART/study_invocations.jsonl: a part split across sessions may resume under other commits
+    or on other machines, and each is published."""
     folder = Path(args.root) / part.name
     folder.mkdir(parents=True, exist_ok=True)
-    row = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": code_commit()}
+    row = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "commit": getattr(args, "commit", None) or code_commit(),
+           "hardware": hardware(getattr(args, "device", None) if part.device_sets else None),
+           "jobs": getattr(args, "jobs", 1)}
     with open(folder / "study_invocations.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def part_commits(part: Part, args, results: dict) -> str:
-    """The commits the part ran under, in order: those its invocations recorded, then any other its runs' run.json
-    name (``git_revision``: the last session's), 8 digits, ``+dirty`` kept; else ``code_commit()``."""
-    found: list[str] = []
+def invocations(part: Part, args) -> list[dict]:
+    """The rows of ROOT/PART/study_invocations.jsonl (a torn last line left out)."""
     log = Path(args.root) / part.name / "study_invocations.jsonl"
+    rows = []
     if log.is_file():
         for line in log.read_text(encoding="utf-8").splitlines():
             try:
-                found.append(json.loads(line)["commit"])
-            except (json.JSONDecodeError, KeyError):
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
                 continue  # a torn last line
+    return rows
+
+
+def part_commits(part: Part, args, results: dict) -> str:
+    """The commits the part ran under, in order: those its invocations recorded, then any other its runs' run.json
+    name (``git_revision``: the last session's), 8 digits, ``+dirty`` kept; else ``--commit`` or ``code_commit()``."""
+    found = [row["commit"] for row in invocations(part, args) if "commit" in row]
     for m in results["methods"].values():
         for r in m["runs"]:
             path = Path(r["run_dir"]) / "run.json"
             rev = json.loads(path.read_text(encoding="utf-8")).get("git_revision") if path.is_file() else None
             if rev:
                 found.append(rev[:8] + ("+dirty" if rev.endswith("-dirty") else ""))
-    return ", ".join(dict.fromkeys(c for c in found if c != "unknown")) or code_commit()
+    return (", ".join(dict.fromkeys(c for c in found if c != "unknown")) or getattr(args, "commit", None)
+            or code_commit())
+
+
+def compare_argv(part: Part, args) -> list[str]:
+    """The Python command line that runs ``part``'s ``depthattn compare`` (this interpreter, the installed CLI)."""
+    return [sys.executable, "-c", "import sys; from depthattn.cli import main; sys.exit(main())",
+            *command(part, args)]
 
 
 def run_part(part: Part, args) -> None:
     prepare_data(part, args)
     record_invocation(part, args)
-    argv = command(part, args)
-    print(f"== {part.name}: depthattn {shlex.join(argv)}", flush=True)
+    print(f"== {part.name}: depthattn {shlex.join(command(part, args))}", flush=True)
     t0 = time.perf_counter()
-    rc = subprocess.call([sys.executable, "-c", "import sys; from depthattn.cli import main; sys.exit(main())",
-                          *argv])
+    rc = subprocess.call(compare_argv(part, args))
     if rc != 0:
         raise SystemExit(f"study: part {part.name} failed (exit {rc}); rerun it to resume")
     publish_part(part, args)
     print(f"== {part.name} done in {time.perf_counter() - t0:.0f} s; published to {Path(args.publish) / part.name}",
           flush=True)
+
+
+def tail(path: Path, lines: int = 5) -> str:
+    """The last ``lines`` lines of a text file, indented, or a note that it is empty."""
+    text = path.read_text(encoding="utf-8", errors="replace").rstrip().splitlines() if path.is_file() else []
+    return "\n".join("    " + line for line in text[-lines:]) or "    (no output)"
+
+
+def run_parallel(todo: list[Part], args) -> int:
+    """Run ``todo`` with up to ``args.jobs`` parts at once, in order, each ``compare``'s output in ROOT/PART/study.log;
+    publish each as it finishes. A part that fails is named with its log's last lines and the others go on.
+    Returns the number of parts that failed."""
+    for part in todo:
+        prepare_data(part, args)
+    pending, running, failed = list(todo), {}, []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            part = pending.pop(0)
+            record_invocation(part, args)
+            log = Path(args.root) / part.name / "study.log"
+            with open(log, "a", encoding="utf-8") as f:
+                proc = subprocess.Popen(compare_argv(part, args), stdout=f, stderr=subprocess.STDOUT)
+            running[part.name] = (part, proc, time.perf_counter())
+            print(f"== {part.name} started ({len(running)} running, {len(pending)} waiting); log {log}", flush=True)
+        time.sleep(0.5)
+        for name, (part, proc, t0) in list(running.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            del running[name]
+            log = Path(args.root) / name / "study.log"
+            if rc != 0:
+                failed.append(name)
+                print(f"study: part {name} failed (exit {rc}); rerun it to resume. The end of {log}:\n{tail(log)}",
+                      file=sys.stderr, flush=True)
+                continue
+            publish_part(part, args)
+            print(f"== {name} done in {time.perf_counter() - t0:.0f} s; published to {Path(args.publish) / name}",
+                  flush=True)
+    return len(failed)
 
 
 def publish_part(part: Part, args) -> None:
@@ -257,9 +355,12 @@ def publish_part(part: Part, args) -> None:
     argv = command(part, args)
     pub.mkdir(parents=True, exist_ok=True)
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    rows = invocations(part, args)
     results["study"] = {"part": part.name, "group": part.group, "label": part.label,
                         "command": "depthattn " + shlex.join(argv), "commit": part_commits(part, args, results),
                         "corpus": part.corpus}
+    if rows and "hardware" in rows[-1]:
+        results["study"] |= {"hardware": rows[-1]["hardware"], "jobs": max(r.get("jobs", 1) for r in rows)}
     atomic_write_bytes(pub / "loss_curves.png", (folder / "loss_curves.png").read_bytes())
     depth = {}
     for method, m in results["methods"].items():
@@ -276,9 +377,10 @@ def publish_part(part: Part, args) -> None:
 
 # ----------------------------------------------------------------------------- aggregation
 BASE_GROUP = {"main": "main", "ablation": "main", "loops": "loops", "long": "long", "mix1": "mix1", "mix4": "mix4",
-              "mix16": "mix16"}
-GROUP_ORDER = ("mix16", "mix4", "mix1", "main", "loops", "ablation", "long")
+              "mix16": "mix16", "mix16cpu": "mix16cpu"}
+GROUP_ORDER = ("mix16", "mix4", "mix1", "mix16cpu", "main", "loops", "ablation", "long")
 TITLES = {"mix16": "Public-domain mix, 16 × the default budget (6.55 M tokens)",
+          "mix16cpu": "Public-domain mix, 16 ×, trained on the 2-core CPU (seed 0; the cross-check below)",
           "mix4": "Public-domain mix, 4 × the default budget (1.64 M tokens)",
           "mix1": "Public-domain mix, the default budget (409,600 tokens)",
           "main": "Embedded corpus: default budget",
@@ -309,7 +411,7 @@ def collect(published: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
             label = f"{method} ({st['label']})" if st["label"] else method
             for r in m["runs"]:
                 r = dict(r, train_settings=res["settings"]["train"], data=res["settings"]["data"],
-                         preset=res["settings"]["preset"])
+                         preset=res["settings"]["preset"], hardware=st.get("hardware"), jobs=st.get("jobs", 1))
                 out.setdefault(st["group"], {}).setdefault(label, {})[int(r["seed"])] = r
     return out
 
@@ -318,15 +420,22 @@ def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
     return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
 
 
+def trajectory_settings(train: dict) -> dict:
+    """The train settings that decide a run's numbers: all but ``steps``, ``seed`` and ``RESUMABLE_KEYS`` (device,
+    compile, saving, logging: what a resumed run may change without changing its trajectory)."""
+    return {k: v for k, v in train.items() if k not in RESUMABLE_KEYS and k not in ("steps", "seed")}
+
+
 def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None):
     """``(runs, none's runs, paired_difference of final val loss)`` over the seeds both have, or None for the
-    baseline itself or no common seed. Raises ``SystemExit`` if a pair was trained with other settings."""
+    baseline itself or no common seed. Raises ``SystemExit`` if a pair was trained with other settings
+    (``trajectory_settings``, data or tokens)."""
     common = [s for s in sorted(by_seed) if base and s in base]
     if label == BASELINE or not common:
         return None
     a, b = [by_seed[s] for s in common], [base[s] for s in common]
     for x, y in zip(a, b):
-        if x["train_settings"] | {"steps": 0, "seed": 0} != y["train_settings"] | {"steps": 0, "seed": 0} \
+        if trajectory_settings(x["train_settings"]) != trajectory_settings(y["train_settings"]) \
                 or x["data"] != y["data"] or x["tokens"] != y["tokens"]:
             raise SystemExit(f"study: {label} and none were trained with other settings; cannot pair")
     return a, b, paired_difference([x["val_loss"] for x in a], [y["val_loss"] for y in b])
@@ -408,14 +517,53 @@ def group_sections(runs: dict) -> list[str]:
         base = runs.get(BASE_GROUP[group], {}).get(BASELINE)
         lines += [f"## {TITLES[group]}", ""] + group_table(runs[group], base) + [""]
         if group.startswith("mix"):
-            lines += [f"Training time per run: {study_trend.train_minutes(runs[group])} on the 2-core CPU "
-                      "(runs one after another; a run's time includes any other load on the machine, which was kept to short "
-                      "tests and reviews: the study was stopped while CI ran).", ""]
+            lines += [f"Training time per run: {study_trend.train_minutes(runs[group])} {machine_words(runs[group])}.",
+                      ""]
         said = group_verdicts(runs[group], base)
         if said:
             lines += ["In words (Δ is the method's validation loss minus `none`'s; negative is better; no "
                       "correction for multiple comparisons):", ""] + said + [""]
     return lines
+
+
+#: What the CPU parts ran on, for parts published before the study recorded its hardware.
+CPU_MACHINE = "the 2-core CPU VM (torch 2.13.0)"
+
+
+def machine_words(group: dict[str, dict[int, dict]]) -> str:
+    """Where a group's runs trained and how many shared the machine, in words (``study.hardware``, ``jobs``)."""
+    said = []
+    for hw, jobs in dict.fromkeys((r.get("hardware") or CPU_MACHINE, r.get("jobs", 1))
+                                  for by_seed in group.values() for r in by_seed.values()):
+        if jobs > 1:
+            said.append(f"on {hw}, up to {jobs} runs at a time sharing it (so a run's time is not its speed alone)")
+        else:
+            said.append(f"on {hw}, runs one after another (a run's time includes any other load on the machine, "
+                        "kept to short tests and reviews)")
+    return "; ".join(said)
+
+
+def cross_check(runs: dict) -> list[str]:
+    """The CPU-trained 16 × runs against the GPU runs of the same method and seed: the same data order, initial
+    weights and float32 arithmetic, so they differ by rounding and its growth over 6,400 steps only."""
+    cpu, gpu = runs.get("mix16cpu", {}), runs.get("mix16", {})
+    rows = [(m, s, r, gpu[m][s]) for m, by_seed in cpu.items() for s, r in sorted(by_seed.items())
+            if s in gpu.get(m, {})]
+    if not rows:
+        return []
+    lines = ["## Cross-check: the same 16 × runs on the CPU and on the GPU", "",
+             "Same seed, data order, initial weights and float32 arithmetic; the CPU runs kept precision `auto` "
+             "(float32 there) and saved every 100 steps, the GPU runs name float32 and save by time. What differs "
+             "is rounding (other kernels, other summation orders) and how it grows over 6,400 steps.", "",
+             "| method | seed | val loss, CPU | val loss, GPU | GPU − CPU |", "|---|---:|---:|---:|---:|"]
+    for m, s, c, g in rows:
+        lines.append(f"| {m} | {s} | {c['val_loss']:.4f} | {g['val_loss']:.4f} | {g['val_loss'] - c['val_loss']:+.4f} |")
+    if len(rows) > 1:
+        dc = rows[1][2]["val_loss"] - rows[0][2]["val_loss"]
+        dg = rows[1][3]["val_loss"] - rows[0][3]["val_loss"]
+        lines += ["", f"`{rows[1][0]}` − `{rows[0][0]}` on seed {rows[0][1]}: {dc:+.4f} nats on the CPU, {dg:+.4f} on "
+                  "the GPU."]
+    return lines + [""]
 
 
 def long_trend(runs: dict) -> list[str]:
@@ -508,7 +656,7 @@ def aggregate(publish: Path, out: Path) -> str:
         runs["ablation"] = {"depth_attention (stride=L/2, window=0; from main)": runs["main"]["depth_attention"],
                             **runs["ablation"]}
     lines += study_trend.section(runs, BASELINE) + depth_section(publish, out, runs)
-    lines += group_sections(runs) + long_trend(runs) + parts_table(published, publish, out)
+    lines += group_sections(runs) + cross_check(runs) + long_trend(runs) + parts_table(published, publish, out)
     text = "\n".join(lines)
     atomic_write_text(out, text)
     return text
@@ -523,12 +671,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mix-data", default=None, help="the prepared public-domain mix (default ROOT/data-mix; "
                     "fetched and prepared there if missing)")
     ap.add_argument("--tiny", action="store_true", help="tiny preset, a few steps: checks the script, not the method")
+    ap.add_argument("--device", default=None, help="TrainConfig.device of the parts (cpu, cuda, cuda:N; default: the "
+                    "compare default, auto)")
+    ap.add_argument("--compile", action="store_true", help="compile the parts' blocks (TrainConfig.compile)")
+    ap.add_argument("--commit", default=None, help="the commit of this code, recorded with each part where the "
+                    "checkout has no git history (a copy on another machine); default: git rev-parse HEAD")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list")
     r = sub.add_parser("run")
     r.add_argument("parts", nargs="*")
     r.add_argument("--next", action="store_true", help="the first part that is not done")
     r.add_argument("--all", action="store_true", help="every part that is not done, in order")
+    r.add_argument("--jobs", type=int, default=1, help="parts run at once (default 1: one after another, output "
+                   "on the terminal; more: each part's output in ROOT/PART/study.log)")
     pb = sub.add_parser("publish", help="publish finished parts again from --root (e.g. after a publisher fix)")
     pb.add_argument("parts", nargs="+")
     a = sub.add_parser("aggregate")
@@ -561,6 +716,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"study: --data {args.data} would train the mix part(s) {', '.join(wrong)} on another corpus; give the "
               "prepared mix as --mix-data (or leave it out to fetch and prepare it)", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        print(f"study: --jobs {args.jobs} must be at least 1", file=sys.stderr)
+        return 2
+    if args.jobs > 1:
+        failed = run_parallel(todo, args)
+        if failed:
+            print(f"study: {failed} of {len(todo)} part(s) failed; rerun to resume them", file=sys.stderr)
+        return 1 if failed else 0
     for p in todo:
         run_part(p, args)
     return 0

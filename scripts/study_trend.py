@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 from depthattn.stats import paired_difference
+from depthattn.training.config import RESUMABLE_KEYS
 
 BUDGETS = (("mix1", "1 ×"), ("mix4", "4 ×"), ("mix16", "16 ×"))
 #: (method, reference) pairs the trend follows: every method against none, and Depth-Attention against its control.
@@ -73,13 +74,15 @@ def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[i
 
 
 def check_pairable(runs: dict[str, dict[str, dict[int, dict]]], groups: list[str]) -> None:
-    """Raise ``SystemExit`` if runs of ``groups`` differ in anything but steps and seed (train settings, data,
-    preset): their gaps would not be comparable across budgets."""
+    """Raise ``SystemExit`` if runs of ``groups`` differ in anything but steps, seed and the settings that do not
+    change a trajectory (``RESUMABLE_KEYS``: device, compile, saving) — train settings, data, preset: their gaps
+    would not be comparable across budgets."""
     seen = {}
     for g in groups:
         for label, by_seed in runs[g].items():
             for seed, r in by_seed.items():
-                train = {k: v for k, v in (r.get("train_settings") or {}).items() if k not in ("steps", "seed")}
+                train = {k: v for k, v in (r.get("train_settings") or {}).items()
+                         if k not in ("steps", "seed") and k not in RESUMABLE_KEYS}
                 key = json.dumps([train, r.get("data"), r.get("preset")], sort_keys=True, default=str)
                 seen.setdefault(key, f"{g} {label} seed {seed}")
     if len(seen) > 1:

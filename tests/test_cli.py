@@ -173,6 +173,32 @@ def test_compare_keys_runs_and_eval_cache_by_data_fingerprint(data_dir, tmp_path
     assert hashes(run) == before
 
 
+def test_compare_evaluates_in_the_precision_the_run_trained_in(data_dir, tmp_path):
+    """A run trained in bf16 autocast (on CPU here; float32 on CUDA is the same rule) is evaluated in it: compare's
+    final val loss is evaluate_perplexity's under bf16, not under float32 (it used "auto", which is float32 on CPU and
+    bf16 on CUDA whatever the run trained in)."""
+    import torch
+
+    from depthattn.compare import CompareSettings, run_compare
+    from depthattn.data import load_prepared
+    from depthattn.eval.inference import load_for_inference
+    from depthattn.eval.perplexity import evaluate_perplexity
+    from depthattn.training import TrainConfig
+
+    settings = CompareSettings(methods=["depth_attention"], seeds=[0], loops=1, preset="tiny", model_overrides={},
+                               train=TrainConfig(steps=3, batch_size=2, seq_len=32, eval_every=0, eval_windows=2,
+                                                 precision="bfloat16"),
+                               eval_tokens=400)
+    res = run_compare(tmp_path / "cmp", settings, data_dir, progress=False, log=lambda *a: None)
+    model, tokenizer, _, dev = load_for_inference(tmp_path / "cmp/runs/depth_attention-seed0", "cpu", "--device")
+    data = load_prepared(data_dir)
+    loss = {amp: evaluate_perplexity(model, data.val, tokenizer, seq_len=32, batch_size=8, max_tokens=400,
+                                     device=dev, amp_dtype=amp, progress=False).loss
+            for amp in (torch.bfloat16, None)}
+    assert loss[torch.bfloat16] != loss[None]
+    assert res["methods"]["depth_attention"]["runs"][0]["val_loss"] == loss[torch.bfloat16]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "--preset", "huge", "--steps", "1"], "unknown preset 'huge'"),
     (["train", "--preset", "tiny", "--set", "hidden=3"], "--set: unknown key 'hidden'"),

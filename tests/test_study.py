@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -42,31 +43,67 @@ def test_parts_cover_the_study(study):
     long = [p for p in parts if p.group == "long"]
     assert {m for p in long for m in p.methods.split(",")} == {"none", "depth_attention", "attnres"}
     assert all(p.steps_scale == 4 for p in long) and {p.seeds for p in long} == {"0", "1"}
-    assert all(p.minutes <= 45 for p in parts if p.group != "mix16")
+    assert all(p.minutes <= 45 for p in parts if p.steps_scale != 16)
 
 
 def test_mix_parts_run_in_the_issues_stopping_order(study):
     """Issue 28: none, depth_attention, depth_attention_uniform × 3 seeds at 16 × first (one run a part), then
-    attnres × 2 seeds at 16 ×, then the four at 1 × and 4 ×; all on the mix, with time-based saves."""
-    mix = [p for p in study.parts() if p.corpus == "mix"]
+    attnres × 2 seeds at 16 ×, then the four at 1 × and 4 × (one run a part, so they can run at once); all on the
+    mix, in float32, with time-based saves only; the CPU cross-check parts last."""
+    mix = [p for p in study.parts() if p.group in ("mix16", "mix1", "mix4")]
     sixteen = [(p.methods, p.seeds) for p in mix[:9]]
     assert sixteen == [(m, s) for s in "012" for m in ("none", "depth_attention", "depth_attention_uniform")]
     assert [(p.methods, p.seeds) for p in mix[9:11]] == [("attnres", "0"), ("attnres", "1")]
     assert all(p.steps_scale == 16 and p.group == "mix16" for p in mix[:11])
-    four = {"none", "depth_attention", "depth_attention_uniform", "attnres"}
+    four = ["none", "depth_attention", "depth_attention_uniform", "attnres"]
     for group, scale in (("mix1", 1), ("mix4", 4)):
         got = [p for p in mix if p.group == group]
         assert all(p.steps_scale == scale for p in got)
-        for seed in "012":
-            assert {m for p in got if p.seeds == seed for m in p.methods.split(",")} == four
-    assert all(f"save_every_minutes={study.MIX_SAVE_MINUTES}" in p.sets for p in mix)
-    assert [p.group for p in study.parts()][-len(mix):] == [p.group for p in mix]  # after every older part
+        assert [(p.seeds, p.methods) for p in got] == [(s, m) for s in "012" for m in four]
+    assert all(p.corpus == "mix" and p.sets == list(study.MIX_SETS) for p in mix)
+    assert "precision=float32" in study.MIX_SETS and "save_every=0" in study.MIX_SETS
+    cpu = [p for p in study.parts() if p.group == "mix16cpu"]
+    assert [p.name for p in cpu] == ["mix16cpu-s0-none", "mix16cpu-s0-depth_attention"]
+    assert [p.group for p in study.parts()][-len(mix) - len(cpu):] == [p.group for p in mix + cpu]
     args = type("A", (), {"data": None, "mix_data": None, "root": "R", "tiny": False})
     argv = study.command(mix[0], args)
     assert argv[argv.index("--data") + 1] == str(Path("R") / "data-mix")
     assert argv[argv.index("--steps") + 1] == str(16 * study.DEFAULT_STEPS)
     assert study.command(study.parts()[0], args)[study.command(study.parts()[0], args).index("--data") + 1] \
         == str(Path("R") / "data")
+
+
+def test_device_and_compile_go_to_the_parts_that_take_them(study):
+    """--device / --compile add their settings to every part but those published with other settings (the CPU
+    cross-check keeps the command it ran); the CPU cross-check's command is the one it was published with."""
+    args = type("A", (), {"data": None, "mix_data": None, "root": "runs/study", "tiny": False, "device": "cuda",
+                          "compile": True})
+    table = {p.name: p for p in study.parts()}
+    argv = study.command(table["mix4-s2-attnres"], args)
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    assert sets == [*study.MIX_SETS, "device=cuda", "compile=true"]
+    cpu = study.command(table["mix16cpu-s0-none"], args)
+    assert "device=cuda" not in cpu and "compile=true" not in cpu
+    published = json.loads((ROOT / "docs/study/mix16cpu-s0-none/results.json").read_text())["study"]["command"]
+    # the same command but for the folder name it ran in before the part was renamed
+    assert published == "depthattn " + " ".join(cpu).replace("mix16cpu-s0-none", "mix16-s0-none")
+
+
+def test_pairing_ignores_settings_that_do_not_change_a_trajectory(study):
+    """Runs that differ in device, compile or saving (RESUMABLE_KEYS) pair; in lr they do not."""
+    base = results(seeds=(0,))
+    none = dict(base["methods"]["none"]["runs"][0], train_settings=dict(base["settings"]["train"]),
+                data="d", tokens=100)
+    fast = dict(none, val_loss=none["val_loss"] - 0.1,
+                train_settings=dict(none["train_settings"], device="cuda", compile=True, save_every=0))
+    pair = study.paired_runs("depth_attention", {0: fast}, {0: none})
+    assert pair[2]["mean"] == pytest.approx(-0.1)
+    study.study_trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: fast}}}, ["mix1", "mix16"])
+    other = dict(fast, train_settings=dict(fast["train_settings"], lr=1.0))
+    with pytest.raises(SystemExit, match="other settings; cannot pair"):
+        study.paired_runs("depth_attention", {0: other}, {0: none})
+    with pytest.raises(SystemExit, match="other settings"):
+        study.study_trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: other}}}, ["mix1", "mix16"])
 
 
 def test_aggregate_without_parts_says_not_run(study, tmp_path):
@@ -170,6 +207,54 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
     assert "| depth_attention (stride=1, window=0) | 1 |" in text and f"**Incomplete:** {len(study.parts()) - 1} of {len(study.parts())}" in text
 
 
+def test_parts_run_at_once_publish_with_the_commit_and_hardware_given(study, tmp_path, monkeypatch, capsys):
+    """``run --jobs 2``: two tiny parts at once, each compare's output in ROOT/PART/study.log, both published with
+    the ``--commit`` given (a copy without git history) and the hardware and number of parts at once."""
+    from test_train import make_data
+
+    monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path / "cache"))
+    data = make_data(tmp_path)
+    common = ["--tiny", "--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub"), "--data", str(data),
+              "--commit", "feedbeef"]
+    assert study.main(common + ["run", "--jobs", "2", "ablation-1w0-s0", "ablation-2w0-s0"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ablation-1w0-s0", "ablation-2w0-s0"):
+        assert f"== {name} done in" in out
+        assert "== depth_attention (seed 0)" in (tmp_path / "root" / name / "study.log").read_text()
+        st = json.loads((tmp_path / "pub" / name / "results.json").read_text())["study"]
+        assert st["commit"].split(", ")[0] == "feedbeef" and st["jobs"] == 2 and "torch" in st["hardware"]
+    assert study.main(common + ["run", "--jobs", "0", "ablation-1w0-s1"]) == 2
+    assert "--jobs 0 must be at least 1" in capsys.readouterr().err
+
+
+def test_a_failing_part_is_named_with_its_log_and_the_others_go_on(study, tmp_path, capsys):
+    """Parts given a folder that holds no prepared data fail at once: each is named with the end of its log (the
+    compare's one-line error), the run returns 1 and says how many failed, and nothing is published."""
+    common = ["--tiny", "--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub"), "--data", str(tmp_path)]
+    assert study.main(common + ["run", "--jobs", "2", "ablation-1w0-s0", "ablation-2w0-s0"]) == 1
+    err = capsys.readouterr().err
+    assert "study: part ablation-1w0-s0 failed (exit 2)" in err and "study: part ablation-2w0-s0 failed" in err
+    assert "is not a prepared data folder" in err and "study: 2 of 2 part(s) failed" in err
+    assert not (tmp_path / "pub").exists()
+
+
+def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
+    pub = tmp_path / "pub"
+    gpu = results(seeds=(0,))  # none 5.0, depth_attention 4.974 on seed 0
+    cpu = copy.deepcopy(gpu)
+    cpu["methods"]["none"]["runs"][0]["val_loss"] = 5.002
+    for part, group, res in (("mix16-s0-none", "mix16", gpu), ("mix16cpu-s0-none", "mix16cpu", cpu)):
+        publish(pub, part, group, res)
+    st = json.loads((pub / "mix16-s0-none" / "results.json").read_text())
+    st["study"] |= {"hardware": "NVIDIA H200 (CUDA), torch 2.11.0", "jobs": 16}
+    (pub / "mix16-s0-none" / "results.json").write_text(json.dumps(st))
+    text = study.aggregate(pub, tmp_path / "results.md")
+    assert "| none | 0 | 5.0020 | 5.0000 | -0.0020 |" in text
+    assert "`depth_attention` − `none` on seed 0: -0.0280 nats on the CPU, -0.0260 on the GPU." in text
+    assert "on NVIDIA H200 (CUDA), torch 2.11.0, up to 16 runs at a time sharing it" in text
+    assert f"on {study.CPU_MACHINE}, runs one after another" in text
+
+
 def test_published_study_files_hold_no_machine_paths():
     """docs/results.md and docs/study/ are read on other machines: no absolute path of the one that ran the study."""
     docs = Path(__file__).parents[1] / "docs"
@@ -197,7 +282,7 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
     pub = tmp_path / "pub"
     one = with_method(results(), "depth_attention_uniform", {0: -0.05, 1: -0.05, 2: -0.05})
     # 1 ×: depth_attention − none = −0.026, +0.012, −0.040 (results()); depth_attention − uniform = +0.024, ...
-    publish(pub, "mix1-s0", "mix1", one)
+    publish(pub, "mix1-s0-none", "mix1", one)
     sixteen = with_method(results(), "depth_attention_uniform", {0: -0.2, 1: -0.2, 2: -0.2})
     for r, off in zip(sixteen["methods"]["depth_attention"]["runs"], (-0.10, -0.12, -0.11)):
         r["val_loss"] = {0: 5.0, 1: 5.1, 2: 4.9}[r["seed"]] + off
@@ -264,7 +349,7 @@ def test_trend_of_partial_publication_says_what_is_missing(study, tmp_path):
     assert "The 1 × parts are not published yet" in text
     other = results()
     other["settings"]["train"] = dict(other["settings"]["train"], lr=5e-3)
-    publish(pub, "mix1-s0", "mix1", other)
+    publish(pub, "mix1-s0-none", "mix1", other)
     with pytest.raises(SystemExit, match="budget groups were trained with other settings"):
         study.aggregate(pub, tmp_path / "results.md")
 
@@ -279,13 +364,13 @@ def test_mix_parts_refuse_another_corpus_and_publish_portable_paths(study, tmp_p
 
 
 def test_a_part_publishes_every_commit_it_ran_under(study, tmp_path):
-    part = next(p for p in study.parts() if p.name == "mix1-s0")
+    part = next(p for p in study.parts() if p.name == "mix1-s0-none")
     args = type("A", (), {"root": str(tmp_path)})
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "run.json").write_text(json.dumps({"git_revision": "cccccccc" + "0" * 32 + "-dirty"}))
-    (tmp_path / "mix1-s0").mkdir()
-    (tmp_path / "mix1-s0" / "study_invocations.jsonl").write_text(
+    (tmp_path / "mix1-s0-none").mkdir()
+    (tmp_path / "mix1-s0-none" / "study_invocations.jsonl").write_text(
         '{"commit": "aaaaaaaa"}\n{"commit": "bbbbbbbb+dirty"}\n{"commit": "aaaa')
     res = {"methods": {"none": {"runs": [{"run_dir": str(run_dir)}]}}}
     assert study.part_commits(part, args, res) == "aaaaaaaa, bbbbbbbb+dirty, cccccccc+dirty"

@@ -230,8 +230,10 @@ def _why(d: dict) -> str:
 
 def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, tasks: list[str], limit: int | None,
                  harness: str, progress: bool) -> dict[str, Any]:
-    """Numbers of one finished run: accounting, median per-step throughput, validation perplexity / bits per byte,
-    a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when ``tasks``."""
+    """Numbers of one finished run: accounting, median per-step throughput, validation perplexity / bits per byte
+    (in the precision the run trained and validated in: its ``TrainConfig.precision``, so a float32 run on CUDA is
+    evaluated in float32, not bf16 autocast), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when
+    ``tasks``."""
     from .data import load_prepared
     from .eval.inference import load_for_inference
     from .eval.perplexity import evaluate_perplexity
@@ -255,7 +257,8 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
         ev = cached["result"]
     else:
         res = evaluate_perplexity(model, data.val, tokenizer, seq_len=seq_len, batch_size=eval_batch_size,
-                                  max_tokens=eval_tokens, device=dev, amp_dtype=autocast_dtype("auto", dev),
+                                  max_tokens=eval_tokens, device=dev,
+                                  amp_dtype=autocast_dtype(run["train"].get("precision", "auto"), dev),
                                   progress=progress, expected_bytes=data.num_bytes("val"))
         ev = res.to_dict()
         atomic_write_text(cache, json.dumps({"key": key, "result": ev}, indent=2) + "\n")
