@@ -5,6 +5,8 @@
 #   COMMIT=<sha> bash scripts/device_study.sh start   # launch it in its own session; watch the first steps
 #   COMMIT=<sha> bash scripts/device_study.sh wait    # wait for it (starting it first on a fresh machine), pack
 #
+# The second call must come within the machine's warm time (30 s): a machine given back takes the running parts
+# with it, and `wait` on a fresh one starts the study again from the parts published in docs/study.
 # `start` runs the parts compiled (--compile); a part that fails while it watches (a compiler problem on that
 # machine) sends the whole study back to eager, in a fresh root. `wait` packs $OUT/study.tar.gz every 20 s and at
 # the end: the published parts (docs/study/PART, the mix1/mix4/mix16 ones) and logs/ (each part's study.log, the
@@ -30,8 +32,10 @@ say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 
 pack() {
   for f in "$W"/root*/*/study.log; do [ -f "$f" ] && cp "$f" "$W/logs/$(basename "$(dirname "$f")").log"; done
-  (cd "$W" && tar -czf "$OUT/.study.tmp" logs $(cd "$W" && ls -d pub/mix1-* pub/mix4-* pub/mix16-* 2>/dev/null)) \
-    && mv -f "$OUT/.study.tmp" "$OUT/study.tar.gz"
+  # only finished publications: results.json is written last, so a folder without it is still being written
+  local done; done=$(cd "$W" && for d in pub/mix1-* pub/mix4-* pub/mix16-*; do [ -f "$d/results.json" ] && echo "$d"; done)
+  # shellcheck disable=SC2086  # a list of folder names
+  (cd "$W" && tar -czf "$OUT/.study.tmp" logs $done) && mv -f "$OUT/.study.tmp" "$OUT/study.tar.gz"
 }
 
 running() { [ -f "$W/driver.pid" ] && kill -0 "$(cat "$W/driver.pid")" 2>/dev/null; }

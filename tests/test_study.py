@@ -248,7 +248,11 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
     st = json.loads((pub / "mix16-s0-none" / "results.json").read_text())
     st["study"] |= {"hardware": "NVIDIA H200 (CUDA), torch 2.11.0", "jobs": 16}
     (pub / "mix16-s0-none" / "results.json").write_text(json.dumps(st))
-    text = study.aggregate(pub, tmp_path / "results.md")
+    rows = [{"step": 2, "depth/L1/entropy": 1.0, "depth/L1/from0": 0.5}]  # only the CPU run logged depth statistics
+    (pub / "mix16cpu-s0-none" / "depth_stats.json").write_text(json.dumps({"depth_attention": {"0": rows}}))
+    text = study.aggregate(pub, tmp_path / "docs" / "results.md")
+    assert "mean over seeds 0. Seed 0: the CPU cross-check run." in text
+    assert (tmp_path / "docs" / study.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
     assert "| none | 0 | 5.0020 | 5.0000 | -0.0020 |" in text
     assert "`depth_attention` − `none` on seed 0: -0.0280 nats on the CPU, -0.0260 on the GPU." in text
     assert "on NVIDIA H200 (CUDA), torch 2.11.0, up to 16 runs at a time sharing it" in text
