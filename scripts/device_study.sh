@@ -31,11 +31,16 @@ T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 
 pack() {
-  for f in "$W"/root*/*/study.log; do [ -f "$f" ] && cp "$f" "$W/logs/$(basename "$(dirname "$f")").log"; done
+  local f r
+  for f in "$W"/root*/*/study.log; do  # named by root too: an eager fallback's log must not overwrite the first's
+    [ -f "$f" ] || continue; r=$(basename "$(dirname "$(dirname "$f")")")
+    cp "$f" "$W/logs/$r-$(basename "$(dirname "$f")").log"
+  done
   # only finished publications: results.json is written last, so a folder without it is still being written
   local done; done=$(cd "$W" && for d in pub/mix1-* pub/mix4-* pub/mix16-*; do [ -f "$d/results.json" ] && echo "$d"; done)
   # shellcheck disable=SC2086  # a list of folder names
-  (cd "$W" && tar -czf "$OUT/.study.tmp" logs $done) && mv -f "$OUT/.study.tmp" "$OUT/study.tar.gz"
+  # tar exits 1 when a file (the driver's log) grew while it was read: the archive is still whole
+  (cd "$W" && tar -czf "$OUT/.study.tmp" logs $done; [ $? -le 1 ]) && mv -f "$OUT/.study.tmp" "$OUT/study.tar.gz"
 }
 
 running() { [ -f "$W/driver.pid" ] && kill -0 "$(cat "$W/driver.pid")" 2>/dev/null; }
@@ -63,8 +68,10 @@ progress() {
 }
 
 start() {
+  if running; then say "the study is already running"; progress; return; fi
   cp -rn docs/study/. "$W/pub/"  # the finished parts (embedded corpus, the CPU cross-check) count as done
-  mkdir -p "$W/code"; cp -r src scripts "$W/code/"; cp -r "$DATA" "$W/data-mix"
+  rm -rf "$W/code"; mkdir -p "$W/code"; cp -r src scripts "$W/code/"
+  [ -f "$W/data-mix/meta.json" ] || cp -r "$DATA" "$W/data-mix"
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
     lscpu | grep -E "Model name|^CPU\(s\)"; echo "commit $COMMIT"; } >"$W/logs/env.txt" 2>&1

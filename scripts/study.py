@@ -13,11 +13,11 @@ Groups (all on the embedded corpus, preset ``small``, the default compare budget
   tokens, stays inside one epoch): none, depth_attention, depth_attention_uniform × seeds 0, 1, 2 and attnres ×
   seeds 0, 1 at 16 × the default tokens, then the four at 1 × and 4 × on the same seeds; one part per run (~75 min
   each at 16 × on a 2-core CPU, seconds on a GPU). The parts run in that order, which is the order to stop in when
-  time runs short. They train in float32 on any device (``MIX_SETS``), so a GPU and a CPU run the same arithmetic
-  up to rounding; ``--device`` and ``--compile`` (settings that do not change a run's trajectory,
-  ``RESUMABLE_KEYS``) choose where and how;
+  time runs short. They train in float32 on any device (``MIX_SETS``); ``--device`` and ``--compile`` choose where
+  and how. Runs are paired only with runs of the same device setting (``PAIRABLE_DIFFERENCES``);
 * ``mix16cpu`` — the first two 16 × runs as they were trained on the 2-core CPU (precision ``auto``, saves every 100
-  steps): kept as a cross-check of the GPU runs of the same seed, never paired with them.
+  steps): kept beside the GPU runs of the same seed, never paired with them (a fresh run draws its initial weights
+  on its device, so a CPU and a GPU run of one seed start from other weights).
 
 A part of ~5–45 min on an idle 2-core CPU (~4.5 min per default-budget run including the evaluation; a mix16 part
 ~75 min);
@@ -52,7 +52,6 @@ from pathlib import Path
 from depthattn.compare import BASELINE, _curve
 from depthattn.fileio import atomic_write_bytes, atomic_write_text
 from depthattn.stats import paired_difference, tokens_to_target, verdict
-from depthattn.training.config import RESUMABLE_KEYS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study_depth  # noqa: E402  (scripts/ is not a package)
@@ -252,7 +251,7 @@ def record_invocation(part: Part, args) -> None:
     row = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "commit": getattr(args, "commit", None) or code_commit(),
            "hardware": hardware(getattr(args, "device", None) if part.device_sets else None),
-           "jobs": getattr(args, "jobs", 1)}
+           "jobs": getattr(args, "jobs", 1), "command": "depthattn " + shlex.join(command(part, args))}
     with open(folder / "study_invocations.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
@@ -339,28 +338,35 @@ def run_parallel(todo: list[Part], args) -> int:
                 print(f"study: part {name} failed (exit {rc}); rerun it to resume. The end of {log}:\n{tail(log)}",
                       file=sys.stderr, flush=True)
                 continue
-            publish_part(part, args)
+            try:
+                publish_part(part, args)
+            except (SystemExit, OSError, ValueError) as e:  # the part trained; its publication did not: say so, go on
+                failed.append(name)
+                print(f"study: part {name} finished but was not published: {e}; rerun `publish {name}`",
+                      file=sys.stderr, flush=True)
+                continue
             print(f"== {name} done in {time.perf_counter() - t0:.0f} s; published to {Path(args.publish) / name}",
                   flush=True)
     return len(failed)
 
 
 def publish_part(part: Part, args) -> None:
-    """Copy a finished part's report, results (with the study record), plot and depth statistics from ROOT/PART to
-    PUBLISH/PART, machine paths made portable; results.json last (it marks the part done). Raises ``SystemExit``
-    if the part has not finished."""
+    """Copy a finished part's report, results (with the study record: the command its last invocation ran, every
+    commit and machine it ran on), plot and depth statistics from ROOT/PART to PUBLISH/PART, machine paths made
+    portable; results.json last (it marks the part done). Raises ``SystemExit`` if the part has not finished."""
     folder, pub = Path(args.root) / part.name, Path(args.publish) / part.name
     if not (folder / "results.json").is_file():
         raise SystemExit(f"study: {folder} holds no finished compare (no results.json); run the part first")
-    argv = command(part, args)
     pub.mkdir(parents=True, exist_ok=True)
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     rows = invocations(part, args)
+    ran = next((r["command"] for r in reversed(rows) if "command" in r), None)  # as run, not as this call would
     results["study"] = {"part": part.name, "group": part.group, "label": part.label,
-                        "command": "depthattn " + shlex.join(argv), "commit": part_commits(part, args, results),
-                        "corpus": part.corpus}
-    if rows and "hardware" in rows[-1]:
-        results["study"] |= {"hardware": rows[-1]["hardware"], "jobs": max(r.get("jobs", 1) for r in rows)}
+                        "command": ran or "depthattn " + shlex.join(command(part, args)),
+                        "commit": part_commits(part, args, results), "corpus": part.corpus}
+    machines = list(dict.fromkeys(r["hardware"] for r in rows if "hardware" in r))
+    if machines:  # every machine an invocation ran on (a part resumed elsewhere names both)
+        results["study"] |= {"hardware": "; then ".join(machines), "jobs": max(r.get("jobs", 1) for r in rows)}
     atomic_write_bytes(pub / "loss_curves.png", (folder / "loss_curves.png").read_bytes())
     depth = {}
     for method, m in results["methods"].items():
@@ -420,10 +426,14 @@ def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
     return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
 
 
+#: What two paired runs may differ in (compile, saving, logging; not the device): ``study_trend``'s rule.
+PAIRABLE_DIFFERENCES = study_trend.PAIRABLE_DIFFERENCES
+
+
 def trajectory_settings(train: dict) -> dict:
-    """The train settings that decide a run's numbers: all but ``steps``, ``seed`` and ``RESUMABLE_KEYS`` (device,
-    compile, saving, logging: what a resumed run may change without changing its trajectory)."""
-    return {k: v for k, v in train.items() if k not in RESUMABLE_KEYS and k not in ("steps", "seed")}
+    """The train settings that decide a run's numbers: all but ``steps``, ``seed`` and ``PAIRABLE_DIFFERENCES``
+    (compile, saving, logging)."""
+    return {k: v for k, v in train.items() if k not in PAIRABLE_DIFFERENCES and k not in ("steps", "seed")}
 
 
 def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None):
@@ -546,25 +556,27 @@ def machine_words(group: dict[str, dict[int, dict]]) -> str:
 
 
 def cross_check(runs: dict) -> list[str]:
-    """The CPU-trained 16 × runs against the GPU runs of the same method and seed: the same data order, initial
-    weights and float32 arithmetic, so they differ by rounding and its growth over 6,400 steps only."""
+    """The CPU-trained 16 × runs beside the GPU runs of the same method and seed. Not a rounding check: the same data
+    order, but other initial weights (drawn on each device by its own generator) and other torch releases; so the
+    differences are of the size of seed-to-seed noise, and the two are never paired."""
     cpu, gpu = runs.get("mix16cpu", {}), runs.get("mix16", {})
-    rows = [(m, s, r, gpu[m][s]) for m, by_seed in cpu.items() for s, r in sorted(by_seed.items())
-            if s in gpu.get(m, {})]
+    rows = {(m, s): (r, gpu[m][s]) for m, by_seed in cpu.items() for s, r in sorted(by_seed.items())
+            if s in gpu.get(m, {})}
     if not rows:
         return []
     lines = ["## Cross-check: the same 16 × runs on the CPU and on the GPU", "",
-             "Same seed, data order, initial weights and float32 arithmetic; the CPU runs kept precision `auto` "
-             "(float32 there) and saved every 100 steps, the GPU runs name float32 and save by time. What differs "
-             "is rounding (other kernels, other summation orders) and how it grows over 6,400 steps.", "",
+             "Same seed, data order and float32 arithmetic, but not the same run: the initial weights are drawn on "
+             "the device by its own random generator (a CPU and a CUDA run of one seed start from other weights: "
+             "their first training losses differ), and the CPU ran torch 2.13, the GPU torch 2.11. So the "
+             "difference below is of the kind seeds make, not rounding, and CPU and GPU runs are never paired.", "",
              "| method | seed | val loss, CPU | val loss, GPU | GPU − CPU |", "|---|---:|---:|---:|---:|"]
-    for m, s, c, g in rows:
+    for (m, s), (c, g) in rows.items():
         lines.append(f"| {m} | {s} | {c['val_loss']:.4f} | {g['val_loss']:.4f} | {g['val_loss'] - c['val_loss']:+.4f} |")
-    if len(rows) > 1:
-        dc = rows[1][2]["val_loss"] - rows[0][2]["val_loss"]
-        dg = rows[1][3]["val_loss"] - rows[0][3]["val_loss"]
-        lines += ["", f"`{rows[1][0]}` − `{rows[0][0]}` on seed {rows[0][1]}: {dc:+.4f} nats on the CPU, {dg:+.4f} on "
-                  "the GPU."]
+    pairs = [(m, s) for (m, s) in rows if m != BASELINE and (BASELINE, s) in rows]
+    for m, s in pairs:
+        dc = rows[(m, s)][0]["val_loss"] - rows[(BASELINE, s)][0]["val_loss"]
+        dg = rows[(m, s)][1]["val_loss"] - rows[(BASELINE, s)][1]["val_loss"]
+        lines += ["", f"`{m}` − `{BASELINE}` on seed {s}: {dc:+.4f} nats on the CPU, {dg:+.4f} on the GPU."]
     return lines + [""]
 
 
@@ -592,8 +604,8 @@ def long_trend(runs: dict) -> list[str]:
 
 def depth_section(publish: Path, out: Path, runs: dict) -> list[str]:
     """Draw Depth-Attention's depth statistics over the 16 × runs (published depth_stats.json) beside ``out``: the
-    ``mix16`` runs, and a seed only the CPU cross-check (``mix16cpu``, the same float32 trajectory up to rounding)
-    has."""
+    ``mix16`` runs, and for a seed they lack, the run of that seed trained on the CPU (``mix16cpu``: a descriptive
+    figure, so a run of the CPU's initial weights may stand in; it is named below the figure)."""
     by_seed: dict[int, list] = {}
     origin: dict[int, str] = {}
     for group in ("mix16", "mix16cpu"):
@@ -611,7 +623,8 @@ def depth_section(publish: Path, out: Path, runs: dict) -> list[str]:
     if not study_depth.figure(by_seed, png, "depth_attention, 16 × budget, public-domain mix", tokens_per_step):
         return []
     cpu = sorted(s for s, g in origin.items() if g == "mix16cpu")
-    note = (f" Seed{'s' if len(cpu) > 1 else ''} {', '.join(map(str, cpu))}: the CPU cross-check run."
+    note = (f" Seed{'s' if len(cpu) > 1 else ''} {', '.join(map(str, cpu))}: the run trained on the CPU "
+            "(`mix16cpu`)."
             if cpu else "")
     return ["## What Depth-Attention learns over the 16 × runs", "",
             "Logged every `log_depth_every` steps on a fixed probe batch of validation windows "
@@ -723,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.next or args.all:
         pending = [p for p in parts() if status(p, args) != "done"]
         todo += pending[:1] if args.next else pending
+    todo = list({p.name: p for p in todo}.values())  # a part named twice runs once (twice at once would collide)
     wrong = [p.name for p in todo if p.corpus == "mix" and args.data and not args.tiny]
     if wrong:
         print(f"study: --data {args.data} would train the mix part(s) {', '.join(wrong)} on another corpus; give the "

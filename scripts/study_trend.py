@@ -19,6 +19,13 @@ import json
 from depthattn.stats import paired_difference
 from depthattn.training.config import RESUMABLE_KEYS
 
+#: The train settings two runs may differ in and still be paired: those that change neither a fresh run's initial
+#: weights nor its arithmetic beyond rounding — what a resumed run may change (``RESUMABLE_KEYS``: compile, saving,
+#: logging) but ``device``, which decides the initial weights of a fresh run (drawn on the device, by its own
+#: generator: a CPU and a CUDA run of one seed start from other weights) and, under precision ``auto``, the
+#: arithmetic (float32 on CPU, bf16 autocast on CUDA).
+PAIRABLE_DIFFERENCES = RESUMABLE_KEYS - {"device"}
+
 BUDGETS = (("mix1", "1 ×"), ("mix4", "4 ×"), ("mix16", "16 ×"))
 #: (method, reference) pairs the trend follows: every method against none, and Depth-Attention against its control.
 UNIFORM_PAIR = ("depth_attention", "depth_attention_uniform")
@@ -74,15 +81,15 @@ def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[i
 
 
 def check_pairable(runs: dict[str, dict[str, dict[int, dict]]], groups: list[str]) -> None:
-    """Raise ``SystemExit`` if runs of ``groups`` differ in anything but steps, seed and the settings that do not
-    change a trajectory (``RESUMABLE_KEYS``: device, compile, saving) — train settings, data, preset: their gaps
-    would not be comparable across budgets."""
+    """Raise ``SystemExit`` if runs of ``groups`` differ in anything but steps, seed and ``PAIRABLE_DIFFERENCES``
+    (compile, saving) — train settings, device included, data, preset: their gaps would not be comparable across
+    budgets."""
     seen = {}
     for g in groups:
         for label, by_seed in runs[g].items():
             for seed, r in by_seed.items():
                 train = {k: v for k, v in (r.get("train_settings") or {}).items()
-                         if k not in ("steps", "seed") and k not in RESUMABLE_KEYS}
+                         if k not in ("steps", "seed") and k not in PAIRABLE_DIFFERENCES}
                 key = json.dumps([train, r.get("data"), r.get("preset")], sort_keys=True, default=str)
                 seen.setdefault(key, f"{g} {label} seed {seed}")
     if len(seen) > 1:

@@ -197,6 +197,22 @@ def test_compare_evaluates_in_the_precision_the_run_trained_in(data_dir, tmp_pat
             for amp in (torch.bfloat16, None)}
     assert loss[torch.bfloat16] != loss[None]
     assert res["methods"]["depth_attention"]["runs"][0]["val_loss"] == loss[torch.bfloat16]
+    # an eval.json written before the cache key named the precision was evaluated under "auto" (float32 here): it
+    # is reused only where that is the run's precision; this bf16 run is evaluated again
+    from depthattn.compare import evaluate_run
+
+    run = tmp_path / "cmp/runs/depth_attention-seed0"
+    cache = json.loads((run / "eval.json").read_text())
+    assert cache["key"].pop("amp") == "torch.bfloat16"
+    cache["result"]["loss"] = 1.0
+    (run / "eval.json").write_text(json.dumps(cache))
+    assert evaluate_run(run, 400, 8, [], None, "native", False)["val_loss"] == loss[torch.bfloat16]
+    meta = json.loads((run / "run.json").read_text())
+    meta["resolved_precision"] = "float32"  # as a float32 run's would read: the old entry is its own
+    (run / "run.json").write_text(json.dumps(meta))
+    cache["key"].pop("amp", None)
+    (run / "eval.json").write_text(json.dumps(cache))
+    assert evaluate_run(run, 400, 8, [], None, "native", False)["val_loss"] == 1.0
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -90,20 +90,23 @@ def test_device_and_compile_go_to_the_parts_that_take_them(study):
 
 
 def test_pairing_ignores_settings_that_do_not_change_a_trajectory(study):
-    """Runs that differ in device, compile or saving (RESUMABLE_KEYS) pair; in lr they do not."""
+    """Runs that differ in compile or saving pair; in lr or in device they do not (a fresh run draws its initial
+    weights on its device, so a CPU and a CUDA run of one seed start from other weights)."""
     base = results(seeds=(0,))
-    none = dict(base["methods"]["none"]["runs"][0], train_settings=dict(base["settings"]["train"]),
+    none = dict(base["methods"]["none"]["runs"][0], train_settings=dict(base["settings"]["train"], device="cuda"),
                 data="d", tokens=100)
     fast = dict(none, val_loss=none["val_loss"] - 0.1,
-                train_settings=dict(none["train_settings"], device="cuda", compile=True, save_every=0))
+                train_settings=dict(none["train_settings"], compile=True, save_every=0, save_every_minutes=5))
     pair = study.paired_runs("depth_attention", {0: fast}, {0: none})
     assert pair[2]["mean"] == pytest.approx(-0.1)
     study.study_trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: fast}}}, ["mix1", "mix16"])
-    other = dict(fast, train_settings=dict(fast["train_settings"], lr=1.0))
-    with pytest.raises(SystemExit, match="other settings; cannot pair"):
-        study.paired_runs("depth_attention", {0: other}, {0: none})
-    with pytest.raises(SystemExit, match="other settings"):
-        study.study_trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: other}}}, ["mix1", "mix16"])
+    for change in ({"lr": 1.0}, {"device": "cpu"}):
+        other = dict(fast, train_settings=dict(fast["train_settings"], **change))
+        with pytest.raises(SystemExit, match="other settings; cannot pair"):
+            study.paired_runs("depth_attention", {0: other}, {0: none})
+        with pytest.raises(SystemExit, match="other settings"):
+            study.study_trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: other}}},
+                                             ["mix1", "mix16"])
 
 
 def test_aggregate_without_parts_says_not_run(study, tmp_path):
@@ -216,10 +219,11 @@ def test_parts_run_at_once_publish_with_the_commit_and_hardware_given(study, tmp
     data = make_data(tmp_path)
     common = ["--tiny", "--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub"), "--data", str(data),
               "--commit", "feedbeef"]
-    assert study.main(common + ["run", "--jobs", "2", "ablation-1w0-s0", "ablation-2w0-s0"]) == 0
+    assert study.main(common + ["run", "--jobs", "2", "ablation-1w0-s0", "ablation-2w0-s0", "ablation-1w0-s0"]) == 0
     out = capsys.readouterr().out
+    assert "== ablation-2w0-s0 started (2 running, 0 waiting)" in out  # both at once; the repeated name runs once
     for name in ("ablation-1w0-s0", "ablation-2w0-s0"):
-        assert f"== {name} done in" in out
+        assert out.count(f"== {name} started") == 1 and f"== {name} done in" in out
         assert "== depth_attention (seed 0)" in (tmp_path / "root" / name / "study.log").read_text()
         st = json.loads((tmp_path / "pub" / name / "results.json").read_text())["study"]
         assert st["commit"].split(", ")[0] == "feedbeef" and st["jobs"] == 2 and "torch" in st["hardware"]
@@ -251,9 +255,9 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
     rows = [{"step": 2, "depth/L1/entropy": 1.0, "depth/L1/from0": 0.5}]  # only the CPU run logged depth statistics
     (pub / "mix16cpu-s0-none" / "depth_stats.json").write_text(json.dumps({"depth_attention": {"0": rows}}))
     text = study.aggregate(pub, tmp_path / "docs" / "results.md")
-    assert "mean over seeds 0. Seed 0: the CPU cross-check run." in text
+    assert "mean over seeds 0. Seed 0: the run trained on the CPU (`mix16cpu`)." in text
     assert (tmp_path / "docs" / study.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
-    assert "| none | 0 | 5.0020 | 5.0000 | -0.0020 |" in text
+    assert "| none | 0 | 5.0020 | 5.0000 | -0.0020 |" in text and "not rounding" in text
     assert "`depth_attention` − `none` on seed 0: -0.0280 nats on the CPU, -0.0260 on the GPU." in text
     assert "on NVIDIA H200 (CUDA), torch 2.11.0, up to 16 runs at a time sharing it" in text
     assert f"on {study.CPU_MACHINE}, runs one after another" in text

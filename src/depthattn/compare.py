@@ -39,7 +39,7 @@ from .stats import binomial_se, paired_difference, tokens_to_target, verdict
 from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
 from .training.run_folder import RunFolder, RunLock
 from .training.config import LEGACY_DEFAULTS, RESUMABLE_KEYS
-from .training.runs import config_differences
+from .training.runs import config_differences, recorded_precision
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
@@ -231,8 +231,9 @@ def _why(d: dict) -> str:
 def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, tasks: list[str], limit: int | None,
                  harness: str, progress: bool) -> dict[str, Any]:
     """Numbers of one finished run: accounting, median per-step throughput, validation perplexity / bits per byte
-    (in the precision the run trained and validated in: its ``TrainConfig.precision``, so a float32 run on CUDA is
-    evaluated in float32, not bf16 autocast), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when
+    (in the precision the run trained and validated in, as its run.json records it, so a float32 run on CUDA is
+    evaluated in float32 and a CPU run evaluated where CUDA is present is not put in bf16; cached in RUN/eval.json
+    by checkpoint, tokens, data and precision), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when
     ``tasks``."""
     from .data import load_prepared
     from .eval.inference import load_for_inference
@@ -250,15 +251,18 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
                                                        "TrainConfig.device")
     cache = run_dir / "eval.json"
     data = load_prepared(run["data"])
+    # the precision the run trained in (run.json's resolved one; else its setting), not "auto" on this device
+    amp = autocast_dtype(recorded_precision(run) or run["train"].get("precision", "auto"), dev)
     key = {"checkpoint": str(folder), "eval_tokens": eval_tokens, "seq_len": seq_len,
-           "data_fingerprint": data.fingerprint}
+           "data_fingerprint": data.fingerprint, "amp": str(amp)}
     cached = read_json(cache, "evaluation cache") if cache.is_file() else None
-    if isinstance(cached, dict) and cached.get("key") == key:
+    old_key = {k: v for k, v in key.items() if k != "amp"}  # written before "amp": evaluated under "auto"
+    if isinstance(cached, dict) and (cached.get("key") == key or (
+            cached.get("key") == old_key and amp == autocast_dtype("auto", dev))):
         ev = cached["result"]
     else:
         res = evaluate_perplexity(model, data.val, tokenizer, seq_len=seq_len, batch_size=eval_batch_size,
-                                  max_tokens=eval_tokens, device=dev,
-                                  amp_dtype=autocast_dtype(run["train"].get("precision", "auto"), dev),
+                                  max_tokens=eval_tokens, device=dev, amp_dtype=amp,
                                   progress=progress, expected_bytes=data.num_bytes("val"))
         ev = res.to_dict()
         atomic_write_text(cache, json.dumps({"key": key, "result": ev}, indent=2) + "\n")

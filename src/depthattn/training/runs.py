@@ -181,7 +181,7 @@ def with_model_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
     return {**defaults, **recorded}
 
 
-def _recorded_precision(run: dict[str, Any]) -> str | None:
+def recorded_precision(run: dict[str, Any]) -> str | None:
     """A run.json's resolved precision (older runs recorded only ``autocast``: ``float32`` or ``torch.bfloat16``)."""
     if "resolved_precision" in run:
         return run["resolved_precision"]
@@ -310,7 +310,7 @@ def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: 
                          f"({old.get('data')}; fingerprint {record['data_fingerprint'][:12]} vs "
                          f"{old['data_fingerprint'][:12]}: other documents, split, seed or tokens); resume with the "
                          f"run's data folder")
-    was = _recorded_precision(old)
+    was = recorded_precision(old)
     if was is not None and was != record["resolved_precision"]:
         raise ValueError(f"cannot resume {run_dir}: it trained in {was} (device {old.get('device')}, precision "
                          f"{old['train'].get('precision')!r}), but on device {record['device']} this session would "
