@@ -233,7 +233,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     """Numbers of one finished run: accounting, median per-step throughput, validation perplexity / bits per byte
     (in the precision the run trained and validated in, as its run.json records it, so a float32 run on CUDA is
     evaluated in float32 and a CPU run evaluated where CUDA is present is not put in bf16; cached in RUN/eval.json
-    by checkpoint, tokens, data and precision), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when
+    by checkpoint (its path inside the run folder), tokens, data and precision), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when
     ``tasks``."""
     from .data import load_prepared
     from .eval.inference import load_for_inference
@@ -256,9 +256,10 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     key = {"checkpoint": str(folder), "eval_tokens": eval_tokens, "seq_len": seq_len,
            "data_fingerprint": data.fingerprint, "amp": str(amp)}
     cached = read_json(cache, "evaluation cache") if cache.is_file() else None
-    old_key = {k: v for k, v in key.items() if k != "amp"}  # written before "amp": evaluated under "auto"
-    if isinstance(cached, dict) and (cached.get("key") == key or (
-            cached.get("key") == old_key and amp == autocast_dtype("auto", dev))):
+    got = _portable_eval_key(cached.get("key")) if isinstance(cached, dict) else None
+    want = _portable_eval_key(key)
+    old_want = {k: v for k, v in want.items() if k != "amp"}  # written before "amp": evaluated under "auto"
+    if got is not None and (got == want or (got == old_want and amp == autocast_dtype("auto", dev))):
         ev = cached["result"]
     else:
         res = evaluate_perplexity(model, data.val, tokenizer, seq_len=seq_len, batch_size=eval_batch_size,
@@ -297,6 +298,15 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
         out["task_n"] = {t: int(m["n"]) for t, m in zs.get("tasks", {}).items() if "n" in m}
         out["task_chance"] = {t: _chance(zs.get("items", {}).get(t, [])) for t in out["task_n"]}
     return out
+
+
+def _portable_eval_key(key: Any) -> dict | None:
+    """An eval.json key with its checkpoint named inside the run folder (``checkpoints/step_N``): the cache lives
+    in that folder, so a compare folder that was moved, or written with a relative ``--out``, still finds its
+    evaluation. None for a key that is not a dict."""
+    if not isinstance(key, dict):
+        return None
+    return {**key, "checkpoint": Path(str(key.get("checkpoint", ""))).parts[-2:]}
 
 
 def task_curve(rows: list[dict]) -> list[dict]:
