@@ -36,11 +36,14 @@ pack() {
     [ -f "$f" ] || continue; r=$(basename "$(dirname "$(dirname "$f")")")
     cp "$f" "$W/logs/$r-$(basename "$(dirname "$f")").log"
   done
-  # only finished publications: results.json is written last, so a folder without it is still being written
-  local done; done=$(cd "$W" && for d in pub/mix1-* pub/mix4-* pub/mix16-*; do [ -f "$d/results.json" ] && echo "$d"; done)
-  # shellcheck disable=SC2086  # a list of folder names
   # tar exits 1 when a file (the driver's log) grew while it was read: the archive is still whole
-  (cd "$W" && tar -czf "$OUT/.study.tmp" logs $done; [ $? -le 1 ]) && mv -f "$OUT/.study.tmp" "$OUT/study.tar.gz"
+  # shellcheck disable=SC2046  # a list of folder names
+  (cd "$W" && tar -czf "$OUT/.study.tmp" logs $(finished); [ $? -le 1 ]) && mv -f "$OUT/.study.tmp" "$OUT/study.tar.gz"
+}
+
+finished() {  # the mix parts published here, as pub/PART (results.json is written last: without it, still writing)
+  local d
+  for d in "$W"/pub/mix1-* "$W"/pub/mix4-* "$W"/pub/mix16-*; do [ -f "$d/results.json" ] && echo "pub/${d##*/}"; done
 }
 
 running() { [ -f "$W/driver.pid" ] && kill -0 "$(cat "$W/driver.pid")" 2>/dev/null; }
@@ -59,12 +62,12 @@ launch() {  # $1: root suffix, $2...: extra study flags
 }
 
 progress() {
-  local n=0 done=0
+  local m
   for m in "$W"/root*/*/runs/*/metrics.jsonl; do
-    [ -f "$m" ] || continue; n=$((n + 1)); echo "  $(echo "$m" | sed "s|$W/||; s|/runs/.*||"): $(wc -l <"$m") rows"
+    [ -f "$m" ] && echo "  $(echo "$m" | sed "s|$W/||; s|/runs/.*||"): $(wc -l <"$m") rows"
   done | sort | head -40
-  done=$(ls -d "$W"/pub/mix1-* "$W"/pub/mix4-* "$W"/pub/mix16-* 2>/dev/null | wc -l)
-  say "published parts: $done; GPU: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)"
+  say "published parts: $(finished | wc -l); GPU: $(nvidia-smi --query-gpu=utilization.gpu,memory.used \
+    --format=csv,noheader)"
 }
 
 start() {
@@ -73,7 +76,8 @@ start() {
   rm -rf "$W/code"; mkdir -p "$W/code"; cp -r src scripts "$W/code/"
   [ -f "$W/data-mix/meta.json" ] || cp -r "$DATA" "$W/data-mix"
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+    python3 -c "import torch, triton, transformers as t
+print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', t.__version__)"
     lscpu | grep -E "Model name|^CPU\(s\)"; echo "commit $COMMIT"; } >"$W/logs/env.txt" 2>&1
   cat "$W/logs/env.txt"
   launch "" --compile
@@ -87,7 +91,9 @@ start() {
     running || break
     # past compiling: most of the first wave has logged its first 30 steps
     local warm=0
-    for m in "$W"/root*/*/runs/*/metrics.jsonl; do [ -f "$m" ] && [ "$(wc -l <"$m")" -ge 30 ] && warm=$((warm + 1)); done
+    for m in "$W"/root*/*/runs/*/metrics.jsonl; do
+      [ -f "$m" ] && [ "$(wc -l <"$m")" -ge 30 ] && warm=$((warm + 1))
+    done
     if [ "$warm" -ge "$(( JOBS < 8 ? JOBS : 8 ))" ]; then say "$warm runs past step 30"; break; fi
   done
   progress

@@ -426,27 +426,18 @@ def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
     return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
 
 
-#: What two paired runs may differ in (compile, saving, logging; not the device): ``study_trend``'s rule.
-PAIRABLE_DIFFERENCES = study_trend.PAIRABLE_DIFFERENCES
-
-
-def trajectory_settings(train: dict) -> dict:
-    """The train settings that decide a run's numbers: all but ``steps``, ``seed`` and ``PAIRABLE_DIFFERENCES``
-    (compile, saving, logging)."""
-    return {k: v for k, v in train.items() if k not in PAIRABLE_DIFFERENCES and k not in ("steps", "seed")}
-
-
 def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None):
     """``(runs, none's runs, paired_difference of final val loss)`` over the seeds both have, or None for the
     baseline itself or no common seed. Raises ``SystemExit`` if a pair was trained with other settings
-    (``trajectory_settings``, data or tokens)."""
+    (``study_trend.trajectory_settings``, data or tokens)."""
     common = [s for s in sorted(by_seed) if base and s in base]
     if label == BASELINE or not common:
         return None
     a, b = [by_seed[s] for s in common], [base[s] for s in common]
+    same = study_trend.trajectory_settings
     for x, y in zip(a, b):
-        if trajectory_settings(x["train_settings"]) != trajectory_settings(y["train_settings"]) \
-                or x["data"] != y["data"] or x["tokens"] != y["tokens"]:
+        if same(x["train_settings"]) != same(y["train_settings"]) or x["data"] != y["data"] \
+                or x["tokens"] != y["tokens"]:
             raise SystemExit(f"study: {label} and none were trained with other settings; cannot pair")
     return a, b, paired_difference([x["val_loss"] for x in a], [y["val_loss"] for y in b])
 
@@ -571,7 +562,8 @@ def cross_check(runs: dict) -> list[str]:
              "difference below is of the kind seeds make, not rounding, and CPU and GPU runs are never paired.", "",
              "| method | seed | val loss, CPU | val loss, GPU | GPU − CPU |", "|---|---:|---:|---:|---:|"]
     for (m, s), (c, g) in rows.items():
-        lines.append(f"| {m} | {s} | {c['val_loss']:.4f} | {g['val_loss']:.4f} | {g['val_loss'] - c['val_loss']:+.4f} |")
+        diff = g["val_loss"] - c["val_loss"]
+        lines.append(f"| {m} | {s} | {c['val_loss']:.4f} | {g['val_loss']:.4f} | {diff:+.4f} |")
     pairs = [(m, s) for (m, s) in rows if m != BASELINE and (BASELINE, s) in rows]
     for m, s in pairs:
         dc = rows[(m, s)][0]["val_loss"] - rows[(BASELINE, s)][0]["val_loss"]
@@ -667,8 +659,8 @@ def aggregate(publish: Path, out: Path) -> str:
     lines += ["**a ± b** is the mean ± sample standard deviation over seeds. Δ is the per-seed paired "
               "difference in final validation loss (whole held-out split) from `none` of the same group and "
               "seed (same data order); the 95 % interval is the t-interval over seeds. Train time ratio: "
-              "optimizer-step seconds over the paired seeds, method / none, measured on a shared machine (one run after "
-              "another on the CPU, up to 16 at once on the GPU) and including "
+              "optimizer-step seconds over the paired seeds, method / none, measured on a shared machine (one run "
+              "after another on the CPU, up to 16 at once on the GPU) and including "
               "any time a run was paused or starved (the embedded-corpus parts shared the machine with other work "
               "and were paused while benchmarks ran): **not a speed measurement**; "
               "`scripts/bench.py` measures speed interleaved ([benchmarks.md](benchmarks.md)).", ""]

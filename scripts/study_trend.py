@@ -80,6 +80,12 @@ def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[i
     return head + change + f": the gap **{word}** with training (the interval excludes 0)."
 
 
+def trajectory_settings(train: dict) -> dict:
+    """The train settings that decide a run's numbers: all but ``steps``, ``seed`` and ``PAIRABLE_DIFFERENCES``
+    (compile, saving, logging)."""
+    return {k: v for k, v in train.items() if k not in PAIRABLE_DIFFERENCES and k not in ("steps", "seed")}
+
+
 def check_pairable(runs: dict[str, dict[str, dict[int, dict]]], groups: list[str]) -> None:
     """Raise ``SystemExit`` if runs of ``groups`` differ in anything but steps, seed and ``PAIRABLE_DIFFERENCES``
     (compile, saving) — train settings, device included, data, preset: their gaps would not be comparable across
@@ -88,8 +94,7 @@ def check_pairable(runs: dict[str, dict[str, dict[int, dict]]], groups: list[str
     for g in groups:
         for label, by_seed in runs[g].items():
             for seed, r in by_seed.items():
-                train = {k: v for k, v in (r.get("train_settings") or {}).items()
-                         if k not in ("steps", "seed") and k not in PAIRABLE_DIFFERENCES}
+                train = trajectory_settings(r.get("train_settings") or {})
                 key = json.dumps([train, r.get("data"), r.get("preset")], sort_keys=True, default=str)
                 seen.setdefault(key, f"{g} {label} seed {seed}")
     if len(seen) > 1:

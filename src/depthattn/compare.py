@@ -232,9 +232,8 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
                  harness: str, progress: bool) -> dict[str, Any]:
     """Numbers of one finished run: accounting, median per-step throughput, validation perplexity / bits per byte
     (in the precision the run trained and validated in, as its run.json records it, so a float32 run on CUDA is
-    evaluated in float32 and a CPU run evaluated where CUDA is present is not put in bf16; cached in RUN/eval.json
-    by checkpoint (its path inside the run folder), tokens, data and precision), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when
-    ``tasks``."""
+    evaluated in float32 and a CPU run evaluated where CUDA is present is not put in bf16; cached in RUN/eval.json,
+    ``_reusable_eval``), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when ``tasks``."""
     from .data import load_prepared
     from .eval.inference import load_for_inference
     from .eval.perplexity import evaluate_perplexity
@@ -256,10 +255,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     key = {"checkpoint": str(folder), "eval_tokens": eval_tokens, "seq_len": seq_len,
            "data_fingerprint": data.fingerprint, "amp": str(amp)}
     cached = read_json(cache, "evaluation cache") if cache.is_file() else None
-    got = _portable_eval_key(cached.get("key")) if isinstance(cached, dict) else None
-    want = _portable_eval_key(key)
-    old_want = {k: v for k, v in want.items() if k != "amp"}  # written before "amp": evaluated under "auto"
-    if got is not None and (got == want or (got == old_want and amp == autocast_dtype("auto", dev))):
+    if _reusable_eval(cached, key, as_auto=amp == autocast_dtype("auto", dev)):
         ev = cached["result"]
     else:
         res = evaluate_perplexity(model, data.val, tokenizer, seq_len=seq_len, batch_size=eval_batch_size,
@@ -300,13 +296,19 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     return out
 
 
-def _portable_eval_key(key: Any) -> dict | None:
-    """An eval.json key with its checkpoint named inside the run folder (``checkpoints/step_N``): the cache lives
-    in that folder, so a compare folder that was moved, or written with a relative ``--out``, still finds its
-    evaluation. None for a key that is not a dict."""
-    if not isinstance(key, dict):
-        return None
-    return {**key, "checkpoint": Path(str(key.get("checkpoint", ""))).parts[-2:]}
+def _reusable_eval(cached: Any, key: dict[str, Any], as_auto: bool) -> bool:
+    """Whether an eval.json entry ``cached`` answers ``key``. The checkpoint is compared by its path inside the run
+    folder (``checkpoints/step_N``: the cache lives there, so a moved folder, or one written with a relative
+    ``--out``, finds its evaluation); an entry written before the key named the precision (``amp``) was evaluated
+    under ``"auto"`` on this device, so it answers only when ``as_auto`` (the run's precision is what "auto" gives)."""
+    if not isinstance(cached, dict) or not isinstance(cached.get("key"), dict):
+        return False
+
+    def inside_run(k: dict[str, Any]) -> dict[str, Any]:
+        return {**k, "checkpoint": Path(str(k.get("checkpoint", ""))).parts[-2:]}
+
+    got, want = inside_run(cached["key"]), inside_run(key)
+    return got == want or (as_auto and got == {k: v for k, v in want.items() if k != "amp"})
 
 
 def task_curve(rows: list[dict]) -> list[dict]:
