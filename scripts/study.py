@@ -15,9 +15,11 @@ Groups (all on the embedded corpus, preset ``small``, the default compare budget
   each at 16 × on a 2-core CPU, seconds on a GPU). The parts run in that order, which is the order to stop in when
   time runs short. They train in float32 on any device (``MIX_SETS``); ``--device`` and ``--compile`` choose where
   and how. Runs are paired only with runs of the same device setting (``PAIRABLE_DIFFERENCES``);
-* ``mix16cpu`` — the first two 16 × runs as they were trained on the 2-core CPU (precision ``auto``, saves every 100
-  steps): kept beside the GPU runs of the same seed, never paired with them (a fresh run draws its initial weights
-  on its device, so a CPU and a GPU run of one seed start from other weights).
+* ``mix16cpu`` — the 16 × runs of ``mix16`` trained on the 2-core CPU, in the same order (precision ``auto``,
+  float32 there; saves every 100 steps, as the first two ran): paired among themselves, shown beside the GPU runs
+  of the same seed, never paired with them (a fresh run draws its initial weights on its device, so a CPU and a GPU
+  run of one seed start from other weights). For sessions lent no GPU; ``GROUP_DEVICE`` keeps each group on its
+  device.
 
 A part of ~5–45 min on an idle 2-core CPU (~4.5 min per default-budget run including the evaluation; a mix16 part
 ~75 min);
@@ -114,7 +116,7 @@ def parts() -> list[Part]:
 
 def mix_parts() -> list[Part]:
     """The budget-trend study on the public-domain mix, one run per part, in its stopping order (issue 28), then
-    the CPU cross-check parts (already published)."""
+    the 16 × runs' CPU twin (``mix16cpu``, the same order: for sessions without a GPU)."""
     mix = functools.partial(Part, corpus="mix", sets=list(MIX_SETS))
     out = [mix(f"mix16-s{s}-{m}", "mix16", m, str(s), steps_scale=16, minutes=75)
            for s in MIX_SEEDS for m in MIX_METHODS]
@@ -123,8 +125,10 @@ def mix_parts() -> list[Part]:
     four = (*MIX_METHODS, "attnres")
     out += [mix(f"mix1-s{s}-{m}", "mix1", m, str(s), minutes=5) for s in MIX_SEEDS for m in four]
     out += [mix(f"mix4-s{s}-{m}", "mix4", m, str(s), steps_scale=4, minutes=20) for s in MIX_SEEDS for m in four]
-    out += [Part(f"mix16cpu-s0-{m}", "mix16cpu", m, "0", steps_scale=16, minutes=75, corpus="mix",
-                 sets=list(CPU_CHECK_SETS), device_sets=False) for m in ("none", "depth_attention")]
+    cpu = functools.partial(Part, group="mix16cpu", steps_scale=16, minutes=75, corpus="mix",
+                            sets=list(CPU_CHECK_SETS), device_sets=False)
+    out += [cpu(f"mix16cpu-s{s}-{m}", methods=m, seeds=str(s)) for s in MIX_SEEDS for m in MIX_METHODS]
+    out += [cpu(f"mix16cpu-s{s}-attnres", methods="attnres", seeds=str(s)) for s in MIX_ATTNRES_SEEDS]
     return out
 
 
@@ -240,6 +244,34 @@ def hardware(device: str | None) -> str:
     except OSError:
         pass
     return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+#: The device each group's published runs trained on: runs on another device are not paired with them (a fresh run
+#: draws its initial weights on its device), so a part must train where its group did.
+GROUP_DEVICE = {"mix16": "cuda", "mix4": "cuda", "mix1": "cuda", "mix16cpu": "cpu", "main": "cpu", "loops": "cpu",
+                "ablation": "cpu", "long": "cpu"}
+
+
+def wrong_device(part: Part, args) -> str | None:
+    """Why ``part`` must not run here, in one line, or None: the device it would train on (``--device`` where the
+    part takes it, else "auto": CUDA where available) is not ``GROUP_DEVICE``'s for its group. ``--tiny`` parts run
+    anywhere (their numbers mean nothing)."""
+    import torch
+
+    if args.tiny:
+        return None
+    want = (getattr(args, "device", None) if part.device_sets else None) or "auto"
+    kind = "cuda" if want.startswith("cuda") or (want == "auto" and torch.cuda.is_available()) else "cpu"
+    need = GROUP_DEVICE[part.group]
+    if kind == need:
+        return None
+    if need == "cuda":
+        twin = part.name.replace(part.group, "mix16cpu", 1) if part.group == "mix16" else None
+        return (f"{part.name} would train on the CPU, but its group {part.group} trained on a GPU and runs on "
+                f"another device are not paired: run it on a GPU with --device cuda"
+                + (f", or here its CPU twin {twin}" if twin else ""))
+    return (f"{part.name} would train on CUDA (device auto), but its group {part.group} trained on the CPU and runs "
+            "on another device are not paired: run it on a machine without a GPU (or CUDA_VISIBLE_DEVICES='')")
 
 
 def record_invocation(part: Part, args) -> None:
@@ -386,7 +418,8 @@ BASE_GROUP = {"main": "main", "ablation": "main", "loops": "loops", "long": "lon
               "mix16": "mix16", "mix16cpu": "mix16cpu"}
 GROUP_ORDER = ("mix16", "mix4", "mix1", "mix16cpu", "main", "loops", "ablation", "long")
 TITLES = {"mix16": "Public-domain mix, 16 × the default budget (6.55 M tokens)",
-          "mix16cpu": "Public-domain mix, 16 ×, trained on the 2-core CPU (seed 0; the cross-check below)",
+          "mix16cpu": "Public-domain mix, 16 ×, trained on the 2-core CPU (paired among themselves; the cross-check "
+                      "below)",
           "mix4": "Public-domain mix, 4 × the default budget (1.64 M tokens)",
           "mix1": "Public-domain mix, the default budget (409,600 tokens)",
           "main": "Embedded corpus: default budget",
@@ -727,12 +760,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.next or args.all:
         pending = [p for p in parts() if status(p, args) != "done"]
-        todo += pending[:1] if args.next else pending
+        here = [p for p in pending if not wrong_device(p, args)]
+        if len(here) < len(pending):
+            groups = sorted({p.group for p in pending if p not in here})
+            print(f"study: leaving out {len(pending) - len(here)} part(s) of {', '.join(groups)}: their group trained "
+                  "on another device", file=sys.stderr)
+        todo += here[:1] if args.next else here
     todo = list({p.name: p for p in todo}.values())  # a part named twice runs once (twice at once would collide)
     wrong = [p.name for p in todo if p.corpus == "mix" and args.data and not args.tiny]
     if wrong:
         print(f"study: --data {args.data} would train the mix part(s) {', '.join(wrong)} on another corpus; give the "
               "prepared mix as --mix-data (or leave it out to fetch and prepare it)", file=sys.stderr)
+        return 2
+    refused = [why for p in todo if (why := wrong_device(p, args))]
+    if refused:
+        print(f"study: {refused[0]}" + (f" ({len(refused) - 1} more part(s) likewise)" if len(refused) > 1 else ""),
+              file=sys.stderr)
         return 2
     if args.jobs < 1:
         print(f"study: --jobs {args.jobs} must be at least 1", file=sys.stderr)

@@ -63,7 +63,9 @@ def test_mix_parts_run_in_the_issues_stopping_order(study):
     assert all(p.corpus == "mix" and p.sets == list(study.MIX_SETS) for p in mix)
     assert "precision=float32" in study.MIX_SETS and "save_every=0" in study.MIX_SETS
     cpu = [p for p in study.parts() if p.group == "mix16cpu"]
-    assert [p.name for p in cpu] == ["mix16cpu-s0-none", "mix16cpu-s0-depth_attention"]
+    # the CPU twin of the 16 x runs: the same runs in the same order, with the settings its first two ran under
+    assert [p.name.replace("mix16cpu", "mix16") for p in cpu] == [p.name for p in mix[:11]]
+    assert all(p.steps_scale == 16 and p.sets == list(study.CPU_CHECK_SETS) and not p.device_sets for p in cpu)
     assert [p.group for p in study.parts()][-len(mix) - len(cpu):] == [p.group for p in mix + cpu]
     args = type("A", (), {"data": None, "mix_data": None, "root": "R", "tiny": False})
     argv = study.command(mix[0], args)
@@ -391,3 +393,30 @@ def test_depth_figure_series_average_seeds_over_the_steps_every_seed_logged(stud
     series = study.study_depth.layer_series({0: rows0, 1: rows1}, "entropy")
     assert series == {1: ([100, 200], [pytest.approx(0.8), pytest.approx(0.4)])}
     assert study.study_depth.layer_series({0: rows0, 1: rows1}, "from0") == {}  # seed 1 logged no layer-0 weight
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_part_trains_only_on_its_groups_device(study, tmp_path, monkeypatch, capsys, cuda):
+    """A part runs where its group's published runs trained (runs on another device are not paired): named, it is
+    refused in one line that says where to run it; --next / --all leave it out and say so; --tiny runs anywhere."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    ran = []
+    monkeypatch.setattr(study, "run_part", lambda part, args: ran.append(part.name))
+    common = ["--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub")]
+    other, here = ("mix16cpu-s0-none", "mix16-s0-none") if cuda else ("mix16-s0-depth_attention", "mix16cpu-s0-none")
+    assert study.main(common + ["run", other, here]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and other in err[0] and "not paired" in err[0]
+    assert ("CUDA_VISIBLE_DEVICES" in err[0]) if cuda else ("--device cuda, or here its CPU twin "
+                                                           "mix16cpu-s0-depth_attention" in err[0])
+    assert ran == []
+    assert study.main(common + ["run", "--next"]) == 0
+    err = capsys.readouterr().err
+    # on a GPU (device auto) the first pending part is the 16 x study's; on the CPU the embedded corpus's first
+    assert ran == (["mix16-s0-none"] if cuda else ["main-s0"]) and "leaving out" in err and "their group trained" in err
+    if not cuda:
+        assert study.main(common + ["--device", "cuda", "run", "mix4-s2-none"]) == 0  # as asked; CUDA's absence is
+        assert ran[-1] == "mix4-s2-none"  # the part's own error
+        assert study.main(common + ["--tiny", "run", "mix16-s1-none"]) == 0 and ran[-1] == "mix16-s1-none"
