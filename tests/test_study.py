@@ -99,16 +99,16 @@ def test_pairing_ignores_settings_that_do_not_change_a_trajectory(study):
                 data="d", tokens=100)
     fast = dict(none, val_loss=none["val_loss"] - 0.1,
                 train_settings=dict(none["train_settings"], compile=True, save_every=0, save_every_minutes=5))
-    pair = study.paired_runs("depth_attention", {0: fast}, {0: none})
+    pair = study.study_report.paired_runs("depth_attention", {0: fast}, {0: none})
     assert pair[2]["mean"] == pytest.approx(-0.1)
-    study.study_trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: fast}}}, ["mix1", "mix16"])
+    trend = study.study_report.study_trend
+    trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: fast}}}, ["mix1", "mix16"])
     for change in ({"lr": 1.0}, {"device": "cpu"}):
         other = dict(fast, train_settings=dict(fast["train_settings"], **change))
         with pytest.raises(SystemExit, match="other settings; cannot pair"):
-            study.paired_runs("depth_attention", {0: other}, {0: none})
+            study.study_report.paired_runs("depth_attention", {0: other}, {0: none})
         with pytest.raises(SystemExit, match="other settings"):
-            study.study_trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: other}}},
-                                             ["mix1", "mix16"])
+            trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: other}}}, ["mix1", "mix16"])
 
 
 def test_aggregate_without_parts_says_not_run(study, tmp_path):
@@ -134,7 +134,7 @@ def test_aggregate_pairs_across_parts(study, tmp_path):
     publish(pub, "ablation-1w0-s0", "ablation", ablation, label="stride=1, window=0")
     text = study.aggregate(pub, tmp_path / "results.md")
     assert "**Incomplete:**" in text and "main-s1" in text
-    assert f"run with the code of {study.PUBLISHED_WITH}" in text  # the tables say which code made them
+    assert f"run with the code of {study.study_report.PUBLISHED_WITH}" in text  # the tables say which code made them
     lines = text.splitlines()
     da = next(line for line in lines if line.startswith("| depth_attention | 3 |"))
     assert "-0.0180 ± 0.0269 | -0.0848 to +0.0488 | 2 of 3 |" in da
@@ -258,11 +258,11 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
     (pub / "mix16cpu-s0-none" / "depth_stats.json").write_text(json.dumps({"depth_attention": {"0": rows}}))
     text = study.aggregate(pub, tmp_path / "docs" / "results.md")
     assert "mean over seeds 0. Seed 0: the run trained on the CPU (`mix16cpu`)." in text
-    assert (tmp_path / "docs" / study.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "docs" / study.study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
     assert "| none | 0 | 5.0020 | 5.0000 | -0.0020 |" in text and "not rounding" in text
     assert "`depth_attention` − `none` on seed 0: -0.0280 nats on the CPU, -0.0260 on the GPU." in text
     assert "on NVIDIA H200 (CUDA), torch 2.11.0, up to 16 runs at a time sharing it" in text
-    assert f"on {study.CPU_MACHINE}, runs one after another" in text
+    assert f"on {study.study_report.CPU_MACHINE}, runs one after another" in text
 
 
 def test_published_study_files_hold_no_machine_paths():
@@ -308,7 +308,7 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
     assert cells[1].startswith("-0.0180 ± 0.0269 [-0.0848, +0.0488] (2 of 3 lower)")
     assert cells[2].startswith("-0.1100 ± 0.0100") and cells[2].endswith("(3 of 3 lower)")
     change = [-0.10 + 0.026, -0.12 - 0.012, -0.11 + 0.040]
-    d = study.paired_difference(change, [0.0] * 3)
+    d = study.study_report.paired_difference(change, [0.0] * 3)
     assert d["ci95"][1] < 0
     said = next(line for line in lines if line.startswith("- `depth_attention` − `none`:"))
     assert f"change {d['mean']:+.3f} (95 % interval {d['ci95'][0]:+.3f} to {d['ci95'][1]:+.3f})" in said
@@ -316,8 +316,8 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
     uni = next(line for line in lines if line.startswith("- `depth_attention` − `depth_attention_uniform`:"))
     assert "no change detectable" in uni and "**" not in uni  # change +0.058, interval includes 0
     assert "| `depth_attention` − `depth_attention_uniform` | +0.0320" in text
-    assert (out.parent / study.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
-    assert f"]({study.DEPTH_FIGURE.as_posix()})" in text
+    assert (out.parent / study.study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
+    assert f"]({study.study_report.DEPTH_FIGURE.as_posix()})" in text
     assert "not published yet" not in text and "Training time per run:" in text
 
 
@@ -340,7 +340,8 @@ def test_depth_stats_are_extracted_from_metrics_rows(study, tmp_path):
     ((0.05, 0.06, 0.04), (0.20, 0.22, 0.19), "widens"),          # a method behind falls further behind
     ((-0.20, -0.21, -0.19), (-0.20, -0.15, -0.25), None)])       # change 0 ± 0.05: inconclusive
 def test_change_sentence_words_follow_the_intervals(study, first, last, word):
-    said = study.study_trend.change_sentence("m", "none", dict(enumerate(first)), dict(enumerate(last)))
+    trend = study.study_report.study_trend
+    said = trend.change_sentence("m", "none", dict(enumerate(first)), dict(enumerate(last)))
     if word is None:
         assert "no change detectable" in said and "**" not in said
     else:

@@ -1,0 +1,320 @@
+"""docs/results.md from the study's published parts (``scripts/study.py aggregate``): per group a table of final
+validation losses and paired differences from ``none`` (``depthattn.stats.paired_difference``: per-seed Δ, t-interval
+over seeds) with the verdicts in words, the budget trend (``study_trend``), Depth-Attention's depth statistics over
+training (``study_depth``), the CPU-vs-GPU cross-check of the 16 × runs and the parts' commands. Reads only the
+published files (small, committed), never the run folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from depthattn.compare import BASELINE, _curve
+from depthattn.fileio import atomic_write_text
+from depthattn.stats import paired_difference, tokens_to_target, verdict
+
+import study_depth
+import study_trend
+
+BASE_GROUP = {"main": "main", "ablation": "main", "loops": "loops", "long": "long", "mix1": "mix1", "mix4": "mix4",
+              "mix16": "mix16", "mix16cpu": "mix16cpu"}
+GROUP_ORDER = ("mix16", "mix4", "mix1", "mix16cpu", "main", "loops", "ablation", "long")
+TITLES = {"mix16": "Public-domain mix, 16 × the default budget (6.55 M tokens)",
+          "mix16cpu": "Public-domain mix, 16 ×, trained on the 2-core CPU (paired among themselves; the cross-check "
+                      "below)",
+          "mix4": "Public-domain mix, 4 × the default budget (1.64 M tokens)",
+          "mix1": "Public-domain mix, the default budget (409,600 tokens)",
+          "main": "Embedded corpus: default budget",
+          "loops": "Embedded corpus: looped models (`--loops 2`)",
+          "ablation": "Embedded corpus: Depth-Attention candidate-set ablation (default budget, paired with main's none)",
+          "long": "Embedded corpus: longer budget (4 × the default tokens; 2 epochs of the corpus)"}
+#: Where aggregate draws Depth-Attention's depth statistics over the 16 × runs (beside --out).
+DEPTH_FIGURE = Path("img") / "study_mix16_depth_attention.png"
+
+
+def load_published(publish: Path, parts: list) -> list[dict]:
+    """The published results.json of ``parts`` (``study.Part``) that have one, in their order."""
+    found = []
+    for part in parts:
+        path = publish / part.name / "results.json"
+        if path.is_file():
+            res = json.loads(path.read_text(encoding="utf-8"))
+            res.setdefault("study", {"part": part.name, "group": part.group, "label": part.label, "command": "?"})
+            found.append(res)
+    return found
+
+
+def collect(published: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
+    """``{group: {label: {seed: run}}}``; a label is the method, or ``depth_attention (stride=…, window=…)``."""
+    out: dict[str, dict[str, dict[int, dict]]] = {}
+    for res in published:
+        st = res["study"]
+        for method, m in res["methods"].items():
+            label = f"{method} ({st['label']})" if st["label"] else method
+            for r in m["runs"]:
+                r = dict(r, train_settings=res["settings"]["train"], data=res["settings"]["data"],
+                         preset=res["settings"]["preset"], hardware=st.get("hardware"), jobs=st.get("jobs", 1))
+                out.setdefault(st["group"], {}).setdefault(label, {})[int(r["seed"])] = r
+    return out
+
+
+def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
+    return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
+
+
+def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None):
+    """``(runs, none's runs, paired_difference of final val loss)`` over the seeds both have, or None for the
+    baseline itself or no common seed. Raises ``SystemExit`` if a pair was trained with other settings
+    (``study_trend.trajectory_settings``, data or tokens)."""
+    common = [s for s in sorted(by_seed) if base and s in base]
+    if label == BASELINE or not common:
+        return None
+    a, b = [by_seed[s] for s in common], [base[s] for s in common]
+    same = study_trend.trajectory_settings
+    for x, y in zip(a, b):
+        if same(x["train_settings"]) != same(y["train_settings"]) or x["data"] != y["data"] \
+                or x["tokens"] != y["tokens"]:
+            raise SystemExit(f"study: {label} and none were trained with other settings; cannot pair")
+    return a, b, paired_difference([x["val_loss"] for x in a], [y["val_loss"] for y in b])
+
+
+def group_verdicts(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) -> list[str]:
+    """One plain sentence per method of a group: the paired Δ, its interval, the seeds favouring it, a verdict."""
+    lines = []
+    for label, by_seed in runs.items():
+        pair = paired_runs(label, by_seed, base)
+        if pair is None:
+            continue
+        d = pair[2]
+        if d["ci95"] is None:
+            lines.append(f"- `{label}`: Δ {d['mean']:+.3f} nats on one seed: {verdict(d)}.")
+        else:
+            lo, hi = d["ci95"]
+            lines.append(f"- `{label}`: Δ {d['mean']:+.3f} ± {d['std']:.3f} nats over {d['n']} seeds (95 % interval "
+                         f"{lo:+.3f} to {hi:+.3f}; {d['favouring']} of {d['n']} seeds lower): {verdict(d)}.")
+    return lines
+
+
+def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) -> list[str]:
+    lines = ["| method | seeds | val loss | Δ vs none (nats) | 95 % interval | seeds lower | "
+             "tokens to none's final val loss | train time ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, by_seed in runs.items():
+        seeds = sorted(by_seed)
+        vals = [by_seed[s]["val_loss"] for s in seeds]
+        mean = sum(vals) / len(vals)
+        std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
+        cells = [label, str(len(seeds)), _fmt_pm(mean, std, "{:.4f}")]
+        pair = paired_runs(label, by_seed, base)
+        if pair is None:
+            cells += ["—", "—", "—", "—", "—"]
+        else:
+            a, b, d = pair
+            ci = "n/a (one seed)" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
+            ttt = [tokens_to_target(_curve(x), _curve(y)[-1][1]) for x, y in zip(a, b)]
+            reached = [t for t in ttt if t is not None]
+            ttt_cell = (f"{sum(reached) / len(reached):,.0f} ({len(reached)}/{len(ttt)} reached)" if reached
+                        else "not reached")
+            bt = sum(y.get("train_seconds", 0.0) for y in b)
+            ratio = f"{sum(x.get('train_seconds', 0.0) for x in a) / bt:.2f}" if bt else "n/a"
+            cells += [_fmt_pm(d["mean"], d["std"]), ci, f"{d['favouring']} of {d['n']}", ttt_cell, ratio]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+#: The code the published parts in docs/study were run with: commit 73cecd4d, whose defaults drew training windows
+#: uniformly with replacement (``data_order="random"``) and ran PyTorch's default AdamW (``adamw_impl=
+#: "torch_default"``). Runs of this release's defaults (epochs, fused AdamW) train on other batches; the parts are
+#: regenerated with them by the science issue.
+PUBLISHED_WITH = ("commit 73cecd4d (defaults then: `data_order = \"random\"`, `adamw_impl = \"torch_default\"`; "
+                  "this release's defaults, seeded epochs and fused AdamW, train on other batches)")
+
+
+def code_line(published: list[dict]) -> str:
+    """Which code the published parts ran with: the commits they recorded, and ``PUBLISHED_WITH`` for the older
+    parts that recorded none."""
+    by_commit: dict[str, list[str]] = {}
+    for res in published:
+        by_commit.setdefault(res["study"].get("commit") or "", []).append(res["study"]["part"])
+    said = []
+    if "" in by_commit:
+        said.append(f"The embedded-corpus parts were run with the code of {PUBLISHED_WITH}.")
+    for commit, names in by_commit.items():
+        if commit:
+            what = "commits" if "," in commit else "commit"
+            said.append(f"Part{'s' if len(names) > 1 else ''} {', '.join(names)}: the code of {what} {commit}.")
+    return " ".join(said)
+
+
+def group_sections(runs: dict) -> list[str]:
+    """Per group in ``GROUP_ORDER``: title, table, and the verdicts in words."""
+    lines = []
+    for group in GROUP_ORDER:
+        if group not in runs:
+            continue
+        base = runs.get(BASE_GROUP[group], {}).get(BASELINE)
+        lines += [f"## {TITLES[group]}", ""] + group_table(runs[group], base) + [""]
+        if group.startswith("mix"):
+            lines += [f"Training time per run: {study_trend.train_minutes(runs[group])} {machine_words(runs[group])}.",
+                      ""]
+        said = group_verdicts(runs[group], base)
+        if said:
+            lines += ["In words (Δ is the method's validation loss minus `none`'s; negative is better; no "
+                      "correction for multiple comparisons):", ""] + said + [""]
+        if group == "mix16cpu":
+            lines += cross_check(runs)
+    return lines
+
+
+#: What the CPU parts ran on, for parts published before the study recorded its hardware.
+CPU_MACHINE = "the 2-core CPU VM (torch 2.13.0)"
+
+
+def machine_words(group: dict[str, dict[int, dict]]) -> str:
+    """Where a group's runs trained and how many shared the machine, in words (``study.hardware``, ``jobs``)."""
+    said = []
+    for hw, jobs in dict.fromkeys((r.get("hardware") or CPU_MACHINE, r.get("jobs", 1))
+                                  for by_seed in group.values() for r in by_seed.values()):
+        if jobs > 1:
+            said.append(f"on {hw}, up to {jobs} runs at a time sharing it (so a run's time is not its speed alone)")
+        else:
+            said.append(f"on {hw}, runs one after another (a run's time includes any other load on the machine, "
+                        "kept to short tests and reviews)")
+    return "; ".join(said)
+
+
+def cross_check(runs: dict) -> list[str]:
+    """The CPU-trained 16 × runs beside the GPU runs of the same method and seed. Not a rounding check: the same data
+    order, but other initial weights (drawn on each device by its own generator) and other torch releases; so the
+    differences are of the size of seed-to-seed noise, and the two are never paired."""
+    cpu, gpu = runs.get("mix16cpu", {}), runs.get("mix16", {})
+    rows = {(m, s): (r, gpu[m][s]) for m, by_seed in cpu.items() for s, r in sorted(by_seed.items())
+            if s in gpu.get(m, {})}
+    if not rows:
+        return []
+    lines = ["## Cross-check: the same 16 × runs on the CPU and on the GPU", "",
+             "Same seed, data order and float32 arithmetic, but not the same run: the initial weights are drawn on "
+             "the device by its own random generator (a CPU and a CUDA run of one seed start from other weights: "
+             "their first training losses differ), and the CPU ran torch 2.13, the GPU torch 2.11. So the "
+             "difference below is of the kind seeds make, not rounding, and CPU and GPU runs are never paired.", "",
+             "| method | seed | val loss, CPU | val loss, GPU | GPU − CPU |", "|---|---:|---:|---:|---:|"]
+    for (m, s), (c, g) in rows.items():
+        diff = g["val_loss"] - c["val_loss"]
+        lines.append(f"| {m} | {s} | {c['val_loss']:.4f} | {g['val_loss']:.4f} | {diff:+.4f} |")
+    pairs = [(m, s) for (m, s) in rows if m != BASELINE and (BASELINE, s) in rows]
+    for m, s in pairs:
+        dc = rows[(m, s)][0]["val_loss"] - rows[(BASELINE, s)][0]["val_loss"]
+        dg = rows[(m, s)][1]["val_loss"] - rows[(BASELINE, s)][1]["val_loss"]
+        lines += ["", f"`{m}` − `{BASELINE}` on seed {s}: {dc:+.4f} nats on the CPU, {dg:+.4f} on the GPU."]
+    return lines + [""]
+
+
+def long_trend(runs: dict) -> list[str]:
+    """The embedded corpus's default-vs-4 × table."""
+    if "long" not in runs or "main" not in runs:
+        return []
+    lines = ["## Embedded corpus: does the gap move with training length?", "",
+             "| method | Δ vs none, default budget | Δ vs none, 4 × budget |", "|---|---:|---:|"]
+    for label in runs["long"]:
+        if label == BASELINE or label not in runs["main"]:
+            continue
+        cells = []
+        for group in ("main", "long"):
+            base, mine = runs[group].get(BASELINE, {}), runs[group][label]
+            seeds = [x for x in mine if x in base]
+            if seeds:
+                d = paired_difference([mine[x]["val_loss"] for x in seeds], [base[x]["val_loss"] for x in seeds])
+                cells.append(f"{_fmt_pm(d['mean'], d['std'])} ({d['n']} seed{'s' if d['n'] > 1 else ''})")
+            else:
+                cells.append("—")
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    return lines + [""]
+
+
+def depth_section(publish: Path, out: Path, runs: dict, parts: list) -> list[str]:
+    """Draw Depth-Attention's depth statistics over the 16 × runs (published depth_stats.json) beside ``out``: the
+    ``mix16`` runs, and for a seed they lack, the run of that seed trained on the CPU (``mix16cpu``: a descriptive
+    figure, so a run of the CPU's initial weights may stand in; it is named below the figure)."""
+    by_seed: dict[int, list] = {}
+    origin: dict[int, str] = {}
+    for group in ("mix16", "mix16cpu"):
+        for part in parts:
+            path = publish / part.name / "depth_stats.json"
+            if part.group == group and path.is_file():
+                for seed, rows in json.loads(path.read_text(encoding="utf-8")).get("depth_attention", {}).items():
+                    if int(seed) not in by_seed:
+                        by_seed[int(seed)], origin[int(seed)] = rows, group
+    runs16 = runs.get("mix16", {}).get("depth_attention") or runs.get("mix16cpu", {}).get("depth_attention", {})
+    if not by_seed or not runs16:
+        return []
+    tokens_per_step = next(iter(runs16.values()))["tokens"] // next(iter(runs16.values()))["steps"]
+    png = out.parent / DEPTH_FIGURE
+    if not study_depth.figure(by_seed, png, "depth_attention, 16 × budget, public-domain mix", tokens_per_step):
+        return []
+    cpu = sorted(s for s, g in origin.items() if g == "mix16cpu")
+    note = (f" Seed{'s' if len(cpu) > 1 else ''} {', '.join(map(str, cpu))}: the run trained on the CPU "
+            "(`mix16cpu`)."
+            if cpu else "")
+    return ["## What Depth-Attention learns over the 16 × runs", "",
+            "Logged every `log_depth_every` steps on a fixed probe batch of validation windows "
+            "([training.md](training.md)): per layer, the entropy of the depth-attention weights (0: one "
+            f"candidate; ln N: uniform over N candidates) and the mean weight on layer 0; mean over seeds "
+            f"{', '.join(map(str, sorted(by_seed)))}.{note}", "",
+            f"![depth statistics of depth_attention over training]({DEPTH_FIGURE.as_posix()})", ""]
+
+
+def parts_table(published: list[dict], publish: Path, out: Path) -> list[str]:
+    lines = ["## Parts", "",
+             "Wall time sums the part's finished `compare` invocations; one killed mid-run (a session's end) "
+             "left no record and is missing from it, while its training steps are still counted in the runs' "
+             "own train time (the per-step log survives).", "",
+             "| part | wall time (s, finished invocations) | command |", "|---|---:|---|"]
+    for res in published:
+        wall = sum(h.get("wall_seconds", 0.0) for h in res.get("history", [])) or res.get("wall_seconds", 0.0)
+        link = Path(os.path.relpath(publish, out.parent)) / res["study"]["part"] / "report.md"
+        lines.append(f"| [{res['study']['part']}]({link}) | {wall:.0f} | `{res['study']['command']}` |")
+    return lines + [""]
+
+
+def aggregate(publish: Path, out: Path, parts: list) -> str:
+    """Write docs/results.md (``out``) from the published results of ``parts`` (``study.Part``, in the study's
+    order) under ``publish``; return its text. Raises ``SystemExit`` if runs to be paired were trained with other
+    settings."""
+    published = load_published(publish, parts)
+    done = {res["study"]["part"] for res in published}
+    missing = [p.name for p in parts if p.name not in done]
+    lines = ["# Results: Depth-Attention and its controls at small scale", "",
+             "Generated by `python scripts/study.py aggregate` from the published study parts "
+             f"(`{publish}`); do not edit by hand.", ""]
+    if not published:
+        lines += ["**The study has not been run yet.** No numbers are published here until it is. Run it in parts "
+                  "(`python scripts/study.py list`, then `python scripts/study.py run --next` until every part is "
+                  "done; each part resumes where it stopped), then `python scripts/study.py aggregate`.", ""]
+        atomic_write_text(out, "\n".join(lines))
+        return "\n".join(lines)
+    lines += [code_line(published), ""]
+    if missing:
+        lines += [f"**Incomplete:** {len(missing)} of {len(parts)} parts are not yet run "
+                  f"({', '.join(missing)}); the tables below cover the finished parts only.", ""]
+    lines += ["**a ± b** is the mean ± sample standard deviation over seeds. Δ is the per-seed paired "
+              "difference in final validation loss (whole held-out split) from `none` of the same group and "
+              "seed (same data order); the 95 % interval is the t-interval over seeds. Train time ratio: "
+              "optimizer-step seconds over the paired seeds, method / none, measured on a shared machine (one run "
+              "after another on the CPU, up to 16 at once on the GPU) and including "
+              "any time a run was paused or starved (the embedded-corpus parts shared the machine with other work "
+              "and were paused while benchmarks ran): **not a speed measurement**; "
+              "`scripts/bench.py` measures speed interleaved ([benchmarks.md](benchmarks.md)).", ""]
+    runs = collect(published)
+    every = [r for g in runs.values() for by_seed in g.values() for r in by_seed.values()]
+    lines += [f"What these numbers cannot show: behaviour at the paper's scale (1.5B–3B parameters, billions of "
+              f"tokens). These models have at most {max(r['params'] for r in every):,d} parameters and saw at "
+              f"most {max(r['tokens'] for r in every):,d} tokens each: early training on small corpora.", ""]
+    if "ablation" in runs and "depth_attention" in runs.get("main", {}):
+        runs["ablation"] = {"depth_attention (stride=L/2, window=0; from main)": runs["main"]["depth_attention"],
+                            **runs["ablation"]}
+    lines += study_trend.section(runs, BASELINE) + depth_section(publish, out, runs, parts)
+    lines += group_sections(runs) + long_trend(runs) + parts_table(published, publish, out)
+    text = "\n".join(lines)
+    atomic_write_text(out, text)
+    return text
