@@ -19,7 +19,7 @@ Groups (all on the embedded corpus, preset ``small``, the default compare budget
   float32 there; saves every 100 steps, as the first two ran): paired among themselves, shown beside the GPU runs
   of the same seed, never paired with them (a fresh run draws its initial weights on its device, so a CPU and a GPU
   run of one seed start from other weights). For sessions lent no GPU; ``GROUP_DEVICE`` keeps each group on its
-  device.
+  device setting.
 
 A part of ~5–45 min on an idle 2-core CPU (~4.5 min per default-budget run including the evaluation; a mix16 part
 ~75 min);
@@ -244,32 +244,37 @@ def hardware(device: str | None) -> str:
     return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
-#: The device each group's published runs trained on: runs on another device are not paired with them (a fresh run
-#: draws its initial weights on its device), so a part must train where its group did.
-GROUP_DEVICE = {"mix16": "cuda", "mix4": "cuda", "mix1": "cuda", "mix16cpu": "cpu", "main": "cpu", "loops": "cpu",
-                "ablation": "cpu", "long": "cpu"}
+#: The device setting (``TrainConfig.device``) each group's published runs trained with. Pairing compares the setting
+#: itself (``study_trend.PAIRABLE_DIFFERENCES`` leaves device out: a fresh run draws its initial weights on its
+#: device), so a part must train with its group's; "auto" ones trained on the CPU, on a machine without CUDA.
+GROUP_DEVICE = {"mix16": "cuda", "mix4": "cuda", "mix1": "cuda", "mix16cpu": "auto", "main": "auto", "loops": "auto",
+                "ablation": "auto", "long": "auto"}
 
 
 def wrong_device(part: Part, args) -> str | None:
-    """Why ``part`` must not run here, in one line, or None: the device it would train on (``--device`` where the
-    part takes it, else "auto": CUDA where available) is not ``GROUP_DEVICE``'s for its group. ``--tiny`` parts run
-    anywhere (their numbers mean nothing)."""
+    """Why ``part`` must not run here, in one line, or None: its device setting (``--device`` where the part takes
+    it, else "auto") is not ``GROUP_DEVICE``'s for its group, or it is "auto" where CUDA is available (auto would
+    train on the GPU, in bf16). ``--tiny`` parts run anywhere (their numbers mean nothing). Where ``--device cuda``
+    finds no CUDA, the part's own run says so."""
     import torch
 
     if args.tiny:
         return None
-    want = (getattr(args, "device", None) if part.device_sets else None) or "auto"
-    kind = "cuda" if want.startswith("cuda") or (want == "auto" and torch.cuda.is_available()) else "cpu"
-    need = GROUP_DEVICE[part.group]
-    if kind == need:
+    given = getattr(args, "device", None) if part.device_sets else None
+    need, cuda = GROUP_DEVICE[part.group], torch.cuda.is_available()
+    why = f"{part.name}: its group {part.group} trained with device {need}"
+    if need == "auto":
+        if given:
+            return f"{why} (on the CPU), and runs of another device setting are not paired: leave --device out"
+        if cuda:
+            return (f"{why} on the CPU, but auto would train on CUDA here, and runs on another device are not paired: "
+                    "run it on a machine without a GPU (or with CUDA_VISIBLE_DEVICES='')")
         return None
-    if need == "cuda":
-        twin = part.name.replace(part.group, "mix16cpu", 1) if part.group == "mix16" else None
-        return (f"{part.name} would train on the CPU, but its group {part.group} trained on a GPU and runs on "
-                f"another device are not paired: run it on a GPU with --device cuda"
-                + (f", or here its CPU twin {twin}" if twin else ""))
-    return (f"{part.name} would train on CUDA (device auto), but its group {part.group} trained on the CPU and runs "
-            "on another device are not paired: run it on a machine without a GPU (or CUDA_VISIBLE_DEVICES='')")
+    if given == need:
+        return None
+    twin = part.name.replace(part.group, "mix16cpu", 1) if part.group == "mix16" and not cuda else None
+    return (f"{why}, and runs of another device setting are not paired: run it on a GPU with --device {need} "
+            "(CUDA_VISIBLE_DEVICES picks the GPU)" + (f", or here its CPU twin {twin}" if twin else ""))
 
 
 def record_invocation(part: Part, args) -> None:
@@ -469,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(here) < len(pending):
             groups = sorted({p.group for p in pending if p not in here})
             print(f"study: leaving out {len(pending) - len(here)} part(s) of {', '.join(groups)}: their group trained "
-                  "on another device", file=sys.stderr)
+                  "with another device setting (mix16, mix4, mix1: --device cuda on a GPU; the others: no --device, "
+                  "on a machine without CUDA)", file=sys.stderr)
         todo += here[:1] if args.next else here
     todo = list({p.name: p for p in todo}.values())  # a part named twice runs once (twice at once would collide)
     wrong = [p.name for p in todo if p.corpus == "mix" and args.data and not args.tiny]

@@ -2,13 +2,15 @@
 validation losses and paired differences from ``none`` (``depthattn.stats.paired_difference``: per-seed Δ, t-interval
 over seeds) with the verdicts in words, the budget trend (``study_trend``), Depth-Attention's depth statistics over
 training (``study_depth``), the CPU-vs-GPU cross-check of the 16 × runs and the parts' commands. Reads only the
-published files (small, committed), never the run folders.
+published files (small, committed), never the run folders. Run through ``python scripts/study.py aggregate``, which
+knows the parts and puts scripts/ on the import path.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from depthattn.compare import BASELINE, _curve
@@ -318,3 +320,7 @@ def aggregate(publish: Path, out: Path, parts: list) -> str:
     text = "\n".join(lines)
     atomic_write_text(out, text)
     return text
+
+
+if __name__ == "__main__":
+    sys.exit("study_report: run `python scripts/study.py aggregate` (it knows the study's parts)")

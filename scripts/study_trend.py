@@ -1,7 +1,7 @@
 """The budget-trend section of docs/results.md (issue 28): does a method's gap to ``none`` (and Depth-Attention's gap
 to its uniform-weight control) move from 1 × to 4 × to 16 × the default budget on the public-domain mix?
 
-Input: ``{group: {label: {seed: run}}}`` (``study.collect``), groups ``mix1``, ``mix4``, ``mix16``; a run is a
+Input: ``{group: {label: {seed: run}}}`` (``study_report.collect``), groups ``mix1``, ``mix4``, ``mix16``; a run is a
 compare results.json run record (``val_loss``, ``tokens``, ``train_seconds``). Δ is a per-seed paired difference
 of final validation loss (nats; negative: the first method is lower). Across budgets the same seeds are paired
 again: the change of a gap from 1 × to 16 × is ``Δ16(s) − Δ1(s)`` over the seeds both budgets have, with its 95 %

@@ -397,27 +397,38 @@ def test_depth_figure_series_average_seeds_over_the_steps_every_seed_logged(stud
 
 
 @pytest.mark.parametrize("cuda", [False, True])
-def test_a_part_trains_only_on_its_groups_device(study, tmp_path, monkeypatch, capsys, cuda):
-    """A part runs where its group's published runs trained (runs on another device are not paired): named, it is
-    refused in one line that says where to run it; --next / --all leave it out and say so; --tiny runs anywhere."""
+def test_a_part_trains_only_with_its_groups_device_setting(study, tmp_path, monkeypatch, capsys, cuda):
+    """A part trains with the device setting its group's published runs have (pairing compares the setting; a fresh
+    run draws its initial weights on its device): named otherwise, it is refused in one line that says what to do;
+    --next / --all leave it out and say so; --tiny runs anywhere."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     ran = []
     monkeypatch.setattr(study, "run_part", lambda part, args: ran.append(part.name))
     common = ["--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub")]
-    other, here = ("mix16cpu-s0-none", "mix16-s0-none") if cuda else ("mix16-s0-depth_attention", "mix16cpu-s0-none")
-    assert study.main(common + ["run", other, here]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and other in err[0] and "not paired" in err[0]
-    assert ("CUDA_VISIBLE_DEVICES" in err[0]) if cuda else ("--device cuda, or here its CPU twin "
-                                                           "mix16cpu-s0-depth_attention" in err[0])
-    assert ran == []
-    assert study.main(common + ["run", "--next"]) == 0
-    err = capsys.readouterr().err
-    # on a GPU (device auto) the first pending part is the 16 x study's; on the CPU the embedded corpus's first
-    assert ran == (["mix16-s0-none"] if cuda else ["main-s0"]) and "leaving out" in err and "their group trained" in err
-    if not cuda:
-        assert study.main(common + ["--device", "cuda", "run", "mix4-s2-none"]) == 0  # as asked; CUDA's absence is
+
+    def refused(argv, *said):
+        assert study.main(common + argv) == 2 and ran == []
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "not paired" in err[0] and all(x in err[0] for x in said), err
+        return err[0]
+
+    refused(["--device", "cpu", "run", "mix16-s2-depth_attention"], "run it on a GPU with --device cuda")
+    refused(["--device", "cuda:1", "run", "mix4-s0-none"], "CUDA_VISIBLE_DEVICES picks the GPU")
+    refused(["--device", "cuda", "run", "main-s0"], "leave --device out")
+    if cuda:
+        refused(["run", "mix1-s0-none"], "with --device cuda")  # auto is not the setting the group ran with
+        refused(["run", "mix16cpu-s1-none"], "CUDA_VISIBLE_DEVICES=''")
+        assert "twin" not in refused(["--device", "cpu", "run", "mix16-s1-none"], "mix16-s1-none")  # refused here too
+        assert study.main(common + ["--device", "cuda", "run", "--next"]) == 0
+        assert ran == ["mix16-s0-none"]  # the first pending part the GPU may run
+    else:
+        refused(["run", "mix16-s0-depth_attention"], "or here its CPU twin mix16cpu-s0-depth_attention")
+        assert study.main(common + ["run", "--next"]) == 0
+        assert ran == ["main-s0"]
+        assert study.main(common + ["--device", "cuda", "run", "mix4-s2-none"]) == 0  # as asked: CUDA's absence is
         assert ran[-1] == "mix4-s2-none"  # the part's own error
-        assert study.main(common + ["--tiny", "run", "mix16-s1-none"]) == 0 and ran[-1] == "mix16-s1-none"
+    assert "leaving out" in capsys.readouterr().err
+    assert study.main(common + ["--tiny", "run", "mix16-s1-none", "mix16cpu-s2-none"]) == 0
+    assert ran[-2:] == ["mix16-s1-none", "mix16cpu-s2-none"]
