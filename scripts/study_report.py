@@ -66,37 +66,43 @@ def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
     return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
 
 
-def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None):
-    """``(runs, none's runs, paired_difference of final val loss)`` over the seeds both have, or None for the
-    baseline itself or no common seed. Raises ``SystemExit`` if a pair was trained with other settings
-    (``study_trend.trajectory_settings``, data or tokens)."""
+def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None, ref: str = BASELINE):
+    """``(runs, the reference's runs, paired_difference of final val loss)`` over the seeds both have, or None for
+    the reference itself (``ref``, default none, whose runs are ``base``) or no common seed. Raises ``SystemExit``
+    if a pair was trained with other settings (``study_trend.trajectory_settings``, data or tokens)."""
     common = [s for s in sorted(by_seed) if base and s in base]
-    if label == BASELINE or not common:
+    if label == ref or not common:
         return None
     a, b = [by_seed[s] for s in common], [base[s] for s in common]
     same = study_trend.trajectory_settings
     for x, y in zip(a, b):
         if same(x["train_settings"]) != same(y["train_settings"]) or x["data"] != y["data"] \
                 or x["tokens"] != y["tokens"]:
-            raise SystemExit(f"study: {label} and none were trained with other settings; cannot pair")
+            raise SystemExit(f"study: {label} and {ref} were trained with other settings; cannot pair")
     return a, b, paired_difference([x["val_loss"] for x in a], [y["val_loss"] for y in b])
 
 
 def group_verdicts(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) -> list[str]:
     """One plain sentence per method of a group: the paired Δ, its interval, the seeds favouring it, a verdict."""
-    lines = []
-    for label, by_seed in runs.items():
-        pair = paired_runs(label, by_seed, base)
-        if pair is None:
-            continue
-        d = pair[2]
-        if d["ci95"] is None:
-            lines.append(f"- `{label}`: Δ {d['mean']:+.3f} nats on one seed: {verdict(d)}.")
-        else:
-            lo, hi = d["ci95"]
-            lines.append(f"- `{label}`: Δ {d['mean']:+.3f} ± {d['std']:.3f} nats over {d['n']} seeds (95 % interval "
-                         f"{lo:+.3f} to {hi:+.3f}; {d['favouring']} of {d['n']} seeds lower): {verdict(d)}.")
-    return lines
+    pairs = ((label, paired_runs(label, by_seed, base)) for label, by_seed in runs.items())
+    return [verdict_sentence(f"`{label}`", pair[2]) for label, pair in pairs if pair is not None]
+
+
+def verdict_sentence(what: str, d: dict) -> str:
+    """``- what: Δ …`` in words for a ``paired_difference`` result: mean, spread, interval, seeds lower, verdict."""
+    if d["ci95"] is None:
+        return f"- {what}: Δ {d['mean']:+.3f} nats on one seed: {verdict(d)}."
+    lo, hi = d["ci95"]
+    return (f"- {what}: Δ {d['mean']:+.3f} ± {d['std']:.3f} nats over {d['n']} seeds (95 % interval {lo:+.3f} to "
+            f"{hi:+.3f}; {d['favouring']} of {d['n']} seeds lower): {verdict(d)}.")
+
+
+def control_verdict(runs: dict[str, dict[int, dict]]) -> list[str]:
+    """Depth-Attention against its uniform-weight control within one group, in words (the budget groups have it in
+    the trend table; this is for the CPU group), or nothing where the two share no seed."""
+    method, control = study_trend.UNIFORM_PAIR
+    pair = paired_runs(method, runs.get(method, {}), runs.get(control), control)
+    return [verdict_sentence(f"`{method}` − `{control}`", pair[2])] if pair else []
 
 
 def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) -> list[str]:
@@ -160,7 +166,7 @@ def group_sections(runs: dict) -> list[str]:
         if group.startswith("mix"):
             lines += [f"Training time per run: {study_trend.train_minutes(runs[group])} {machine_words(runs[group])}.",
                       ""]
-        said = group_verdicts(runs[group], base)
+        said = group_verdicts(runs[group], base) + (control_verdict(runs[group]) if group == "mix16cpu" else [])
         if said:
             lines += ["In words (Δ is the method's validation loss minus `none`'s; negative is better; no "
                       "correction for multiple comparisons):", ""] + said + [""]

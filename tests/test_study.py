@@ -249,7 +249,12 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
     gpu = results(seeds=(0,))  # none 5.0, depth_attention 4.974 on seed 0
     cpu = copy.deepcopy(gpu)
     cpu["methods"]["none"]["runs"][0]["val_loss"] = 5.002
-    for part, group, res in (("mix16-s0-none", "mix16", gpu), ("mix16cpu-s0-none", "mix16cpu", cpu)):
+    uniform = copy.deepcopy(cpu)  # the CPU group's uniform control, a part of its own
+    del uniform["methods"]["none"]
+    uniform["methods"] = {"depth_attention_uniform": uniform["methods"]["depth_attention"]}
+    uniform["methods"]["depth_attention_uniform"]["runs"][0]["val_loss"] = 4.96
+    for part, group, res in (("mix16-s0-none", "mix16", gpu), ("mix16cpu-s0-none", "mix16cpu", cpu),
+                             ("mix16cpu-s0-depth_attention_uniform", "mix16cpu", uniform)):
         publish(pub, part, group, res)
     st = json.loads((pub / "mix16-s0-none" / "results.json").read_text())
     st["study"] |= {"hardware": "NVIDIA H200 (CUDA), torch 2.11.0", "jobs": 16}
@@ -263,6 +268,9 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
     assert "`depth_attention` − `none` on seed 0: -0.0280 nats on the CPU, -0.0260 on the GPU." in text
     assert "on NVIDIA H200 (CUDA), torch 2.11.0, up to 16 runs at a time sharing it" in text
     assert f"on {study.study_report.CPU_MACHINE}, runs one after another" in text
+    # the CPU group says how Depth-Attention stands against its control (the GPU groups: in the trend table)
+    said = "- `depth_attention` − `depth_attention_uniform`: Δ +0.014 nats on one seed: inconclusive (one seed"
+    assert text.count(said) == 1 and text.index(said) > text.index("trained on the 2-core CPU")
 
 
 def test_published_study_files_hold_no_machine_paths():
