@@ -18,8 +18,8 @@ Groups (all on the embedded corpus, preset ``small``, the default compare budget
 * ``mix16cpu`` — the 16 × runs of ``mix16`` trained on the 2-core CPU, in the same order (precision ``auto``,
   float32 there; saves every 100 steps, as the first two ran): paired among themselves, shown beside the GPU runs
   of the same seed, never paired with them (a fresh run draws its initial weights on its device, so a CPU and a GPU
-  run of one seed start from other weights). For sessions lent no GPU; ``GROUP_DEVICE`` keeps each group on its
-  device setting.
+  run of one seed start from other weights). For sessions lent no GPU; each group trains only with its device
+  setting (``study_groups``).
 
 A part of ~5–45 min on an idle 2-core CPU (~4.5 min per default-budget run including the evaluation; a mix16 part
 ~75 min);
@@ -55,6 +55,7 @@ from depthattn.fileio import atomic_write_bytes, atomic_write_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study_depth  # noqa: E402  (scripts/ is not a package)
+import study_groups  # noqa: E402
 import study_report  # noqa: E402
 
 MAIN_METHODS = "none,depth_attention,denseformer,mhc,attnres,value_residual,depth_attention_uniform"
@@ -123,8 +124,8 @@ def mix_parts() -> list[Part]:
     four = (*MIX_METHODS, "attnres")
     out += [mix(f"mix1-s{s}-{m}", "mix1", m, str(s), minutes=5) for s in MIX_SEEDS for m in four]
     out += [mix(f"mix4-s{s}-{m}", "mix4", m, str(s), steps_scale=4, minutes=20) for s in MIX_SEEDS for m in four]
-    cpu = functools.partial(Part, group="mix16cpu", steps_scale=16, minutes=75, corpus="mix",
-                            sets=list(CPU_CHECK_SETS), device_sets=False)
+    cpu = functools.partial(Part, group=study_groups.cpu_twin_group("mix16"), steps_scale=16, minutes=75,
+                            corpus="mix", sets=list(CPU_CHECK_SETS), device_sets=False)
     out += [cpu(f"mix16cpu-s{s}-{m}", methods=m, seeds=str(s)) for s in MIX_SEEDS for m in MIX_METHODS]
     out += [cpu(f"mix16cpu-s{s}-attnres", methods="attnres", seeds=str(s)) for s in MIX_ATTNRES_SEEDS]
     return out
@@ -244,24 +245,17 @@ def hardware(device: str | None) -> str:
     return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
-#: The device setting (``TrainConfig.device``) each group's published runs trained with. Pairing compares the setting
-#: itself (``study_trend.PAIRABLE_DIFFERENCES`` leaves device out: a fresh run draws its initial weights on its
-#: device), so a part must train with its group's; "auto" ones trained on the CPU, on a machine without CUDA.
-GROUP_DEVICE = {"mix16": "cuda", "mix4": "cuda", "mix1": "cuda", "mix16cpu": "auto", "main": "auto", "loops": "auto",
-                "ablation": "auto", "long": "auto"}
-
-
 def wrong_device(part: Part, args) -> str | None:
     """Why ``part`` must not run here, in one line, or None: its device setting (``--device`` where the part takes
-    it, else "auto") is not ``GROUP_DEVICE``'s for its group, or it is "auto" where CUDA is available (auto would
-    train on the GPU, in bf16). ``--tiny`` parts run anywhere (their numbers mean nothing). Where ``--device cuda``
+    it, else "auto") is not its group's (``study_groups.Group.device``), or it is "auto" where CUDA is available
+    (auto would train on the GPU, in bf16). ``--tiny`` parts run anywhere (their numbers mean nothing). Where ``--device cuda``
     finds no CUDA, the part's own run says so."""
     import torch
 
     if args.tiny:
         return None
     given = getattr(args, "device", None) if part.device_sets else None
-    need, cuda = GROUP_DEVICE[part.group], torch.cuda.is_available()
+    need, cuda = study_groups.GROUPS[part.group].device, torch.cuda.is_available()
     why = f"{part.name}: its group {part.group} trained with device {need}"
     if need == "auto":
         if given:
@@ -272,9 +266,18 @@ def wrong_device(part: Part, args) -> str | None:
         return None
     if given == need:
         return None
-    twin = part.name.replace(part.group, "mix16cpu", 1) if part.group == "mix16" and not cuda else None
+    twin = None if cuda else cpu_twin(part)
     return (f"{why}, and runs of another device setting are not paired: run it on a GPU with --device {need} "
             "(CUDA_VISIBLE_DEVICES picks the GPU)" + (f", or here its CPU twin {twin}" if twin else ""))
+
+
+def cpu_twin(part: Part) -> str | None:
+    """The name of the part that trains ``part``'s run on the CPU (its group's CPU twin: same methods, seeds, label
+    and budget), or None."""
+    twin = study_groups.cpu_twin_group(part.group)
+    key = (part.methods, part.seeds, part.label, part.steps_scale)
+    return next((p.name for p in parts() if p.group == twin and (p.methods, p.seeds, p.label, p.steps_scale) == key),
+                None)
 
 
 def record_invocation(part: Part, args) -> None:

@@ -19,19 +19,8 @@ from depthattn.stats import paired_difference, tokens_to_target, verdict
 
 import study_depth
 import study_trend
+from study_groups import GROUPS, cpu_twin_group
 
-BASE_GROUP = {"main": "main", "ablation": "main", "loops": "loops", "long": "long", "mix1": "mix1", "mix4": "mix4",
-              "mix16": "mix16", "mix16cpu": "mix16cpu"}
-GROUP_ORDER = ("mix16", "mix4", "mix1", "mix16cpu", "main", "loops", "ablation", "long")
-TITLES = {"mix16": "Public-domain mix, 16 × the default budget (6.55 M tokens)",
-          "mix16cpu": "Public-domain mix, 16 ×, trained on the 2-core CPU (paired among themselves; the cross-check "
-                      "below)",
-          "mix4": "Public-domain mix, 4 × the default budget (1.64 M tokens)",
-          "mix1": "Public-domain mix, the default budget (409,600 tokens)",
-          "main": "Embedded corpus: default budget",
-          "loops": "Embedded corpus: looped models (`--loops 2`)",
-          "ablation": "Embedded corpus: Depth-Attention candidate-set ablation (default budget, paired with main's none)",
-          "long": "Embedded corpus: longer budget (4 × the default tokens; 2 epochs of the corpus)"}
 #: Where aggregate draws Depth-Attention's depth statistics over the 16 × runs (beside --out).
 DEPTH_FIGURE = Path("img") / "study_mix16_depth_attention.png"
 
@@ -156,22 +145,23 @@ def code_line(published: list[dict]) -> str:
 
 
 def group_sections(runs: dict) -> list[str]:
-    """Per group in ``GROUP_ORDER``: title, table, and the verdicts in words."""
+    """Per group in ``study_groups.GROUPS``' order: title, table, and the verdicts in words; a CPU twin also gets
+    Depth-Attention against its uniform control and the cross-check against the group it repeats."""
     lines = []
-    for group in GROUP_ORDER:
+    for group, g in GROUPS.items():
         if group not in runs:
             continue
-        base = runs.get(BASE_GROUP[group], {}).get(BASELINE)
-        lines += [f"## {TITLES[group]}", ""] + group_table(runs[group], base) + [""]
+        base = runs.get(g.baseline_group, {}).get(BASELINE)
+        lines += [f"## {g.title}", ""] + group_table(runs[group], base) + [""]
         if group.startswith("mix"):
             lines += [f"Training time per run: {study_trend.train_minutes(runs[group])} {machine_words(runs[group])}.",
                       ""]
-        said = group_verdicts(runs[group], base) + (control_verdict(runs[group]) if group == "mix16cpu" else [])
+        said = group_verdicts(runs[group], base) + (control_verdict(runs[group]) if g.twin_of else [])
         if said:
             lines += ["In words (Δ is the method's validation loss minus `none`'s; negative is better; no "
                       "correction for multiple comparisons):", ""] + said + [""]
-        if group == "mix16cpu":
-            lines += cross_check(runs)
+        if g.twin_of:
+            lines += cross_check(runs[group], runs.get(g.twin_of, {}))
     return lines
 
 
@@ -192,11 +182,11 @@ def machine_words(group: dict[str, dict[int, dict]]) -> str:
     return "; ".join(said)
 
 
-def cross_check(runs: dict) -> list[str]:
-    """The CPU-trained 16 × runs beside the GPU runs of the same method and seed. Not a rounding check: the same data
-    order, but other initial weights (drawn on each device by its own generator) and other torch releases; so the
-    differences are of the size of seed-to-seed noise, and the two are never paired."""
-    cpu, gpu = runs.get("mix16cpu", {}), runs.get("mix16", {})
+def cross_check(cpu: dict, gpu: dict) -> list[str]:
+    """A CPU twin's runs (``cpu``, ``{label: {seed: run}}``) beside the GPU runs of the same method and seed
+    (``gpu``). Not a rounding check: the same data order, but other initial weights (drawn on each device by its own
+    generator) and other torch releases; so the differences are of the size of seed-to-seed noise, and the two are
+    never paired."""
     rows = {(m, s): (r, gpu[m][s]) for m, by_seed in cpu.items() for s, r in sorted(by_seed.items())
             if s in gpu.get(m, {})}
     if not rows:
@@ -246,23 +236,24 @@ def depth_section(publish: Path, out: Path, runs: dict, parts: list) -> list[str
     figure, so a run of the CPU's initial weights may stand in; it is named below the figure)."""
     by_seed: dict[int, list] = {}
     origin: dict[int, str] = {}
-    for group in ("mix16", "mix16cpu"):
+    twin = cpu_twin_group("mix16")
+    for group in ("mix16", twin):
         for part in parts:
             path = publish / part.name / "depth_stats.json"
             if part.group == group and path.is_file():
                 for seed, rows in json.loads(path.read_text(encoding="utf-8")).get("depth_attention", {}).items():
                     if int(seed) not in by_seed:
                         by_seed[int(seed)], origin[int(seed)] = rows, group
-    runs16 = runs.get("mix16", {}).get("depth_attention") or runs.get("mix16cpu", {}).get("depth_attention", {})
+    runs16 = runs.get("mix16", {}).get("depth_attention") or runs.get(twin, {}).get("depth_attention", {})
     if not by_seed or not runs16:
         return []
     tokens_per_step = next(iter(runs16.values()))["tokens"] // next(iter(runs16.values()))["steps"]
     png = out.parent / DEPTH_FIGURE
     if not study_depth.figure(by_seed, png, "depth_attention, 16 × budget, public-domain mix", tokens_per_step):
         return []
-    cpu = sorted(s for s, g in origin.items() if g == "mix16cpu")
+    cpu = sorted(s for s, g in origin.items() if g == twin)
     note = (f" Seed{'s' if len(cpu) > 1 else ''} {', '.join(map(str, cpu))}: the run trained on the CPU "
-            "(`mix16cpu`)."
+            f"(`{twin}`)."
             if cpu else "")
     return ["## What Depth-Attention learns over the 16 × runs", "",
             "Logged every `log_depth_every` steps on a fixed probe batch of validation windows "

@@ -65,6 +65,9 @@ def test_mix_parts_run_in_the_issues_stopping_order(study):
     cpu = [p for p in study.parts() if p.group == "mix16cpu"]
     # the CPU twin of the 16 x runs: the same runs in the same order, with the settings its first two ran under
     assert [p.name.replace("mix16cpu", "mix16") for p in cpu] == [p.name for p in mix[:11]]
+    assert [study.cpu_twin(p) for p in mix[:11]] == [p.name for p in cpu]  # found by its runs, not by name
+    assert {study.cpu_twin(p) for p in mix[11:] + cpu} == {None}
+    assert {p.group for p in study.parts()} == set(study.study_groups.GROUPS)  # every group has one record
     assert all(p.steps_scale == 16 and p.sets == list(study.CPU_CHECK_SETS) and not p.device_sets for p in cpu)
     assert [p.group for p in study.parts()][-len(mix) - len(cpu):] == [p.group for p in mix + cpu]
     args = type("A", (), {"data": None, "mix_data": None, "root": "R", "tiny": False})

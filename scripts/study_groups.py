@@ -1,0 +1,47 @@
+"""The study's groups, one record each (``scripts/study.py`` trains their parts, ``scripts/study_report.py`` reports
+them): where a group's runs train, whose ``none`` they are paired with, its section title, and, for a CPU twin,
+the group whose runs it repeats on the CPU. ``GROUPS`` is in the report's order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    #: The section title in docs/results.md.
+    title: str
+    #: The device setting (``TrainConfig.device``) its published runs trained with: "cuda" (on a GPU) or "auto" (on
+    #: a machine without CUDA, so the CPU). Pairing compares the setting itself (``study_trend.PAIRABLE_DIFFERENCES``
+    #: leaves device out: a fresh run draws its initial weights on its device), so a part trains with its group's.
+    device: str
+    #: The group whose ``none`` runs are this group's baseline ("" = its own).
+    base: str = ""
+    #: For a CPU twin: the group whose parts it repeats on the CPU (same methods, seeds and budget; never paired
+    #: with them, shown beside them in a cross-check).
+    twin_of: str = ""
+
+    @property
+    def baseline_group(self) -> str:
+        return self.base or self.name
+
+
+GROUPS: dict[str, Group] = {g.name: g for g in (
+    Group("mix16", "Public-domain mix, 16 × the default budget (6.55 M tokens)", "cuda"),
+    Group("mix4", "Public-domain mix, 4 × the default budget (1.64 M tokens)", "cuda"),
+    Group("mix1", "Public-domain mix, the default budget (409,600 tokens)", "cuda"),
+    Group("mix16cpu", "Public-domain mix, 16 ×, trained on the 2-core CPU (paired among themselves; the cross-check "
+                      "below)", "auto", twin_of="mix16"),
+    Group("main", "Embedded corpus: default budget", "auto"),
+    Group("loops", "Embedded corpus: looped models (`--loops 2`)", "auto"),
+    Group("ablation", "Embedded corpus: Depth-Attention candidate-set ablation (default budget, paired with main's "
+                      "none)", "auto", base="main"),
+    Group("long", "Embedded corpus: longer budget (4 × the default tokens; 2 epochs of the corpus)", "auto"),
+)}
+
+
+def cpu_twin_group(name: str) -> str | None:
+    """The group that repeats group ``name``'s runs on the CPU, or None."""
+    return next((g.name for g in GROUPS.values() if g.twin_of == name), None)
