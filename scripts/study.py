@@ -15,11 +15,12 @@ Groups (all on the embedded corpus, preset ``small``, the default compare budget
   each at 16 × on a 2-core CPU, seconds on a GPU). The parts run in that order, which is the order to stop in when
   time runs short. They train in float32 on any device (``MIX_SETS``); ``--device`` and ``--compile`` choose where
   and how. Runs are paired only with runs of the same device setting (``PAIRABLE_DIFFERENCES``);
-* ``mix16cpu`` — the 16 × runs of ``mix16`` trained on the 2-core CPU, in the same order (precision ``auto``,
-  float32 there; saves every 100 steps, as the first two ran): paired among themselves, shown beside the GPU runs
-  of the same seed, never paired with them (a fresh run draws its initial weights on its device, so a CPU and a GPU
-  run of one seed start from other weights). For sessions lent no GPU; each group trains only with its device
-  setting (``study_groups``).
+* ``mix16cpu``, ``mix1cpu``, ``mix4cpu`` — the CPU twins: the runs of ``mix16``, ``mix1`` and ``mix4`` trained on
+  the 2-core CPU, in that order (precision ``auto``, float32 there; saves every 100 steps, as the first two 16 ×
+  CPU runs ran): paired among themselves (their own budget trend), shown beside the GPU runs of the same seed,
+  never paired with them (a fresh run draws its initial weights on its device, so a CPU and a GPU run of one seed
+  start from other weights). For sessions lent no GPU; each group trains only with its device setting
+  (``study_groups``).
 
 A part of ~5–45 min on an idle 2-core CPU (~4.5 min per default-budget run including the evaluation; a mix16 part
 ~75 min);
@@ -124,10 +125,20 @@ def mix_parts() -> list[Part]:
     four = (*MIX_METHODS, "attnres")
     out += [mix(f"mix1-s{s}-{m}", "mix1", m, str(s), minutes=5) for s in MIX_SEEDS for m in four]
     out += [mix(f"mix4-s{s}-{m}", "mix4", m, str(s), steps_scale=4, minutes=20) for s in MIX_SEEDS for m in four]
-    cpu = functools.partial(Part, group=study_groups.cpu_twin_group("mix16"), steps_scale=16, minutes=75,
-                            corpus="mix", sets=list(CPU_CHECK_SETS), device_sets=False)
-    out += [cpu(f"mix16cpu-s{s}-{m}", methods=m, seeds=str(s)) for s in MIX_SEEDS for m in MIX_METHODS]
-    out += [cpu(f"mix16cpu-s{s}-attnres", methods="attnres", seeds=str(s)) for s in MIX_ATTNRES_SEEDS]
+    return out + cpu_twin_parts(out)
+
+
+def cpu_twin_parts(gpu: list[Part]) -> list[Part]:
+    """The CPU twins of the mix parts ``gpu`` (``study_groups.Group.twin_of``): the same runs, in the order 16 ×,
+    1 ×, 4 × (the 16 × runs first, as on the GPU; then the short budgets, which a CPU runs in minutes), each
+    ``PART`` of group ``G`` becoming ``G``cpu's, with the settings the first CPU runs were published with
+    (``CPU_CHECK_SETS``; no --device / --compile)."""
+    out = []
+    for group in ("mix16", "mix1", "mix4"):
+        twin = study_groups.cpu_twin_group(group)
+        out += [Part(p.name.replace(group, twin, 1), twin, p.methods, p.seeds, steps_scale=p.steps_scale,
+                     minutes=p.minutes, corpus=p.corpus, sets=list(CPU_CHECK_SETS), device_sets=False)
+                for p in gpu if p.group == group]
     return out
 
 

@@ -161,7 +161,7 @@ def group_sections(runs: dict) -> list[str]:
             lines += ["In words (Δ is the method's validation loss minus `none`'s; negative is better; no "
                       "correction for multiple comparisons):", ""] + said + [""]
         if g.twin_of:
-            lines += cross_check(runs[group], runs.get(g.twin_of, {}))
+            lines += cross_check(runs[group], runs.get(g.twin_of, {}), dict(study_trend.BUDGETS)[g.twin_of])
     return lines
 
 
@@ -182,16 +182,16 @@ def machine_words(group: dict[str, dict[int, dict]]) -> str:
     return "; ".join(said)
 
 
-def cross_check(cpu: dict, gpu: dict) -> list[str]:
+def cross_check(cpu: dict, gpu: dict, budget: str) -> list[str]:
     """A CPU twin's runs (``cpu``, ``{label: {seed: run}}``) beside the GPU runs of the same method and seed
-    (``gpu``). Not a rounding check: the same data order, but other initial weights (drawn on each device by its own
+    (``gpu``), at ``budget`` (e.g. "16 ×"). Not a rounding check: the same data order, but other initial weights (drawn on each device by its own
     generator) and other torch releases; so the differences are of the size of seed-to-seed noise, and the two are
     never paired."""
     rows = {(m, s): (r, gpu[m][s]) for m, by_seed in cpu.items() for s, r in sorted(by_seed.items())
             if s in gpu.get(m, {})}
     if not rows:
         return []
-    lines = ["## Cross-check: the same 16 × runs on the CPU and on the GPU", "",
+    lines = [f"## Cross-check: the same {budget} runs on the CPU and on the GPU", "",
              "Same seed, data order and float32 arithmetic, but not the same run: the initial weights are drawn on "
              "the device by its own random generator (a CPU and a CUDA run of one seed start from other weights: "
              "their first training losses differ), and the CPU ran torch 2.13, the GPU torch 2.11. So the "
@@ -312,7 +312,11 @@ def aggregate(publish: Path, out: Path, parts: list) -> str:
     if "ablation" in runs and "depth_attention" in runs.get("main", {}):
         runs["ablation"] = {"depth_attention (stride=L/2, window=0; from main)": runs["main"]["depth_attention"],
                             **runs["ablation"]}
-    lines += study_trend.section(runs, BASELINE) + depth_section(publish, out, runs, parts)
+    cpu_budgets = tuple((cpu_twin_group(g), name) for g, name in study_trend.BUDGETS)
+    lines += study_trend.section(runs, BASELINE)
+    lines += study_trend.section(runs, BASELINE, cpu_budgets, " on the CPU (the runs of its CPU twins, paired among "
+                                 "themselves)")
+    lines += depth_section(publish, out, runs, parts)
     lines += group_sections(runs) + long_trend(runs) + parts_table(published, publish, out)
     text = "\n".join(lines)
     atomic_write_text(out, text)

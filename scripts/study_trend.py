@@ -102,14 +102,17 @@ def check_pairable(runs: dict[str, dict[str, dict[int, dict]]], groups: list[str
                          "cannot compare their gaps")
 
 
-def section(runs: dict[str, dict[str, dict[int, dict]]], baseline: str = "none") -> list[str]:
-    """The markdown lines of the trend section; empty if no mix group is published."""
-    present = [(g, name) for g, name in BUDGETS if g in runs]
+def section(runs: dict[str, dict[str, dict[int, dict]]], baseline: str = "none",
+            budgets: tuple[tuple[str, str], ...] = BUDGETS, where: str = "") -> list[str]:
+    """The markdown lines of the trend section over ``budgets`` (``(group, name)`` from the smallest budget to the
+    largest; ``where`` qualifies the title, e.g. the CPU twins'); empty if none of them is published."""
+    present = [(g, name) for g, name in budgets if g in runs]
     if not present:
         return []
     labels = [lab for lab in dict.fromkeys(lab for g, _ in present for lab in runs[g]) if lab != baseline]
     check_pairable(runs, [g for g, _ in present])
-    lines = ["## Public-domain mix: does the gap move with training budget?", "",
+    (first, first_name), (last, last_name) = budgets[0], budgets[-1]
+    lines = [f"## Public-domain mix{where}: does the gap move with training budget?", "",
              "Each cell: the per-seed paired Δ in final validation loss (nats), mean ± standard deviation over "
              "seeds, [95 % t-interval], and how many seeds the first method is lower on. 1 × is the default budget "
              "(409,600 tokens), 16 × is 6,553,600 tokens, under one epoch of the mix's training split.", "",
@@ -122,13 +125,13 @@ def section(runs: dict[str, dict[str, dict[int, dict]]], baseline: str = "none")
         lines.append(f"| `{method}` − `{ref}` | " + " | ".join(cell(gaps(runs[g], method, ref)) for g, _ in present)
                      + " |")
     lines.append("")
-    if "mix1" in runs and "mix16" in runs:
-        lines += ["From 1 × to 16 × (the same seeds paired across budgets; no correction for multiple comparisons):",
-                  ""]
-        lines += [change_sentence(m, r, gaps(runs["mix1"], m, r), gaps(runs["mix16"], m, r)) for m, r in pairs]
+    if first in runs and last in runs:
+        lines += [f"From {first_name} to {last_name} (the same seeds paired across budgets; no correction for "
+                  "multiple comparisons):", ""]
+        lines += [change_sentence(m, r, gaps(runs[first], m, r), gaps(runs[last], m, r)) for m, r in pairs]
         lines.append("")
     else:
-        gone = " and ".join(name for g, name in BUDGETS if g in ("mix1", "mix16") and g not in runs)
+        gone = " and ".join(name for g, name in budgets if g in (first, last) and g not in runs)
         lines += [f"The {gone} parts are not published yet, so no change across budgets is stated.", ""]
     return lines
 

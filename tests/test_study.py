@@ -49,7 +49,7 @@ def test_parts_cover_the_study(study):
 def test_mix_parts_run_in_the_issues_stopping_order(study):
     """Issue 28: none, depth_attention, depth_attention_uniform × 3 seeds at 16 × first (one run a part), then
     attnres × 2 seeds at 16 ×, then the four at 1 × and 4 × (one run a part, so they can run at once); all on the
-    mix, in float32, with time-based saves only; the CPU cross-check parts last."""
+    mix, in float32, with time-based saves only; the CPU twins last."""
     mix = [p for p in study.parts() if p.group in ("mix16", "mix1", "mix4")]
     sixteen = [(p.methods, p.seeds) for p in mix[:9]]
     assert sixteen == [(m, s) for s in "012" for m in ("none", "depth_attention", "depth_attention_uniform")]
@@ -62,14 +62,17 @@ def test_mix_parts_run_in_the_issues_stopping_order(study):
         assert [(p.seeds, p.methods) for p in got] == [(s, m) for s in "012" for m in four]
     assert all(p.corpus == "mix" and p.sets == list(study.MIX_SETS) for p in mix)
     assert "precision=float32" in study.MIX_SETS and "save_every=0" in study.MIX_SETS
-    cpu = [p for p in study.parts() if p.group == "mix16cpu"]
-    # the CPU twin of the 16 x runs: the same runs in the same order, with the settings its first two ran under
-    assert [p.name.replace("mix16cpu", "mix16") for p in cpu] == [p.name for p in mix[:11]]
-    assert [study.cpu_twin(p) for p in mix[:11]] == [p.name for p in cpu]  # found by its runs, not by name
-    assert {study.cpu_twin(p) for p in mix[11:] + cpu} == {None}
-    assert {p.group for p in study.parts()} == set(study.study_groups.GROUPS)  # every group has one record
-    assert all(p.steps_scale == 16 and p.sets == list(study.CPU_CHECK_SETS) and not p.device_sets for p in cpu)
+    cpu = [p for p in study.parts() if p.group.endswith("cpu")]
+    # the CPU twins: the same runs, 16 x first then 1 x and 4 x, with the settings the first two 16 x CPU runs had
+    order = mix[:11] + [p for p in mix if p.group == "mix1"] + [p for p in mix if p.group == "mix4"]
+    assert [p.name.replace("cpu", "", 1) for p in cpu] == [p.name for p in order]
+    assert [p.group for p in cpu] == [p.group + "cpu" for p in order]
+    assert [study.cpu_twin(p) for p in order] == [p.name for p in cpu]  # found by its runs, not by name
+    assert {study.cpu_twin(p) for p in cpu} == {None}
+    assert all(p.steps_scale == q.steps_scale and p.sets == list(study.CPU_CHECK_SETS) and not p.device_sets
+               for p, q in zip(cpu, order))
     assert [p.group for p in study.parts()][-len(mix) - len(cpu):] == [p.group for p in mix + cpu]
+    assert {p.group for p in study.parts()} == set(study.study_groups.GROUPS)  # every group has one record
     args = type("A", (), {"data": None, "mix_data": None, "root": "R", "tiny": False})
     argv = study.command(mix[0], args)
     assert argv[argv.index("--data") + 1] == str(Path("R") / "data-mix")
@@ -330,6 +333,29 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
     assert (out.parent / study.study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
     assert f"]({study.study_report.DEPTH_FIGURE.as_posix()})" in text
     assert "not published yet" not in text and "Training time per run:" in text
+
+
+def test_cpu_twins_have_a_trend_of_their_own_never_paired_with_the_gpus(study, tmp_path):
+    """The budget trend of the CPU twins (mix1cpu … mix16cpu) is a section of its own: paired among themselves,
+    while the GPU's trend, whose runs have another device setting, says what it lacks."""
+    pub = tmp_path / "pub"
+    one = with_method(results(), "depth_attention_uniform", {0: -0.05, 1: -0.05, 2: -0.05})
+    sixteen = with_method(results(), "depth_attention_uniform", {0: -0.2, 1: -0.2, 2: -0.2})
+    for r, off in zip(sixteen["methods"]["depth_attention"]["runs"], (-0.10, -0.12, -0.11)):
+        r["val_loss"] = {0: 5.0, 1: 5.1, 2: 4.9}[r["seed"]] + off
+    gpu = copy.deepcopy(one)
+    gpu["settings"]["train"] = dict(gpu["settings"]["train"], device="cuda")
+    publish(pub, "mix1-s0-none", "mix1", gpu)
+    publish(pub, "mix1cpu-s0-none", "mix1cpu", one)
+    publish(pub, "mix16cpu-s0-none", "mix16cpu", sixteen)
+    text = study.aggregate(pub, tmp_path / "docs" / "results.md")
+    gpu_trend, cpu_trend = text.split("## Public-domain mix on the CPU")[:2]
+    assert "The 16 × parts are not published yet, so no change across budgets is stated." in gpu_trend
+    assert cpu_trend.startswith(" (the runs of its CPU twins, paired among themselves): does the gap move")
+    said = next(line for line in cpu_trend.splitlines() if line.startswith("- `depth_attention` − `none`:"))
+    assert "-0.018 nats at 1 × and -0.110 at 16 ×" in said and "the gap **widens**" in said
+    assert "## Public-domain mix, the default budget, trained on the 2-core CPU" in text
+    assert "## Cross-check: the same 1 × runs on the CPU and on the GPU" in text
 
 
 def test_depth_stats_are_extracted_from_metrics_rows(study, tmp_path):
