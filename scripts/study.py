@@ -78,7 +78,8 @@ MIX_VOCAB = 8192  # the small preset as the default compare trains it (10.5 M pa
 #: a GPU run would not be the CPU's arithmetic), and checkpoints by time alone (a GPU runs 100 steps in seconds).
 MIX_SETS = ("precision=float32", "save_every=0", f"save_every_minutes={MIX_SAVE_MINUTES}")
 #: The settings of the two 16 × runs trained on the 2-core CPU before the mix parts moved to MIX_SETS (group
-#: ``mix16cpu``): precision auto (float32 there), a save every 100 steps and every MIX_SAVE_MINUTES.
+#: ``mix16cpu``), and so of every CPU twin: precision auto (float32 there), a save every 100 steps and every
+#: MIX_SAVE_MINUTES.
 CPU_CHECK_SETS = (f"save_every_minutes={MIX_SAVE_MINUTES}",)
 
 
@@ -116,7 +117,7 @@ def parts() -> list[Part]:
 
 def mix_parts() -> list[Part]:
     """The budget-trend study on the public-domain mix, one run per part, in its stopping order (issue 28), then
-    the 16 × runs' CPU twin (``mix16cpu``, the same order: for sessions without a GPU)."""
+    the CPU twins of its 16 ×, 1 × and 4 × runs (``cpu_twin_parts``: for sessions without a GPU)."""
     mix = functools.partial(Part, corpus="mix", sets=list(MIX_SETS))
     out = [mix(f"mix16-s{s}-{m}", "mix16", m, str(s), steps_scale=16, minutes=75)
            for s in MIX_SEEDS for m in MIX_METHODS]
@@ -487,9 +488,10 @@ def main(argv: list[str] | None = None) -> int:
         here = [p for p in pending if not wrong_device(p, args)]
         if len(here) < len(pending):
             groups = sorted({p.group for p in pending if p not in here})
+            gpu = ", ".join(g.name for g in study_groups.GROUPS.values() if g.device == "cuda")
             print(f"study: leaving out {len(pending) - len(here)} part(s) of {', '.join(groups)}: their group trained "
-                  "with another device setting (mix16, mix4, mix1: --device cuda on a GPU; the others: no --device, "
-                  "on a machine without CUDA)", file=sys.stderr)
+                  f"with another device setting ({gpu}: --device cuda on a GPU; the others: no --device, on a machine "
+                  "without CUDA)", file=sys.stderr)
         todo += here[:1] if args.next else here
     todo = list({p.name: p for p in todo}.values())  # a part named twice runs once (twice at once would collide)
     wrong = [p.name for p in todo if p.corpus == "mix" and args.data and not args.tiny]

@@ -34,10 +34,10 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("mix1", "Public-domain mix, the default budget (409,600 tokens)", "cuda"),
     Group("mix16cpu", "Public-domain mix, 16 ×, trained on the 2-core CPU (paired among themselves; the cross-check "
                       "below)", "auto", twin_of="mix16"),
-    Group("mix4cpu", "Public-domain mix, 4 ×, trained on the 2-core CPU (paired among themselves)", "auto",
-          twin_of="mix4"),
-    Group("mix1cpu", "Public-domain mix, the default budget, trained on the 2-core CPU (paired among themselves)",
-          "auto", twin_of="mix1"),
+    Group("mix4cpu", "Public-domain mix, 4 ×, trained on the 2-core CPU (paired among themselves; the cross-check "
+                     "below)", "auto", twin_of="mix4"),
+    Group("mix1cpu", "Public-domain mix, the default budget, trained on the 2-core CPU (paired among themselves; the "
+                     "cross-check below)", "auto", twin_of="mix1"),
     Group("main", "Embedded corpus: default budget", "auto"),
     Group("loops", "Embedded corpus: looped models (`--loops 2`)", "auto"),
     Group("ablation", "Embedded corpus: Depth-Attention candidate-set ablation (default budget, paired with main's "

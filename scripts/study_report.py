@@ -1,7 +1,8 @@
 """docs/results.md from the study's published parts (``scripts/study.py aggregate``): per group a table of final
 validation losses and paired differences from ``none`` (``depthattn.stats.paired_difference``: per-seed Δ, t-interval
-over seeds) with the verdicts in words, the budget trend (``study_trend``), Depth-Attention's depth statistics over
-training (``study_depth``), the CPU-vs-GPU cross-check of the 16 × runs and the parts' commands. Reads only the
+over seeds) with the verdicts in words, two budget trends (``study_trend``: the GPU's groups, and their CPU twins
+among themselves), Depth-Attention's depth statistics over training (``study_depth``), a CPU-vs-GPU cross-check per
+CPU twin (``study_groups``) and the parts' commands. Reads only the
 published files (small, committed), never the run folders. Run through ``python scripts/study.py aggregate``, which
 knows the parts and puts scripts/ on the import path.
 """
@@ -87,8 +88,9 @@ def verdict_sentence(what: str, d: dict) -> str:
 
 
 def control_verdict(runs: dict[str, dict[int, dict]]) -> list[str]:
-    """Depth-Attention against its uniform-weight control within one group, in words (the budget groups have it in
-    the trend table; this is for the CPU group), or nothing where the two share no seed."""
+    """Depth-Attention against its uniform-weight control within one group, in words with its verdict (the trend
+    tables give it as numbers; this sentence is for the CPU twins' sections), or nothing where the two share no
+    seed."""
     method, control = study_trend.UNIFORM_PAIR
     pair = paired_runs(method, runs.get(method, {}), runs.get(control), control)
     return [verdict_sentence(f"`{method}` − `{control}`", pair[2])] if pair else []
@@ -184,9 +186,9 @@ def machine_words(group: dict[str, dict[int, dict]]) -> str:
 
 def cross_check(cpu: dict, gpu: dict, budget: str) -> list[str]:
     """A CPU twin's runs (``cpu``, ``{label: {seed: run}}``) beside the GPU runs of the same method and seed
-    (``gpu``), at ``budget`` (e.g. "16 ×"). Not a rounding check: the same data order, but other initial weights (drawn on each device by its own
-    generator) and other torch releases; so the differences are of the size of seed-to-seed noise, and the two are
-    never paired."""
+    (``gpu``), at ``budget`` (e.g. "16 ×"). Not a rounding check: the same data order, but other initial weights
+    (drawn on each device by its own generator) and other torch releases; so the differences are of the size of
+    seed-to-seed noise, and the two are never paired."""
     rows = {(m, s): (r, gpu[m][s]) for m, by_seed in cpu.items() for s, r in sorted(by_seed.items())
             if s in gpu.get(m, {})}
     if not rows:
@@ -252,7 +254,8 @@ def depth_section(publish: Path, out: Path, runs: dict, parts: list) -> list[str
     if not study_depth.figure(by_seed, png, "depth_attention, 16 × budget, public-domain mix", tokens_per_step):
         return []
     cpu = sorted(s for s, g in origin.items() if g == twin)
-    note = (f" Seed{'s' if len(cpu) > 1 else ''} {', '.join(map(str, cpu))}: the run trained on the CPU "
+    note = (f" Seed{'s' if len(cpu) > 1 else ''} {', '.join(map(str, cpu))}: the run{'s' if len(cpu) > 1 else ''} "
+            "trained on the CPU "
             f"(`{twin}`)."
             if cpu else "")
     return ["## What Depth-Attention learns over the 16 × runs", "",
@@ -314,7 +317,7 @@ def aggregate(publish: Path, out: Path, parts: list) -> str:
                             **runs["ablation"]}
     cpu_budgets = tuple((cpu_twin_group(g), name) for g, name in study_trend.BUDGETS)
     lines += study_trend.section(runs, BASELINE)
-    lines += study_trend.section(runs, BASELINE, cpu_budgets, " on the CPU (the runs of its CPU twins, paired among "
+    lines += study_trend.section(runs, BASELINE, cpu_budgets, " on the CPU (the CPU twins' runs, paired among "
                                  "themselves)")
     lines += depth_section(publish, out, runs, parts)
     lines += group_sections(runs) + long_trend(runs) + parts_table(published, publish, out)

@@ -1,7 +1,8 @@
 """The budget-trend section of docs/results.md (issue 28): does a method's gap to ``none`` (and Depth-Attention's gap
 to its uniform-weight control) move from 1 × to 4 × to 16 × the default budget on the public-domain mix?
 
-Input: ``{group: {label: {seed: run}}}`` (``study_report.collect``), groups ``mix1``, ``mix4``, ``mix16``; a run is a
+Input: ``{group: {label: {seed: run}}}`` (``study_report.collect``), groups ``mix1``, ``mix4``, ``mix16`` (or their
+CPU twins ``mix1cpu`` …, a trend of their own: ``section``'s ``budgets``); a run is a
 compare results.json run record (``val_loss``, ``tokens``, ``train_seconds``). Δ is a per-seed paired difference
 of final validation loss (nats; negative: the first method is lower). Across budgets the same seeds are paired
 again: the change of a gap from 1 × to 16 × is ``Δ16(s) − Δ1(s)`` over the seeds both budgets have, with its 95 %
@@ -61,15 +62,17 @@ def direction(m1: float, change: float, last: dict[int, float]) -> str:
     return "narrows"
 
 
-def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[int, float]) -> str:
-    """One plain sentence on how the gap ``method − ref`` moved from 1 × to 16 ×, paired over common seeds."""
+def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[int, float],
+                    names: tuple[str, str] = ("1 ×", "16 ×")) -> str:
+    """One plain sentence on how the gap ``method − ref`` moved from the first budget to the last (``names``),
+    paired over common seeds."""
     seeds = [s for s in first if s in last]
     name = f"`{method}` − `{ref}`"
     if not seeds:
         return f"- {name}: no seed has both budgets yet."
     d = paired_difference([last[s] for s in seeds], [first[s] for s in seeds])
     m1, m16 = (sum(x[s] for s in seeds) / len(seeds) for x in (first, last))
-    head = f"- {name}: {m1:+.3f} nats at 1 × and {m16:+.3f} at 16 × (seeds {', '.join(map(str, seeds))}); "
+    head = f"- {name}: {m1:+.3f} nats at {names[0]} and {m16:+.3f} at {names[1]} (seeds {', '.join(map(str, seeds))}); "
     if d["ci95"] is None:
         return head + "one seed gives no interval: the trend is undetermined."
     lo, hi = d["ci95"]
@@ -128,7 +131,8 @@ def section(runs: dict[str, dict[str, dict[int, dict]]], baseline: str = "none",
     if first in runs and last in runs:
         lines += [f"From {first_name} to {last_name} (the same seeds paired across budgets; no correction for "
                   "multiple comparisons):", ""]
-        lines += [change_sentence(m, r, gaps(runs[first], m, r), gaps(runs[last], m, r)) for m, r in pairs]
+        lines += [change_sentence(m, r, gaps(runs[first], m, r), gaps(runs[last], m, r), (first_name, last_name))
+                  for m, r in pairs]
         lines.append("")
     else:
         gone = " and ".join(name for g, name in budgets if g in (first, last) and g not in runs)

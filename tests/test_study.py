@@ -351,7 +351,7 @@ def test_cpu_twins_have_a_trend_of_their_own_never_paired_with_the_gpus(study, t
     text = study.aggregate(pub, tmp_path / "docs" / "results.md")
     gpu_trend, cpu_trend = text.split("## Public-domain mix on the CPU")[:2]
     assert "The 16 × parts are not published yet, so no change across budgets is stated." in gpu_trend
-    assert cpu_trend.startswith(" (the runs of its CPU twins, paired among themselves): does the gap move")
+    assert cpu_trend.startswith(" (the CPU twins' runs, paired among themselves): does the gap move")
     said = next(line for line in cpu_trend.splitlines() if line.startswith("- `depth_attention` − `none`:"))
     assert "-0.018 nats at 1 × and -0.110 at 16 ×" in said and "the gap **widens**" in said
     assert "## Public-domain mix, the default budget, trained on the 2-core CPU" in text
@@ -457,11 +457,13 @@ def test_a_part_trains_only_with_its_groups_device_setting(study, tmp_path, monk
     if cuda:
         refused(["run", "mix1-s0-none"], "with --device cuda")  # auto is not the setting the group ran with
         refused(["run", "mix16cpu-s1-none"], "CUDA_VISIBLE_DEVICES=''")
+        refused(["--device", "cuda", "run", "mix1cpu-s0-none"], "on the CPU", "CUDA_VISIBLE_DEVICES=''")
         assert "twin" not in refused(["--device", "cpu", "run", "mix16-s1-none"], "mix16-s1-none")  # refused here too
         assert study.main(common + ["--device", "cuda", "run", "--next"]) == 0
         assert ran == ["mix16-s0-none"]  # the first pending part the GPU may run
     else:
         refused(["run", "mix16-s0-depth_attention"], "or here its CPU twin mix16cpu-s0-depth_attention")
+        refused(["run", "mix4-s2-attnres"], "or here its CPU twin mix4cpu-s2-attnres")
         assert study.main(common + ["run", "--next"]) == 0
         assert ran == ["main-s0"]
         assert study.main(common + ["--device", "cuda", "run", "mix4-s2-none"]) == 0  # as asked: CUDA's absence is
