@@ -156,7 +156,7 @@ def group_sections(runs: dict) -> list[str]:
         base = runs.get(g.baseline_group, {}).get(BASELINE)
         lines += [f"## {g.title}", ""] + group_table(runs[group], base) + [""]
         if group.startswith("mix"):
-            lines += [f"Training time per run: {study_trend.train_minutes(runs[group])} {machine_words(runs[group])}.",
+            lines += [f"Training time per run: {study_trend.train_minutes(runs[group])}; {machine_words(runs[group])}.",
                       ""]
         said = group_verdicts(runs[group], base) + (control_verdict(runs[group]) if g.twin_of else [])
         if said:
@@ -172,14 +172,20 @@ CPU_MACHINE = "the 2-core CPU VM (torch 2.13.0)"
 
 
 def machine_words(group: dict[str, dict[int, dict]]) -> str:
-    """Where a group's runs trained and how many shared the machine, in words (``study.hardware``, ``jobs``)."""
+    """Where a group's runs trained and how many shared the machine, in words (``study.hardware``, ``jobs``);
+    where they differ, how many runs each."""
+    count: dict[tuple[str, int], int] = {}
+    for by_seed in group.values():
+        for r in by_seed.values():
+            key = (r.get("hardware") or CPU_MACHINE, r.get("jobs", 1))
+            count[key] = count.get(key, 0) + 1
     said = []
-    for hw, jobs in dict.fromkeys((r.get("hardware") or CPU_MACHINE, r.get("jobs", 1))
-                                  for by_seed in group.values() for r in by_seed.values()):
+    for (hw, jobs), n in count.items():
+        runs = f"{n} run{'s' if n > 1 else ''} on {hw}" if len(count) > 1 else f"on {hw}"
         if jobs > 1:
-            said.append(f"on {hw}, up to {jobs} runs at a time sharing it (so a run's time is not its speed alone)")
+            said.append(f"{runs}, up to {jobs} at a time sharing it (so a run's time is not its speed alone)")
         else:
-            said.append(f"on {hw}, runs one after another (a run's time includes any other load on the machine, "
+            said.append(f"{runs}, one after another (a run's time includes any other load on the machine, "
                         "kept to short tests and reviews)")
     return "; ".join(said)
 

@@ -272,8 +272,8 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
     assert (tmp_path / "docs" / study.study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
     assert "| none | 0 | 5.0020 | 5.0000 | -0.0020 |" in text and "not rounding" in text
     assert "`depth_attention` − `none` on seed 0: -0.0280 nats on the CPU, -0.0260 on the GPU." in text
-    assert "on NVIDIA H200 (CUDA), torch 2.11.0, up to 16 runs at a time sharing it" in text
-    assert f"on {study.study_report.CPU_MACHINE}, runs one after another" in text
+    assert "; on NVIDIA H200 (CUDA), torch 2.11.0, up to 16 at a time sharing it" in text
+    assert f"; on {study.study_report.CPU_MACHINE}, one after another" in text
     # the CPU group says how Depth-Attention stands against its control (the GPU groups: in the trend table)
     said = "- `depth_attention` − `depth_attention_uniform`: Δ +0.014 nats on one seed: inconclusive (one seed"
     assert text.count(said) == 1 and text.index(said) > text.index("trained on the 2-core CPU")
