@@ -129,13 +129,18 @@ def mix_parts() -> list[Part]:
     return out + cpu_twin_parts(out)
 
 
+#: The GPU groups whose runs the CPU twins repeat, in the order a CPU session trains them (every group that has a
+#: twin in ``study_groups.GROUPS``; tests/test_study.py checks that).
+CPU_TWIN_ORDER = ("mix16", "mix1", "mix4")
+
+
 def cpu_twin_parts(gpu: list[Part]) -> list[Part]:
     """The CPU twins of the mix parts ``gpu`` (``study_groups.Group.twin_of``): the same runs, in the order 16 ×,
     1 ×, 4 × (the 16 × runs first, as on the GPU; then the short budgets, which a CPU runs in minutes), each
     ``PART`` of group ``G`` becoming ``G``cpu's, with the settings the first CPU runs were published with
     (``CPU_CHECK_SETS``; no --device / --compile)."""
     out = []
-    for group in ("mix16", "mix1", "mix4"):
+    for group in CPU_TWIN_ORDER:
         twin = study_groups.cpu_twin_group(group)
         out += [Part(p.name.replace(group, twin, 1), twin, p.methods, p.seeds, steps_scale=p.steps_scale,
                      minutes=p.minutes, corpus=p.corpus, sets=list(CPU_CHECK_SETS), device_sets=False)
@@ -258,20 +263,21 @@ def hardware(device: str | None) -> str:
 
 
 def wrong_device(part: Part, args) -> str | None:
-    """Why ``part`` must not run here, in one line, or None: its device setting (``--device`` where the part takes
-    it, else "auto") is not its group's (``study_groups.Group.device``), or it is "auto" where CUDA is available
-    (auto would train on the GPU, in bf16). ``--tiny`` parts run anywhere (their numbers mean nothing). Where
+    """Why ``part`` must not run here, in one line, or None: its device setting (``--device``, else "auto"; a CPU
+    twin, which takes no --device, is refused one) is not its group's (``study_groups.Group.device``), or it is
+    "auto" where CUDA is available (auto would train on the GPU, in bf16). ``--tiny`` parts run anywhere (their numbers mean nothing). Where
     ``--device cuda`` finds no CUDA, the part's own run says so."""
     import torch
 
     if args.tiny:
         return None
-    given = getattr(args, "device", None) if part.device_sets else None
+    given = getattr(args, "device", None)  # a CPU twin takes no --device, so one given is refused, not ignored
     need, cuda = study_groups.GROUPS[part.group].device, torch.cuda.is_available()
     why = f"{part.name}: its group {part.group} trained with device {need}"
     if need == "auto":
         if given:
-            return f"{why} (on the CPU), and runs of another device setting are not paired: leave --device out"
+            return (f"{why} (on the CPU), and runs of another device setting are not paired: leave --device out"
+                    + (" and run it on a machine without a GPU (or with CUDA_VISIBLE_DEVICES='')" if cuda else ""))
         if cuda:
             return (f"{why} on the CPU, but auto would train on CUDA here, and runs on another device are not paired: "
                     "run it on a machine without a GPU (or with CUDA_VISIBLE_DEVICES='')")

@@ -69,6 +69,7 @@ def test_mix_parts_run_in_the_issues_stopping_order(study):
     assert [p.group for p in cpu] == [p.group + "cpu" for p in order]
     assert [study.cpu_twin(p) for p in order] == [p.name for p in cpu]  # found by its runs, not by name
     assert {study.cpu_twin(p) for p in cpu} == {None}
+    assert sorted(study.CPU_TWIN_ORDER) == sorted(g.twin_of for g in study.study_groups.GROUPS.values() if g.twin_of)
     assert all(p.steps_scale == q.steps_scale and p.sets == list(study.CPU_CHECK_SETS) and not p.device_sets
                for p, q in zip(cpu, order))
     assert [p.group for p in study.parts()][-len(mix) - len(cpu):] == [p.group for p in mix + cpu]
@@ -464,6 +465,7 @@ def test_a_part_trains_only_with_its_groups_device_setting(study, tmp_path, monk
     else:
         refused(["run", "mix16-s0-depth_attention"], "or here its CPU twin mix16cpu-s0-depth_attention")
         refused(["run", "mix4-s2-attnres"], "or here its CPU twin mix4cpu-s2-attnres")
+        refused(["--device", "cpu", "run", "mix1cpu-s0-none"], "leave --device out")  # refused, not ignored
         assert study.main(common + ["run", "--next"]) == 0
         assert ran == ["main-s0"]
         assert study.main(common + ["--device", "cuda", "run", "mix4-s2-none"]) == 0  # as asked: CUDA's absence is
