@@ -265,8 +265,8 @@ def hardware(device: str | None) -> str:
 def wrong_device(part: Part, args) -> str | None:
     """Why ``part`` must not run here, in one line, or None: its device setting (``--device``, else "auto"; a CPU
     twin, which takes no --device, is refused one) is not its group's (``study_groups.Group.device``), or it is
-    "auto" where CUDA is available (auto would train on the GPU, in bf16). ``--tiny`` parts run anywhere (their numbers mean nothing). Where
-    ``--device cuda`` finds no CUDA, the part's own run says so."""
+    "auto" where CUDA is available (auto would train on the GPU, in bf16). ``--tiny`` parts run anywhere (their
+    numbers mean nothing). Where ``--device cuda`` finds no CUDA, the part's own run says so."""
     import torch
 
     if args.tiny:
