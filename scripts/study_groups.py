@@ -29,9 +29,9 @@ class Group:
 
 
 GROUPS: dict[str, Group] = {g.name: g for g in (
-    Group("mix16", "Public-domain mix, 16 × the default budget (6.55 M tokens)", "cuda"),
-    Group("mix4", "Public-domain mix, 4 × the default budget (1.64 M tokens)", "cuda"),
-    Group("mix1", "Public-domain mix, the default budget (409,600 tokens)", "cuda"),
+    Group("mix16", "Public-domain mix, 16 × the default budget (6.55 M tokens), trained on the GPU (paired among themselves)", "cuda"),
+    Group("mix4", "Public-domain mix, 4 × the default budget (1.64 M tokens), trained on the GPU (paired among themselves)", "cuda"),
+    Group("mix1", "Public-domain mix, the default budget (409,600 tokens), trained on the GPU (paired among themselves)", "cuda"),
     Group("mix16cpu", "Public-domain mix, 16 ×, trained on the 2-core CPU (paired among themselves; the cross-check "
                       "below)", "auto", twin_of="mix16"),
     Group("mix4cpu", "Public-domain mix, 4 ×, trained on the 2-core CPU (paired among themselves; the cross-check "
@@ -49,3 +49,20 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
 def cpu_twin_group(name: str) -> str | None:
     """The group that repeats group ``name``'s runs on the CPU, or None."""
     return next((g.name for g in GROUPS.values() if g.twin_of == name), None)
+
+
+def budget_sets() -> dict[str, tuple[str, ...]]:
+    """The budget study's two sets of groups, by where they train: ``{"on the GPU": ("mix16", "mix4", "mix1"),
+    "on the 2-core CPU": ("mix16cpu", "mix4cpu", "mix1cpu")}`` (the GPU's groups are those a CPU twin repeats;
+    each set in ``GROUPS``' order). The two are never paired with each other."""
+    cpu = tuple(g.name for g in GROUPS.values() if g.twin_of)
+    return {"on the GPU": tuple(GROUPS[g].twin_of for g in cpu), "on the 2-core CPU": cpu}
+
+
+def set_order(parts: list, done: set[str]) -> list[str]:
+    """The keys of ``budget_sets``, the set with the smaller share of its ``parts`` (``study.Part``) not in
+    ``done`` first (the GPU's on a tie): the report leads with the more complete set."""
+    def missing_share(groups: tuple[str, ...]) -> float:
+        mine = [p for p in parts if p.group in groups]
+        return sum(p.name not in done for p in mine) / max(len(mine), 1)
+    return sorted(budget_sets(), key=lambda where: missing_share(budget_sets()[where]))

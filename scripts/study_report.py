@@ -1,7 +1,7 @@
 """docs/results.md from the study's published parts (``scripts/study.py aggregate``): per group a table of final
 validation losses and paired differences from ``none`` (``depthattn.stats.paired_difference``: per-seed Δ, t-interval
 over seeds) with the verdicts in words, two budget trends (``study_trend``: the GPU's groups, and their CPU twins
-among themselves), Depth-Attention's depth statistics over training (``study_depth``), a CPU-vs-GPU cross-check per
+among themselves; the set with more of its parts published first, ``study_groups.set_order``), Depth-Attention's depth statistics over training (``study_depth``), a CPU-vs-GPU cross-check per
 CPU twin (``study_groups``) and the parts' commands. Reads only the
 published files (small, committed), never the run folders. Run through ``python scripts/study.py aggregate``, which
 knows the parts and puts scripts/ on the import path.
@@ -20,7 +20,7 @@ from depthattn.stats import paired_difference, tokens_to_target, verdict
 
 import study_depth
 import study_trend
-from study_groups import GROUPS, cpu_twin_group
+from study_groups import GROUPS, budget_sets, cpu_twin_group, set_order
 
 #: Where aggregate draws Depth-Attention's depth statistics over the 16 × runs (beside --out).
 DEPTH_FIGURE = Path("img") / "study_mix16_depth_attention.png"
@@ -146,11 +146,14 @@ def code_line(published: list[dict]) -> str:
     return " ".join(said)
 
 
-def group_sections(runs: dict) -> list[str]:
-    """Per group in ``study_groups.GROUPS``' order: title, table, and the verdicts in words; a CPU twin also gets
-    Depth-Attention against its uniform control and the cross-check against the group it repeats."""
+def group_sections(runs: dict, order: list[str]) -> list[str]:
+    """Per group: title, table, and the verdicts in words; a CPU twin also gets Depth-Attention against its uniform
+    control and the cross-check against the group it repeats. The budget study's groups come first, set by set in
+    ``order`` (keys of ``budget_sets``), then the others in ``study_groups.GROUPS``' order."""
     lines = []
-    for group, g in GROUPS.items():
+    first = [name for where in order for name in budget_sets()[where]]
+    for group in first + [name for name in GROUPS if name not in first]:
+        g = GROUPS[group]
         if group not in runs:
             continue
         base = runs.get(g.baseline_group, {}).get(BASELINE)
@@ -238,21 +241,22 @@ def long_trend(runs: dict) -> list[str]:
     return lines + [""]
 
 
-def depth_section(publish: Path, out: Path, runs: dict, parts: list) -> list[str]:
+def depth_section(publish: Path, out: Path, runs: dict, parts: list, groups: list[str]) -> list[str]:
     """Draw Depth-Attention's depth statistics over the 16 × runs (published depth_stats.json) beside ``out``: the
-    ``mix16`` runs, and for a seed they lack, the run of that seed trained on the CPU (``mix16cpu``: a descriptive
-    figure, so a run of the CPU's initial weights may stand in; it is named below the figure)."""
+    runs of ``groups[0]`` (``mix16`` or its CPU twin ``mix16cpu``), and for a seed they lack, the run of that seed
+    in ``groups[1]`` (a descriptive figure, so a run of the other device's initial weights may stand in; the seeds
+    trained on the CPU are named below the figure)."""
     by_seed: dict[int, list] = {}
     origin: dict[int, str] = {}
     twin = cpu_twin_group("mix16")
-    for group in ("mix16", twin):
+    for group in groups:
         for part in parts:
             path = publish / part.name / "depth_stats.json"
             if part.group == group and path.is_file():
                 for seed, rows in json.loads(path.read_text(encoding="utf-8")).get("depth_attention", {}).items():
                     if int(seed) not in by_seed:
                         by_seed[int(seed)], origin[int(seed)] = rows, group
-    runs16 = runs.get("mix16", {}).get("depth_attention") or runs.get(twin, {}).get("depth_attention", {})
+    runs16 = next((runs[g]["depth_attention"] for g in groups if runs.get(g, {}).get("depth_attention")), {})
     if not by_seed or not runs16:
         return []
     tokens_per_step = next(iter(runs16.values()))["tokens"] // next(iter(runs16.values()))["steps"]
@@ -285,13 +289,39 @@ def parts_table(published: list[dict], publish: Path, out: Path) -> list[str]:
     return lines + [""]
 
 
+#: How the trend section of each of ``budget_sets`` qualifies its title.
+TREND_WHERE = {"on the GPU": " on the GPU (paired among themselves)",
+               "on the 2-core CPU": " on the CPU (the CPU twins' runs, paired among themselves)"}
+
+
+def completeness(parts: list, done: set[str]) -> list[str]:
+    """What of the study (``parts``, ``study.Part``) is not yet run, as the report's opening lines: nothing when
+    all is done; when every missing part belongs to one of ``budget_sets`` and the other set is complete, that
+    the budget study is complete on the one device and partial on the other; else the missing parts."""
+    missing = [p for p in parts if p.name not in done]
+    if not missing:
+        return []
+    sets = budget_sets()
+    for where, groups in sets.items():
+        other = next(w for w in sets if w != where)
+        mine = [p for p in parts if p.group in groups]
+        if mine and all(p.name in done for p in mine) and all(p.group in sets[other] for p in missing):
+            total = sum(p.group in sets[other] for p in parts)
+            return [f"**Complete {where}:** the budget study's {len(mine)} parts (groups {', '.join(groups)}) "
+                    "are all published, and so is every part outside the budget study. "
+                    f"**Partial {other}:** {len(missing)} of the {total} parts that train the same runs {other} "
+                    f"are not yet run ({', '.join(p.name for p in missing)}); the tables of "
+                    f"{', '.join(sets[other])} cover their finished parts only.", ""]
+    return [f"**Incomplete:** {len(missing)} of {len(parts)} parts are not yet run "
+            f"({', '.join(p.name for p in missing)}); the tables below cover the finished parts only.", ""]
+
+
 def aggregate(publish: Path, out: Path, parts: list) -> str:
     """Write docs/results.md (``out``) from the published results of ``parts`` (``study.Part``, in the study's
     order) under ``publish``; return its text. Raises ``SystemExit`` if runs to be paired were trained with other
     settings."""
     published = load_published(publish, parts)
     done = {res["study"]["part"] for res in published}
-    missing = [p.name for p in parts if p.name not in done]
     lines = ["# Results: Depth-Attention and its controls at small scale", "",
              "Generated by `python scripts/study.py aggregate` from the published study parts "
              f"(`{publish}`); do not edit by hand.", ""]
@@ -302,9 +332,8 @@ def aggregate(publish: Path, out: Path, parts: list) -> str:
         atomic_write_text(out, "\n".join(lines))
         return "\n".join(lines)
     lines += [code_line(published), ""]
-    if missing:
-        lines += [f"**Incomplete:** {len(missing)} of {len(parts)} parts are not yet run "
-                  f"({', '.join(missing)}); the tables below cover the finished parts only.", ""]
+    order = set_order(parts, done)
+    lines += completeness(parts, done)
     lines += ["**a ± b** is the mean ± sample standard deviation over seeds. Δ is the per-seed paired "
               "difference in final validation loss (whole held-out split) from `none` of the same group and "
               "seed (same data order); the 95 % interval is the t-interval over seeds. Train time ratio: "
@@ -321,12 +350,12 @@ def aggregate(publish: Path, out: Path, parts: list) -> str:
     if "ablation" in runs and "depth_attention" in runs.get("main", {}):
         runs["ablation"] = {"depth_attention (stride=L/2, window=0; from main)": runs["main"]["depth_attention"],
                             **runs["ablation"]}
-    cpu_budgets = tuple((cpu_twin_group(g), name) for g, name in study_trend.BUDGETS)
-    lines += study_trend.section(runs, BASELINE)
-    lines += study_trend.section(runs, BASELINE, cpu_budgets, " on the CPU (the CPU twins' runs, paired among "
-                                 "themselves)")
-    lines += depth_section(publish, out, runs, parts)
-    lines += group_sections(runs) + long_trend(runs) + parts_table(published, publish, out)
+    for where in order:
+        budgets = tuple((g if where == "on the GPU" else cpu_twin_group(g), name) for g, name in study_trend.BUDGETS)
+        lines += study_trend.section(runs, BASELINE, budgets, TREND_WHERE[where])
+    sixteen = [g for where in order for g in budget_sets()[where] if g.startswith("mix16")]
+    lines += depth_section(publish, out, runs, parts, sixteen)
+    lines += group_sections(runs, order) + long_trend(runs) + parts_table(published, publish, out)
     text = "\n".join(lines)
     atomic_write_text(out, text)
     return text

@@ -63,16 +63,21 @@ def direction(m1: float, change: float, last: dict[int, float]) -> str:
 
 
 def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[int, float],
-                    names: tuple[str, str] = ("1 ×", "16 ×")) -> str:
+                    names: tuple[str, str] = ("1 ×", "16 ×"), between: tuple[tuple[str, dict[int, float]], ...] = ()
+                    ) -> str:
     """One plain sentence on how the gap ``method − ref`` moved from the first budget to the last (``names``),
-    paired over common seeds."""
+    paired over common seeds; the mean gap at each budget of ``between`` (``(name, {seed: gap})``, smallest first)
+    that has all those seeds is named on the way (descriptive: the test is first against last)."""
     seeds = [s for s in first if s in last]
     name = f"`{method}` − `{ref}`"
     if not seeds:
         return f"- {name}: no seed has both budgets yet."
     d = paired_difference([last[s] for s in seeds], [first[s] for s in seeds])
     m1, m16 = (sum(x[s] for s in seeds) / len(seeds) for x in (first, last))
-    head = f"- {name}: {m1:+.3f} nats at {names[0]} and {m16:+.3f} at {names[1]} (seeds {', '.join(map(str, seeds))}); "
+    via = "".join(f", {sum(g[s] for s in seeds) / len(seeds):+.3f} at {mid}" for mid, g in between
+                  if all(s in g for s in seeds))
+    head = (f"- {name}: {m1:+.3f} nats at {names[0]}{via} and {m16:+.3f} at {names[1]} "
+            f"(seeds {', '.join(map(str, seeds))}); ")
     if d["ci95"] is None:
         return head + "one seed gives no interval: the trend is undetermined."
     lo, hi = d["ci95"]
@@ -131,7 +136,8 @@ def section(runs: dict[str, dict[str, dict[int, dict]]], baseline: str = "none",
     if first in runs and last in runs:
         lines += [f"From {first_name} to {last_name} (the same seeds paired across budgets; no correction for "
                   "multiple comparisons):", ""]
-        lines += [change_sentence(m, r, gaps(runs[first], m, r), gaps(runs[last], m, r), (first_name, last_name))
+        lines += [change_sentence(m, r, gaps(runs[first], m, r), gaps(runs[last], m, r), (first_name, last_name),
+                                  tuple((name, gaps(runs[g], m, r)) for g, name in present[1:-1]))
                   for m, r in pairs]
         lines.append("")
     else:

@@ -350,9 +350,13 @@ def test_cpu_twins_have_a_trend_of_their_own_never_paired_with_the_gpus(study, t
     publish(pub, "mix1cpu-s0-none", "mix1cpu", one)
     publish(pub, "mix16cpu-s0-none", "mix16cpu", sixteen)
     text = study.aggregate(pub, tmp_path / "docs" / "results.md")
-    gpu_trend, cpu_trend = text.split("## Public-domain mix on the CPU")[:2]
+    # the CPU's set has more of its parts published (2 of 35 against 1 of 35), so its trend comes first
+    cpu_trend, gpu_trend = text.split("## Public-domain mix on the GPU")[:2]
+    cpu_trend = cpu_trend.split("## Public-domain mix on the CPU")[1]
     assert "The 16 × parts are not published yet, so no change across budgets is stated." in gpu_trend
+    assert gpu_trend.startswith(" (paired among themselves): does the gap move")
     assert cpu_trend.startswith(" (the CPU twins' runs, paired among themselves): does the gap move")
+    assert "**Incomplete:**" in text and "**Complete" not in text
     said = next(line for line in cpu_trend.splitlines() if line.startswith("- `depth_attention` − `none`:"))
     assert "-0.018 nats at 1 × and -0.110 at 16 ×" in said and "the gap **widens**" in said
     assert "## Public-domain mix, the default budget, trained on the 2-core CPU" in text
@@ -473,3 +477,42 @@ def test_a_part_trains_only_with_its_groups_device_setting(study, tmp_path, monk
     assert "leaving out" in capsys.readouterr().err
     assert study.main(common + ["--tiny", "run", "mix16-s1-none", "mix16cpu-s2-none"]) == 0
     assert ran[-2:] == ["mix16-s1-none", "mix16cpu-s2-none"]
+
+
+def test_the_report_leads_with_the_budget_set_that_is_complete(study, tmp_path):
+    """When every part is published but some of the GPU's budget-study runs, the report says the study is complete
+    on the CPU and partial on the GPU, naming the missing parts, and its CPU sections come before the GPU's; one
+    missing part outside the GPU's set makes it plainly incomplete again."""
+    parts = study.parts()
+    gpu = [p.name for p in parts if p.group in ("mix16", "mix4", "mix1")]
+    done = {p.name for p in parts} - set(gpu[:2])
+    said = study.study_report.completeness(parts, done)[0]
+    assert said.startswith("**Complete on the 2-core CPU:** the budget study's 35 parts (groups mix16cpu, mix4cpu, "
+                           "mix1cpu) are all published")
+    assert f"**Partial on the GPU:** 2 of the 35 parts that train the same runs on the GPU are not yet run " \
+           f"({gpu[0]}, {gpu[1]})" in said
+    assert study.study_groups.set_order(parts, done) == ["on the 2-core CPU", "on the GPU"]
+    assert study.study_groups.set_order(parts, set()) == ["on the GPU", "on the 2-core CPU"]  # a tie: the GPU's
+    assert study.study_report.completeness(parts, done - {"main-s0"})[0].startswith("**Incomplete:** 3 of 89")
+    assert study.study_report.completeness(parts, {p.name for p in parts}) == []
+    # the report follows that order: the CPU's 16 x table before the GPU's
+    pub = tmp_path / "pub"
+    gpu_run = results(seeds=(0,))
+    gpu_run["settings"]["train"] = dict(gpu_run["settings"]["train"], device="cuda")
+    publish(pub, "mix16-s0-none", "mix16", gpu_run)
+    publish(pub, "mix16cpu-s0-none", "mix16cpu", results(seeds=(0,)))
+    publish(pub, "mix16cpu-s1-none", "mix16cpu", results(seeds=(1,)))
+    text = study.aggregate(pub, tmp_path / "docs" / "results.md")
+    assert text.index("## Public-domain mix, 16 ×, trained on the 2-core CPU") < text.index(
+        "## Public-domain mix, 16 × the default budget (6.55 M tokens), trained on the GPU")
+
+
+def test_the_trend_names_the_middle_budget_on_the_way(study):
+    first, middle, last = {0: -0.1, 1: -0.1}, {0: -0.2, 1: -0.3}, {0: -0.3, 1: -0.31}
+    said = study.study_report.study_trend.change_sentence("depth_attention", "none", first, last, ("1 ×", "16 ×"),
+                                             (("4 ×", middle),))
+    assert said.startswith("- `depth_attention` − `none`: -0.100 nats at 1 ×, -0.250 at 4 × and -0.305 at 16 × "
+                           "(seeds 0, 1); change -0.205")
+    partial = study.study_report.study_trend.change_sentence("depth_attention", "none", first, last, ("1 ×", "16 ×"),
+                                                (("4 ×", {0: -0.2}),))
+    assert "-0.100 nats at 1 × and -0.305 at 16 ×" in partial  # a middle budget lacking a seed is not named
