@@ -8,6 +8,7 @@ one figure per method: per layer, the entropy of the depth weights and the weigh
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -82,3 +83,37 @@ def figure(by_seed: dict[int, list[dict]], png: Path, title: str, tokens_per_ste
     plt.close(fig)
     tmp.replace(png)
     return True
+
+
+def candidates(by_seed: dict[int, list[dict]]) -> dict[int, int]:
+    """``{layer: N}``: how many values each layer's depth attention mixes (its own and one per ``depth/L{l}/from{j}``
+    key any seed logged)."""
+    sources: dict[int, set[str]] = {}
+    for rows in by_seed.values():
+        for row in rows:
+            for key in row:
+                m = re.match(r"^depth/L(\d+)/(from\d+)$", key)
+                if m:
+                    sources.setdefault(int(m.group(1)), set()).add(m.group(2))
+    return {layer: len(s) + 1 for layer, s in sorted(sources.items())}
+
+
+def table(by_seed: dict[int, list[dict]], tokens_per_step: int) -> list[str]:
+    """The figure's numbers at the first and last step every seed logged, as markdown lines: per layer, N, the
+    entropy beside ln N (uniform weights) and the weight on layer 0 beside 1/N; empty without per-layer keys."""
+    series = {suffix: layer_series(by_seed, suffix) for suffix, _ in PANELS}
+    n = candidates(by_seed)
+    layers = [layer for layer in n if all(layer in s for s in series.values())]
+    if not layers:
+        return []
+    steps = series["entropy"][layers[0]][0]
+    lines = [f"At the first and last logged step ({steps[0] * tokens_per_step:,d} and {steps[-1] * tokens_per_step:,d}"
+             " training tokens), mean over the seeds; uniform weights over the layer's N values would give "
+             "entropy ln N and weight 1/N on layer 0 (the uniform control's fixed weights):", "",
+             "| layer | N | entropy, first → last (nats) | ln N | weight on layer 0, first → last | 1/N |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for layer in layers:
+        (_, ent), (_, w0) = series["entropy"][layer], series["from0"][layer]
+        lines.append(f"| {layer} | {n[layer]} | {ent[0]:.3f} → {ent[-1]:.3f} | {math.log(n[layer]):.3f} "
+                     f"| {w0[0]:.3f} → {w0[-1]:.3f} | {1 / n[layer]:.3f} |")
+    return lines + [""]

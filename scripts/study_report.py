@@ -273,7 +273,8 @@ def depth_section(publish: Path, out: Path, runs: dict, parts: list, groups: lis
             "([training.md](training.md)): per layer, the entropy of the depth-attention weights (0: one "
             f"candidate; ln N: uniform over N candidates) and the mean weight on layer 0; mean over seeds "
             f"{', '.join(map(str, sorted(by_seed)))}.{note}", "",
-            f"![depth statistics of depth_attention over training]({DEPTH_FIGURE.as_posix()})", ""]
+            f"![depth statistics of depth_attention over training]({DEPTH_FIGURE.as_posix()})", ""
+            ] + study_depth.table(by_seed, tokens_per_step)
 
 
 def parts_table(published: list[dict], publish: Path, out: Path) -> list[str]:

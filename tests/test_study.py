@@ -516,3 +516,18 @@ def test_the_trend_names_the_middle_budget_on_the_way(study):
     partial = study.study_report.study_trend.change_sentence("depth_attention", "none", first, last, ("1 ×", "16 ×"),
                                                 (("4 ×", {0: -0.2}),))
     assert "-0.100 nats at 1 × and -0.305 at 16 ×" in partial  # a middle budget lacking a seed is not named
+
+
+def test_depth_table_sets_the_learned_weights_beside_uniform_ones(study):
+    """Per layer: N counts the layer's own value and every source it logged a weight for; the entropy and layer-0
+    weight at the first and last step both seeds logged are their means, beside ln N and 1/N."""
+    def row(step, ent, w0):
+        return {"step": step, "depth/L1/entropy": ent, "depth/L1/from0": w0, "depth/L1/self": 1 - w0,
+                "depth/L5/entropy": ent, "depth/L5/from0": w0, "depth/L5/from4": 0.1, "depth/L5/self": 0.5}
+    by_seed = {0: [row(10, 0.2, 0.9), row(20, 0.4, 0.5), row(30, 9.0, 9.0)],  # step 30: seed 0 only
+               1: [row(10, 0.4, 0.7), row(20, 0.6, 0.3)]}
+    lines = study.study_depth.table(by_seed, tokens_per_step=1000)
+    assert lines[0].startswith("At the first and last logged step (10,000 and 20,000 training tokens)")
+    assert "| 1 | 2 | 0.300 → 0.500 | 0.693 | 0.800 → 0.400 | 0.500 |" in lines
+    assert "| 5 | 3 | 0.300 → 0.500 | 1.099 | 0.800 → 0.400 | 0.333 |" in lines
+    assert study.study_depth.table({0: [{"step": 1, "depth/layer0": 0.5}]}, 1000) == []
