@@ -29,9 +29,12 @@ class Group:
 
 
 GROUPS: dict[str, Group] = {g.name: g for g in (
-    Group("mix16", "Public-domain mix, 16 × the default budget (6.55 M tokens), trained on the GPU (paired among themselves)", "cuda"),
-    Group("mix4", "Public-domain mix, 4 × the default budget (1.64 M tokens), trained on the GPU (paired among themselves)", "cuda"),
-    Group("mix1", "Public-domain mix, the default budget (409,600 tokens), trained on the GPU (paired among themselves)", "cuda"),
+    Group("mix16", "Public-domain mix, 16 × the default budget (6.55 M tokens), trained on the GPU (paired among "
+                   "themselves)", "cuda"),
+    Group("mix4", "Public-domain mix, 4 × the default budget (1.64 M tokens), trained on the GPU (paired among "
+                  "themselves)", "cuda"),
+    Group("mix1", "Public-domain mix, the default budget (409,600 tokens), trained on the GPU (paired among "
+                  "themselves)", "cuda"),
     Group("mix16cpu", "Public-domain mix, 16 ×, trained on the 2-core CPU (paired among themselves; the cross-check "
                       "below)", "auto", twin_of="mix16"),
     Group("mix4cpu", "Public-domain mix, 4 ×, trained on the 2-core CPU (paired among themselves; the cross-check "

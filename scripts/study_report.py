@@ -1,10 +1,10 @@
 """docs/results.md from the study's published parts (``scripts/study.py aggregate``): per group a table of final
 validation losses and paired differences from ``none`` (``depthattn.stats.paired_difference``: per-seed Δ, t-interval
 over seeds) with the verdicts in words, two budget trends (``study_trend``: the GPU's groups, and their CPU twins
-among themselves; the set with more of its parts published first, ``study_groups.set_order``), Depth-Attention's depth statistics over training (``study_depth``), a CPU-vs-GPU cross-check per
-CPU twin (``study_groups``) and the parts' commands. Reads only the
-published files (small, committed), never the run folders. Run through ``python scripts/study.py aggregate``, which
-knows the parts and puts scripts/ on the import path.
+among themselves; the set with more of its parts published first, ``study_groups.set_order``), Depth-Attention's
+depth statistics over training (``study_depth``), a CPU-vs-GPU cross-check per CPU twin (``study_groups``) and the
+parts' commands. Reads only the published files (small, committed), never the run folders. Run through
+``python scripts/study.py aggregate``, which knows the parts and puts scripts/ on the import path.
 """
 
 from __future__ import annotations
