@@ -15,6 +15,8 @@ from pathlib import Path
 #: The per-layer keys the figure draws: (key suffix, axis label).
 PANELS = (("entropy", "entropy of the depth weights (nats)"), ("from0", "weight on layer 0"))
 _LAYER_KEY = re.compile(r"^depth/L(\d+)/(entropy|from0)$")
+#: A layer's weight on one source layer: the layer mixes one value per such key and its own.
+_SOURCE_KEY = re.compile(r"^depth/L(\d+)/(from\d+)$")
 
 
 def extract(run_dir: Path) -> list[dict]:
@@ -92,7 +94,7 @@ def candidates(by_seed: dict[int, list[dict]]) -> dict[int, int]:
     for rows in by_seed.values():
         for row in rows:
             for key in row:
-                m = re.match(r"^depth/L(\d+)/(from\d+)$", key)
+                m = _SOURCE_KEY.match(key)
                 if m:
                     sources.setdefault(int(m.group(1)), set()).add(m.group(2))
     return {layer: len(s) + 1 for layer, s in sorted(sources.items())}

@@ -352,7 +352,8 @@ def aggregate(publish: Path, out: Path, parts: list) -> str:
         runs["ablation"] = {"depth_attention (stride=L/2, window=0; from main)": runs["main"]["depth_attention"],
                             **runs["ablation"]}
     for where in order:
-        budgets = tuple((g if where == "on the GPU" else cpu_twin_group(g), name) for g, name in study_trend.BUDGETS)
+        groups = budget_sets()[where]
+        budgets = tuple((g if g in groups else cpu_twin_group(g), name) for g, name in study_trend.BUDGETS)
         lines += study_trend.section(runs, BASELINE, budgets, TREND_WHERE[where])
     sixteen = [g for where in order for g in budget_sets()[where] if g.startswith("mix16")]
     lines += depth_section(publish, out, runs, parts, sixteen)

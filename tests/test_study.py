@@ -509,12 +509,11 @@ def test_the_report_leads_with_the_budget_set_that_is_complete(study, tmp_path):
 
 def test_the_trend_names_the_middle_budget_on_the_way(study):
     first, middle, last = {0: -0.1, 1: -0.1}, {0: -0.2, 1: -0.3}, {0: -0.3, 1: -0.31}
-    said = study.study_report.study_trend.change_sentence("depth_attention", "none", first, last, ("1 ×", "16 ×"),
-                                             (("4 ×", middle),))
+    change_sentence = study.study_report.study_trend.change_sentence
+    said = change_sentence("depth_attention", "none", first, last, ("1 ×", "16 ×"), (("4 ×", middle),))
     assert said.startswith("- `depth_attention` − `none`: -0.100 nats at 1 ×, -0.250 at 4 × and -0.305 at 16 × "
                            "(seeds 0, 1); change -0.205")
-    partial = study.study_report.study_trend.change_sentence("depth_attention", "none", first, last, ("1 ×", "16 ×"),
-                                                (("4 ×", {0: -0.2}),))
+    partial = change_sentence("depth_attention", "none", first, last, ("1 ×", "16 ×"), (("4 ×", {0: -0.2}),))
     assert "-0.100 nats at 1 × and -0.305 at 16 ×" in partial  # a middle budget lacking a seed is not named
 
 
