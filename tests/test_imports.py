@@ -17,7 +17,7 @@ import depthattn
 ROOT = Path(depthattn.__file__).parent
 CLI, APPLICATION, LIBRARY, CORE = 4, 3, 2, 1
 TOP_LEVEL_LAYER = {"cli": CLI, "commands": CLI, "compare": APPLICATION, "training": APPLICATION, "eval": APPLICATION,
-                   "functional": CORE, "fileio": CORE}
+                   "functional": CORE, "fileio": CORE, "layout": CORE}
 
 
 def module_name(path: Path) -> str:

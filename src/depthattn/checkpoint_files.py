@@ -23,17 +23,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import layout
 from .config import ModelConfig
 from .data.tokenizer import EOS_TOKEN, read_tokenizer
 from .fileio import atomic_write_json, loads_json
 
 MODEL_TYPE = "depthattn"
 ARCHITECTURE = "DepthAttnForCausalLM"
-GENERATION_CONFIG_NAME = "generation_config.json"
-TOKENIZER_NAME = "tokenizer.json"
-TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+GENERATION_CONFIG_NAME = layout.GENERATION_CONFIG_FILE
+TOKENIZER_NAME = layout.TOKENIZER_FILE
+TOKENIZER_CONFIG_NAME = layout.TOKENIZER_CONFIG_FILE
 #: ``depthattn/hf`` modules copied into each folder for ``trust_remote_code`` (``auto_map`` points at them).
-REMOTE_CODE_FILES = ("configuration.py", "modeling.py")
+REMOTE_CODE_FILES = layout.REMOTE_CODE_FILES
 AUTO_MAP = {"AutoConfig": "configuration.DepthAttnConfig", "AutoModelForCausalLM": "modeling.DepthAttnForCausalLM"}
 #: ``config.json`` keys that are Hugging Face bookkeeping, not ``ModelConfig`` fields.
 HF_ONLY_KEYS = frozenset({"model_type", "architectures", "auto_map", "transformers_version", "dtype", "torch_dtype",

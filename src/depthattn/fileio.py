@@ -6,7 +6,7 @@ temporary file or folder is removed and the target is left as it was. Writes are
 before its rename and the folder that holds the new name is fsync'd after it, so after a power cut the target is
 either the old content or the complete new one. Files get the mode the umask gives ordinary files
 (``0o666 & ~umask``), folders ``0o777 & ~umask`` (``mkstemp`` / ``mkdtemp`` alone would make them 0600 / 0700,
-unreadable to the rest of a shared group). This module imports nothing from ``depthattn`` (it is the bottom of the
+unreadable to the rest of a shared group). This module imports only ``depthattn.layout`` (the names; it is the bottom of the
 import graph).
 
 - :func:`atomic_write_text` -- one text file (configs, run records, results).
@@ -31,8 +31,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from .layout import MANIFEST_FILE
+
 #: The manifest :func:`write_folder_atomically` writes last into each folder: ``{"sha256": {relative path: hex}}``.
-MANIFEST_NAME = "checksums.json"
+MANIFEST_NAME = MANIFEST_FILE
 _CHUNK = 1 << 20  # hash and copy in 1 MiB pieces
 
 

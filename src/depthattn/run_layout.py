@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from pathlib import Path
 
 try:
@@ -34,17 +33,8 @@ try:
 except ImportError:  # not POSIX: no flock, every lock is the fallback
     fcntl = None  # type: ignore[assignment]
 
-RUN_FILE = "run.json"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-DIVERGED_FILE = "diverged.json"
-PARAM_GROUPS_FILE = "param_groups.json"
-LOCK_FILE = "depthattn.lock"
-WANDB_FILE = "wandb.json"
-CHECKPOINT_DIR = "checkpoints"
-#: Name prefixes of leftovers of interrupted writes and prunes (fileio temporaries, replaced and trashed folders).
-DEBRIS_PREFIXES = (".tmp-", ".old-", ".trash-")
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
+from .layout import (CHECKPOINT_DIR, DEBRIS_PREFIXES, DIVERGED_FILE, LOCK_FILE, METRICS_FILE,  # noqa: F401
+                     PARAM_GROUPS_FILE, RUN_FILE, STEP_DIR, SUMMARY_FILE, WANDB_FILE, step_dir_name)
 
 #: ``errno`` values with which a file system refuses ``flock`` (Lustre mounted ``noflock``: ENOSYS; some FUSE and
 #: network file systems: EOPNOTSUPP / ENOLCK / EINVAL; a directory on an NFS emulation: EBADF).
@@ -52,17 +42,12 @@ NO_FLOCK_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno
                              getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
 
 
-def step_dir_name(step: int) -> str:
-    """``step_XXXXXXXX``: the name of the checkpoint folder of a global step."""
-    return f"step_{step:08d}"
-
-
 def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
     """The run's checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
     root = Path(run_dir) / CHECKPOINT_DIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name))
+    return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name))
 
 
 def pid_alive(pid: int) -> bool:

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from ..checkpoint import open_checkpoint
     from ..fileio import atomic_write_text
     from ..hf.convert import load_any_model  # a depthattn checkpoint or a Hugging Face Qwen3 folder
-    from ..training.runs import TOKENIZER_FILE
+    from ..layout import TOKENIZER_FILE
 
     if bool(args.prompt) == bool(args.data):
         raise ValueError("give exactly one of --prompt TEXT or --data DIR")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from .. import checkpoint as ckpt
-from ..training.runs import TOKENIZER_FILE
+from ..layout import TOKENIZER_FILE
 from ..training.runtime import resolve_device
 
 

@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .. import checkpoint_files as files
+from .. import layout
 from ..config import ModelConfig, read_json_object
 from ..fileio import verify_manifest
 from .authors_config import looks_like_authors
@@ -25,12 +26,12 @@ from .base import LazyTensors, ModelFolder, expected_shapes, hf_token_ids
 from .shards import SINGLE_NAME, read_tensor, stored_shapes, weight_files
 
 WEIGHTS_NAME = SINGLE_NAME
-CONFIG_NAME = "config.json"
+CONFIG_NAME = layout.CONFIG_FILE
 #: The folder of an FSDP run's sharded (DCP) weights inside a checkpoint folder (``depthattn.training.dcp``).
-SHARDED_DIR = "dcp"
+SHARDED_DIR = layout.SHARDED_DIR
 #: Files of a checkpoint folder only ``--resume`` reads, and verifies when it reads them (``training.runs``);
 #: :func:`verify_folder` leaves them out, so eval and export do not hash the optimizer state.
-RESUME_ONLY_FILES = ("trainer_state.pt",)
+RESUME_ONLY_FILES = (layout.TRAINER_STATE_FILE,)
 
 
 def model_config_from_json(values: dict, source: str) -> ModelConfig:

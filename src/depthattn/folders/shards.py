@@ -28,11 +28,12 @@ from typing import Any
 
 import torch
 
+from .. import layout
 from ..checkpoint_files import safetensors_shapes
 from ..config import read_json_object
 
-SINGLE_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = layout.WEIGHTS_FILE
+INDEX_NAME = layout.WEIGHTS_INDEX_FILE
 #: Shards larger than this are split (bytes; Hugging Face's default ``max_shard_size`` is 5 GB).
 DEFAULT_SHARD_BYTES = 2 << 30
 _SHARD = re.compile(r"^model-\d+-of-\d+\.safetensors$")

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..fileio import read_json
+from ..layout import VAL_LOSS_FILE  # noqa: F401  (re-exported)
 
-VAL_LOSS_FILE = "val_loss.json"
 
 
 def val_loss_record(step: int, val_loss: float | None) -> str:

@@ -47,9 +47,8 @@ from .retention import (VAL_LOSS_FILE, best_leaves_the_newest, checkpoints_to_pr
 from .run_folder import RunFolder
 from .runtime import rng_state, set_rng_state
 
-STATE_FILE = "trainer_state.pt"
-TRAIN_CONFIG_FILE = "train_config.json"
-TOKENIZER_FILE = "tokenizer.json"
+from ..layout import TOKENIZER_FILE, TRAIN_CONFIG_FILE  # noqa: F401  (re-exported)
+from ..layout import TRAINER_STATE_FILE as STATE_FILE
 
 
 # ---------------------------------------------------------------------------------------------------- environment

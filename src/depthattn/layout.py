@@ -1,0 +1,72 @@
+"""Every file and folder name depthattn writes, in one place (a leaf: it imports nothing).
+
+A **run folder** (``depthattn train --out RUN``; ``depthattn.run.RunFolder`` owns its life)::
+
+    run.json            the run record: resolved model and train config, data folder and fingerprint, precision,
+                        package versions, git revision
+    param_groups.json   which parameters get weight decay
+    metrics.jsonl       one JSON object per logged step
+    summary.json        written when the run reaches its last step
+    diverged.json       written when the divergence guard or a non-finite value stopped the run
+    wandb.json          the Weights & Biases run id, so a resumed run logs into the same W&B run
+    depthattn.lock      the trainer's lock record: host, pid, start time, command, heartbeat (1,024 bytes)
+    tensorboard/        TensorBoard event files
+    checkpoints/step_XXXXXXXX/   one checkpoint folder per saved step
+
+A **checkpoint folder** is a Hugging Face model folder (``config.json``, ``generation_config.json``, the weights,
+``tokenizer.json``, ``tokenizer_config.json``, ``configuration.py``, ``modeling.py``, ``checksums.json``); a
+training checkpoint adds ``train_config.json``, ``trainer_state.pt`` and ``val_loss.json``, and an FSDP run's holds
+``dcp/`` shards instead of the weights and optimizer.
+
+A **compare folder** (``depthattn compare --out OUT``) holds ``results.json``, ``report.md``, ``loss_curves.png``
+and ``runs/<method>[-loopsN]-seed<S>/`` (each a run folder, plus the evaluation cache ``eval.json``).
+
+Leftovers of interrupted writes and prunes start with one of ``DEBRIS_PREFIXES``.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ------------------------------------------------------------------------------------------------------ run folder
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+DIVERGED_FILE = "diverged.json"
+PARAM_GROUPS_FILE = "param_groups.json"
+LOCK_FILE = "depthattn.lock"
+WANDB_FILE = "wandb.json"
+TENSORBOARD_DIR = "tensorboard"
+CHECKPOINT_DIR = "checkpoints"
+#: Name prefixes of leftovers of interrupted writes and prunes (fileio temporaries, replaced and trashed folders).
+DEBRIS_PREFIXES = (".tmp-", ".old-", ".trash-")
+#: A checkpoint folder's name: ``step_`` and the global step in eight digits.
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+# ----------------------------------------------------------------------------------------------- checkpoint folder
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+#: ``depthattn/hf`` modules copied into each folder for ``trust_remote_code``.
+REMOTE_CODE_FILES = ("configuration.py", "modeling.py")
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+MANIFEST_FILE = "checksums.json"
+TRAIN_CONFIG_FILE = "train_config.json"
+TRAINER_STATE_FILE = "trainer_state.pt"
+VAL_LOSS_FILE = "val_loss.json"
+#: The folder of an FSDP run's sharded (DCP) model and optimizer inside a checkpoint folder.
+SHARDED_DIR = "dcp"
+
+# -------------------------------------------------------------------------------------------------- compare folder
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.md"
+PLOT_FILE = "loss_curves.png"
+COMPARE_RUNS_DIR = "runs"
+EVAL_CACHE_FILE = "eval.json"
+
+
+def step_dir_name(step: int) -> str:
+    """``step_XXXXXXXX``: the name of the checkpoint folder of a global step."""
+    return f"step_{step:08d}"
