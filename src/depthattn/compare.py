@@ -239,7 +239,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     from .eval.perplexity import evaluate_perplexity
     from .eval.zero_shot import run_zero_shot
     from .generate import generate_text
-    from .training.runtime import autocast_dtype
+    from .devices import autocast_dtype
 
     files = RunFolder(run_dir)
     run = files.read_run()

@@ -13,7 +13,7 @@ from ..eval.inference import load_for_inference
 from ..fileio import atomic_write_text, read_json, sha256_file
 from ..outputs import check_result_file
 from ..training.runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, run_of_checkpoint
-from ..training.runtime import autocast_dtype
+from ..devices import autocast_dtype
 
 
 def eval_data_dir(folder: Path, data: str | None) -> Path:

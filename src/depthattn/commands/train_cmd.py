@@ -13,7 +13,7 @@ from ..training.config import RESUMABLE_KEYS, parse_value, split_overrides
 from ..run_layout import DEBRIS_PREFIXES, LOCK_FILE, METRICS_FILE, RUN_FILE
 from ..training.optim import schedule_factor
 from ..training.runs import config_differences, resumed_data_parallel
-from ..training.runtime import resolve_device
+from ..devices import resolve_device
 
 DEFAULT_PRESET = "small"
 

@@ -6,7 +6,7 @@ import os
 
 from .. import checkpoint as ckpt
 from ..layout import TOKENIZER_FILE
-from ..training.runtime import resolve_device
+from ..devices import resolve_device
 
 
 def load_for_inference(path: str | os.PathLike, device: str = "auto", device_option: str = "--device"):

@@ -1,8 +1,5 @@
-"""The process a run trains in: device, precision, seeding and RNG states, the torchrun process group.
-
-``precision = "auto"`` resolves to float32 on CPU and bf16 autocast (float32 master weights) on CUDA; the resolved
-precision is what ``run.json`` records and what a resumed run must keep (``runs.resume_point``).
-"""
+"""The process a run trains in: seeding and RNG states, the torchrun process group (device and precision:
+``depthattn.devices``, re-exported here)."""
 
 from __future__ import annotations
 
@@ -13,23 +10,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from ..devices import autocast_dtype, resolve_device, resolved_precision  # noqa: F401  (re-exported)
 from .config import TrainConfig
-
-
-# ---------------------------------------------------------------------------------------------------- device
-def resolve_device(name: str, option: str = "TrainConfig.device") -> torch.device:
-    """``auto`` → cuda if available, else cpu; otherwise the named device. ``ValueError`` naming ``option`` (the
-    setting or flag it came from) for a bad name or CUDA that is not available."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    given = f"{option} {name}" if option.startswith("--") else f"{option}={name!r}"
-    try:
-        device = torch.device(name)
-    except RuntimeError as e:
-        raise ValueError(f"{given} is not a device ({e})") from e
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{given}: CUDA is not available on this machine (use cpu or auto)")
-    return device
 
 
 def start_distributed(train_cfg: TrainConfig) -> TrainConfig:
@@ -57,19 +39,6 @@ def start_distributed(train_cfg: TrainConfig) -> TrainConfig:
 def rank() -> int:
     """This process's rank (0 outside a process group)."""
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-# ---------------------------------------------------------------------------------------------------- precision
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA under ``auto``; float32 (no autocast) on CPU under ``auto``."""
-    if precision == "float32" or (precision == "auto" and device.type != "cuda"):
-        return None
-    return torch.bfloat16
-
-
-def resolved_precision(amp: torch.dtype | None) -> str:
-    """The precision a run actually trains in, as recorded in ``run.json``: ``"float32"`` or ``"bfloat16"``."""
-    return "float32" if amp is None else str(amp).removeprefix("torch.")
 
 
 # ---------------------------------------------------------------------------------------------------- randomness
