@@ -171,6 +171,7 @@ def test_heartbeat_fallback_and_unlock_where_flock_is_refused(tmp_path, monkeypa
     assert "the heartbeat is fresh" in capsys.readouterr().err
     gone["heartbeat"] = time.time() - 2 * RunLock.STALE_S
     (folder / run_layout.LOCK_FILE).write_text(json.dumps(gone))
+    os.utime(folder / run_layout.LOCK_FILE, (gone["heartbeat"], gone["heartbeat"]))  # stale on the disk's clock
     assert main(["unlock", str(folder)]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith(f"removed the stale lock of {folder}: pid {gone['pid']} on host node-7")

@@ -6,9 +6,11 @@ import argparse
 
 DESCRIPTION = """\
 Remove the lock file (depthattn.lock) that a trainer or compare left in RUN when it was killed on a file system
-without working flock (Lustre mounted noflock, or an NFS client that died holding its lock). Refused while the
-holder's heartbeat is fresh, or while the holder is a live process of this host. Where flock works (local disks,
-most NFS and Lustre flock mounts) a killed holder's lock is released by the kernel and unlock is not needed.
+without working flock (Lustre mounted noflock). Refused while any process holds the file's flock; without flock,
+refused while the holder is a live process of this host or its heartbeat is fresh: the file was written less than
+5 minutes ago on the file system's own clock (its mtime against a file created beside it), whatever the clocks of
+the holder's node and this one say. Where flock works (local disks, NFS, Lustre flock mounts) a killed holder's lock
+is released by the kernel (on NFS, a dead client's when its lease expires) and unlock is not needed.
 See docs/training-at-scale.md, "The run folder's lock".
 """
 

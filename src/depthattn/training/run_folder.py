@@ -20,10 +20,12 @@ an ``fcntl.flock`` on ``depthattn.lock``: the kernel drops it when the process d
 lock (the file stays, with the dead holder's details, and the next trainer takes it). Where the file system refuses
 ``flock`` (``run_layout.NO_FLOCK_ERRNOS``: Lustre mounted ``noflock``) the lock is the file itself, created
 exclusively (``O_EXCL``), with a heartbeat the holder refreshes every ``HEARTBEAT_S`` seconds; ``depthattn unlock
-RUN`` removes one whose heartbeat is older than ``STALE_S`` and whose holder, when on this host, is gone. On NFS,
-``flock`` is emulated with NFS locks, which a dead client holds until its lease expires; the heartbeat tells a
-stale one there too (docs/training-at-scale.md, "The run folder's lock"). A second trainer gets ``RunFolderLocked``
-(a ``ValueError``: exit 2 at the CLI) naming the holder, and writes nothing.
+RUN`` removes one whose heartbeat is older than ``STALE_S`` on the file system's own clock (the file's mtime against
+a file created beside it: no host's clock enters) and whose holder, when on this host, is gone. ``unlock`` never
+removes a file whose ``flock`` anyone holds (on NFS, where ``flock`` is emulated with NFS locks, a dead client's
+lasts until its lease expires) (docs/training-at-scale.md, "The run folder's lock"). A second trainer gets
+``RunFolderLocked`` (a ``ValueError``: exit 2 at the CLI) naming the holder, and writes nothing; it is told of
+``depthattn unlock`` only where the lock is the heartbeat file.
 
 **Readers** (eval, generate, inspect, analyze, export of a run) take no lock on the run folder: they hold a shared
 ``flock`` on the checkpoint folder they read (``checkpoint.open_checkpoint``), and ``delete_checkpoints`` leaves a
@@ -45,6 +47,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -74,8 +77,11 @@ class LockHolder:
     heartbeat: float
     mechanism: str  # "flock" or "heartbeat"
 
-    def describe(self, now: float | None = None) -> str:
-        age = (time.time() if now is None else now) - self.heartbeat
+    def describe(self, now: float | None = None, age: float | None = None) -> str:
+        """One line naming the holder; the heartbeat's ``age`` in seconds, or ``now`` (default: this host's
+        clock) minus the recorded heartbeat."""
+        if age is None:
+            age = (time.time() if now is None else now) - self.heartbeat
         return (f"pid {self.pid} on host {self.host}, started {self.started} (heartbeat {age:.0f} s ago; "
                 f"command: {self.command})")
 
@@ -143,12 +149,12 @@ class RunLock:
     def _refusal(self) -> RunFolderLocked:
         holder = self.holder()
         who = holder.describe() if holder else "another process (its details are not written yet)"
-        hint = ""
-        if self.mechanism == "heartbeat" or (holder and time.time() - holder.heartbeat > self.STALE_S):
-            hint = (f"; if that process is gone, run: depthattn unlock {self.folder} (refused while the heartbeat is "
-                    f"fresh)")
+        if self.mechanism == "flock":  # the kernel's lock is held: its holder is running (unlock refuses too)
+            return RunFolderLocked(f"{self.folder} is in use by another {self.what}: {who}; it holds the lock, so it "
+                                   f"is running: wait for it to finish or stop it, or choose another --out")
         return RunFolderLocked(f"{self.folder} is in use by another {self.what}: {who}; wait for it to finish or "
-                               f"stop it, or choose another --out{hint}")
+                               f"stop it, or choose another --out; if that process is gone, run: depthattn unlock "
+                               f"{self.folder} (refused while the heartbeat is fresh)")
 
     def acquire(self) -> "RunLock":
         if self._fd is not None:
@@ -258,19 +264,26 @@ class RunLock:
     @classmethod
     def unlock(cls, folder: str | os.PathLike, log: Callable[[str], None] = print) -> bool:
         """``depthattn unlock``: remove the lock file of a holder that is gone; False (said through ``log``) when
-        the folder is not locked. Raises ``RunFolderLocked`` while the heartbeat is fresh or the holder is a live
-        process of this host, unless the kernel's ``flock`` shows that nobody holds it."""
+        the folder is not locked. Raises ``RunFolderLocked`` while anyone holds the file's ``flock``; where the
+        file system refuses ``flock``, while the holder is a live process of this host or its heartbeat is fresh:
+        the lock file was written less than ``STALE_S`` seconds ago on the file system's own clock
+        (``_heartbeat_age``), whatever the holder's or this host's clock says."""
         file = Path(folder) / layout.LOCK_FILE
         if not file.exists():
             log(f"{folder} is not locked (no {layout.LOCK_FILE})")
             return False
         holder = _read_holder(file)
-        free = cls._flock_is_free(file)
         who = holder.describe() if holder else "an unreadable lock file"
-        if not free:
+        state = cls._flock_state(file)
+        if state == "held":
+            raise RunFolderLocked(f"refusing to unlock {folder}: a running process holds its lock (flock): {who}; "
+                                  f"wait for it to finish or stop it")
+        if state != "free":
             if holder is not None and holder.alive_here():
                 raise RunFolderLocked(f"refusing to unlock {folder}: its holder is running on this host: {who}")
-            if holder is not None and time.time() - holder.heartbeat < cls.STALE_S:
+            age = _heartbeat_age(file)
+            who = holder.describe(age=age) if holder else who
+            if age < cls.STALE_S:
                 raise RunFolderLocked(f"refusing to unlock {folder}: the heartbeat is fresh (under {cls.STALE_S:.0f} "
                                       f"s): {who}; if the holder is gone, try again after the heartbeat is stale")
         file.unlink(missing_ok=True)
@@ -278,18 +291,40 @@ class RunLock:
         return True
 
     @staticmethod
-    def _flock_is_free(file: Path) -> bool:
-        """Whether ``flock`` works on ``file`` and nobody holds it."""
+    def _flock_state(file: Path) -> str:
+        """``"held"`` (another process holds ``file``'s ``flock``), ``"free"``, or ``"none"`` (the file system
+        refuses ``flock``, or ``file`` cannot be opened to try). The probe is a shared lock on a read-only
+        descriptor: it conflicts with a holder's exclusive lock and needs no write permission on the file."""
         try:
-            fd = os.open(file, os.O_RDWR)
+            fd = os.open(file, os.O_RDONLY)
         except OSError:
-            return False
+            return "none"
         try:
-            return layout.flock(fd, exclusive=True, wait=False)
+            return "free" if layout.flock(fd, exclusive=False, wait=False) else "none"
         except BlockingIOError:
-            return False
+            return "held"
         finally:
             os.close(fd)  # drops our probe lock
+
+
+def _heartbeat_age(file: Path) -> float:
+    """Seconds since ``file`` was last written, on its file system's clock: its mtime against the mtime of a probe
+    file created (and touched) beside it now, then removed (``.tmp-`` named: a leftover is debris). Neither the
+    writer's clock nor this host's enters, so a skew between nodes cannot make a fresh heartbeat look stale.
+    Raises ``OSError`` (the folder not writable, the file gone)."""
+    fd = os.open(file, os.O_RDONLY)  # an open revalidates cached attributes (NFS: close-to-open)
+    try:
+        written = os.fstat(fd).st_mtime_ns
+    finally:
+        os.close(fd)
+    probe_fd, probe = tempfile.mkstemp(dir=file.parent, prefix=f".tmp-{file.name}-clock-")
+    try:
+        os.close(probe_fd)
+        os.utime(probe)  # "now" as the file system sets it (NFS: the server's time)
+        now = os.stat(probe).st_mtime_ns
+    finally:
+        os.unlink(probe)
+    return (now - written) / 1e9
 
 
 class _NoLock:
