@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from depthattn import run_layout
+from depthattn import layout as run_layout
+from depthattn.run import lock as run_lock
 from depthattn.cli import main
 from depthattn.training import RunFolderLocked, RunLock
 
@@ -93,7 +94,7 @@ def test_unlock_refuses_and_a_second_trainer_is_not_told_to_unlock_while_the_flo
 
 
 def test_without_flock_the_heartbeats_age_is_judged_on_the_file_systems_clock(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(run_layout, "flock", lambda fd, exclusive, wait: False)  # as for NO_FLOCK_ERRNOS
+    monkeypatch.setattr(run_lock, "flock", lambda fd, exclusive, wait: False)  # as for NO_FLOCK_ERRNOS
     folder = tmp_path / "run"
     file = folder / run_layout.LOCK_FILE
 

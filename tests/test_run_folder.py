@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthattn import run_layout
+from depthattn import layout as run_layout
+from depthattn.run import lock as run_lock
 from depthattn.checkpoint import checkpoint_dirs, open_checkpoint
 from depthattn.cli import main
 from depthattn.data import load_prepared
@@ -133,7 +134,7 @@ def no_flock(monkeypatch) -> None:
     def refuse(fd, op):
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
 
-    monkeypatch.setattr(run_layout.fcntl, "flock", refuse)
+    monkeypatch.setattr(run_lock.fcntl, "flock", refuse)
 
 
 def dead_pid() -> int:
@@ -230,7 +231,7 @@ def test_a_reader_of_a_run_folder_takes_the_newest_checkpoint_that_survives_prun
     resolves again."""
     folder = tmp_path / "run"
     first, second = fake_checkpoint(folder, 2), fake_checkpoint(folder, 4)
-    real = run_layout.lock_folder
+    real = run_lock.lock_folder
     calls = []
 
     def prune_first(path, exclusive, wait):

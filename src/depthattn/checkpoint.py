@@ -53,7 +53,8 @@ from .folders.native import (CONFIG_NAME, RESUME_ONLY_FILES, SHARDED_DIR, WEIGHT
                              verify_file, verify_folder)
 from .folders.shards import DEFAULT_SHARD_BYTES, write_shards
 from .model import DecoderLM
-from .run_layout import CHECKPOINT_DIR, checkpoint_dirs, lock_folder
+from .run.lock import lock_folder
+from .run_layout import CHECKPOINT_DIR, checkpoint_dirs
 
 __all__ = [
     "CONFIG_NAME", "IntegrityError", "LOADABLE_FORMATS", "ModelFolder", "RESUME_ONLY_FILES", "SHARDED_DIR",

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from depthattn.fileio import read_json
-from depthattn.run_layout import flock, pid_alive
+from depthattn.run.lock import flock, pid_alive
 
 WRITER_FILE = "writer.json"
 CONTENT_DIR = "folder"
