@@ -16,7 +16,7 @@ See docs/training-at-scale.md, "The run folder's lock".
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.run_folder import RunLock
+    from ..run.lock import RunLock
 
     RunLock.unlock(args.run)  # RunFolderLocked (a ValueError: exit 2) while the holder may be alive
     return 0

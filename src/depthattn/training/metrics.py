@@ -22,7 +22,7 @@ import torch
 from ..accounting import num_flops
 from ..config import ModelConfig
 from ..fileio import atomic_write_text
-from ..run_layout import WANDB_FILE
+from ..layout import WANDB_FILE
 
 #: Peak dense (no sparsity) bf16 tensor-core FLOP/s per device, from the vendors' data sheets, matched in order
 #: against ``torch.cuda.get_device_name()`` (first substring that occurs wins).
