@@ -83,3 +83,40 @@ def test_decay_fraction_validation_refuses_what_training_refuses(tmp_path, capsy
     assert not out.exists()
 
 
+# ------------------------------------------------------------------------------------------------ full disk
+class _FullDisk(io.FileIO):
+    """A file that takes its first 100 bytes, then refuses every write as a full disk does."""
+
+    def write(self, b) -> int:
+        if self.tell() + len(b) > 100:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(b)
+
+
+def _full_trainer_state(monkeypatch) -> None:
+    """``trainer_state.pt`` fills the disk inside ``torch.save``'s zip writer (which then raises RuntimeError
+    "unexpected pos" from its end-of-file record, the OSError as its context)."""
+    def fake_open(file, mode="r", *args, **kwargs):
+        if os.fspath(file).endswith("trainer_state.pt") and mode == "wb":
+            return _FullDisk(file, "wb")
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "open", fake_open, raising=False)
+
+
+def test_a_full_disk_inside_torch_save_is_the_os_error_naming_the_file(tmp_path, monkeypatch):
+    _full_trainer_state(monkeypatch)
+    with pytest.raises(OSError) as e:
+        ckpt.save_torch({"step": 2, "x": torch.zeros(64)}, tmp_path / "trainer_state.pt")
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(tmp_path / "trainer_state.pt"))
+
+
+def test_a_full_disk_inside_trainer_state_is_one_line_and_leaves_no_checkpoint(data_dir, tmp_path, monkeypatch,
+                                                                               capsys):
+    _full_trainer_state(monkeypatch)
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--data", str(data_dir), "--steps", "2", "--out", str(out)]) == 1
+    one_line(capsys, "No space left on device [ENOSPC]", "trainer_state.pt", "free of")
+    assert (out / "run.json").is_file() and os.listdir(out / "checkpoints") == []
+
+
