@@ -8,6 +8,7 @@ import errno
 import gzip
 import io
 import os
+import struct
 import zlib
 from pathlib import Path
 
@@ -118,5 +119,46 @@ def test_a_full_disk_inside_trainer_state_is_one_line_and_leaves_no_checkpoint(d
     assert main(["train", *TINY, "--data", str(data_dir), "--steps", "2", "--out", str(out)]) == 1
     one_line(capsys, "No space left on device [ENOSPC]", "trainer_state.pt", "free of")
     assert (out / "run.json").is_file() and os.listdir(out / "checkpoints") == []
+
+
+# ------------------------------------------------------------------------------------------------ corrupt inputs
+def _corrupt(raw: bytes) -> bytes:
+    """``raw`` with the 64 bytes from offset 100 inverted."""
+    return raw[:100] + bytes(b ^ 0xFF for b in raw[100:164]) + raw[164:]
+
+
+def test_a_corrupt_gzip_or_zstd_input_is_one_line_naming_it(tmp_path, capsys):
+    import zstandard
+
+    text = gzip.decompress((Path(EMBEDDED_DIR) / "sotu.jsonl.gz").read_bytes())
+    bad_gz = tmp_path / "sotu.jsonl.gz"
+    bad_gz.write_bytes(_corrupt(gzip.compress(text)))
+    with pytest.raises(zlib.error):  # the stream is broken, not merely truncated
+        gzip.decompress(bad_gz.read_bytes())
+    bad_zst = tmp_path / "sotu.jsonl.zst"
+    bad_zst.write_bytes(_corrupt(zstandard.ZstdCompressor(write_checksum=True).compress(text)))
+    for bad, what in ((bad_gz, "corrupt gzip stream"), (bad_zst, "corrupt zstandard stream")):
+        out = tmp_path / f"out_{bad.suffix[1:]}"
+        assert main(["data", "prepare", "--input", str(bad), "--out", str(out), "--quiet", "--workers", "1"]) == 2
+        one_line(capsys, f"depthattn data prepare: error: {bad}: cannot read: {what}")
+        assert not out.exists() and sorted(os.listdir(tmp_path)) == ["sotu.jsonl.gz", "sotu.jsonl.zst"]
+
+
+def test_a_corrupt_stream_in_a_source_package_is_one_value_error_naming_the_file(tmp_path):
+    """The package readers of ``data build``: a gzip'd documentation page and a zlib block of a SWORD module."""
+    from depthattn.data.sources.readers import read_linux_doc
+    from depthattn.data.sources.sword import read_sword_module
+
+    text = gzip.decompress((Path(EMBEDDED_DIR) / "sotu.jsonl.gz").read_bytes())[:20000]
+    page = tmp_path / "usr/share/doc/linux-doc-6.1/Documentation/admin-guide/sotu.rst.gz"
+    page.parent.mkdir(parents=True)
+    page.write_bytes(_corrupt(gzip.compress(text)))
+    with pytest.raises(ValueError, match=rf"^{page}: cannot read: corrupt gzip stream \(Error -3 "):
+        read_linux_doc(tmp_path)
+    block = _corrupt(zlib.compress(text))
+    (tmp_path / "ot.bzs").write_bytes(struct.pack("<III", 0, len(block), len(text)))
+    (tmp_path / "ot.bzz").write_bytes(block)
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'ot.bzz'}: block 0: cannot read: corrupt zlib stream"):
+        read_sword_module(tmp_path, "sotu")
 
 
