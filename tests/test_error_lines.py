@@ -162,3 +162,18 @@ def test_a_corrupt_stream_in_a_source_package_is_one_value_error_naming_the_file
         read_sword_module(tmp_path, "sotu")
 
 
+# ------------------------------------------------------------------------------------------------ --mix
+@pytest.mark.parametrize("argv, needle", [
+    (["--mix", "1e308,1e308"], "--mix 1e+308,1e+308: the weights add up to inf, not 1"),
+    (["--mix", "-0.5,1.5"], "--mix -0.5,1.5: weight -0.5 is negative"),
+    (["--mix=-0.5,1.5"], "--mix -0.5,1.5: weight -0.5 is negative"),
+    (["--mix", "-.5,1.5"], "--mix -0.5,1.5: weight -0.5 is negative"),
+    (["--mix", "nan,1"], "--mix nan,1: weight nan is not finite"),
+    (["--mix", "0,0"], "--mix 0,0: the weights add up to 0, not 1"),
+])
+def test_bad_mix_weights_are_one_line_naming_the_flag(argv, needle, tmp_path, capsys):
+    inputs = [str(Path(EMBEDDED_DIR) / "austen.jsonl.gz"), str(Path(EMBEDDED_DIR) / "sotu.jsonl.gz")]
+    out = tmp_path / "out"
+    assert main(["data", "prepare", "--input", *inputs, *argv, "--out", str(out), "--quiet"]) == 2
+    one_line(capsys, f"depthattn data prepare: error: {needle}")
+    assert not out.exists()
