@@ -99,15 +99,28 @@ def save_safetensors(state: dict[str, torch.Tensor], file: str | os.PathLike) ->
 
 def save_torch(obj: object, file: str | os.PathLike) -> None:
     """``torch.save(obj, file)`` through a Python file object (the same bytes), so that a write the file system
-    refuses is an ``OSError`` naming ``file`` (``torch.save`` to a path reports a full disk as a ``RuntimeError``
-    "unexpected pos")."""
+    refuses is an ``OSError`` naming ``file``. ``torch.save`` to a path reports a full disk as a ``RuntimeError``
+    "unexpected pos"; to a file object, its zip writer still raises that ``RuntimeError`` when it closes the archive
+    after the refused write, with the write's ``OSError`` as its context: that ``OSError`` is raised instead."""
     try:
         with open(file, "wb") as f:
             torch.save(obj, f)
-    except OSError as e:
-        if e.filename is not None or e.errno is None:
+    except (OSError, RuntimeError) as e:
+        refused = _os_error_in_chain(e)
+        if refused is None or refused.errno is None or (refused is e and e.filename is not None):
             raise
-        raise OSError(e.errno, e.strerror, os.fspath(file)) from e
+        raise OSError(refused.errno, refused.strerror, refused.filename or os.fspath(file)) from e
+
+
+def _os_error_in_chain(e: BaseException) -> OSError | None:
+    """The first ``OSError`` among ``e`` and its causes / contexts (``__cause__``, else ``__context__``), or None."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def save_model_files(model: DecoderLM, folder: str, tokenizer_file: str | os.PathLike | None = None,

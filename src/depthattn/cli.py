@@ -44,6 +44,7 @@ import difflib
 import errno
 import importlib
 import os
+import re
 import shutil
 import sys
 import threading
@@ -74,13 +75,21 @@ INPUT_PATHS = (("checkpoint", "CHECKPOINT"), ("resume", "--resume"), ("init_from
 DEBUG_HELP = "on an error, show the Python traceback as well as the one-line message"
 
 
+#: A word argparse takes as a value, never as a flag: ``-`` then a digit, or ``-.`` then a digit (``-0.5``,
+#: ``-1e3``, ``-0.5,1.5``). Python 3.11's own pattern matches a lone number only, under which a list whose first
+#: item is negative (``--mix -0.5,1.5``) reads as a flag and its option as missing its value.
+NEGATIVE_NUMBER = re.compile(r"^-\.?\d")
+
+
 class Parser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` without prefix abbreviations (``--step 10`` is an error, never ``--steps 10``).
-    Sub-parsers are made with the parent's class (``add_subparsers``' default), so every parser of the CLI is one."""
+    """``argparse.ArgumentParser`` without prefix abbreviations (``--step 10`` is an error, never ``--steps 10``),
+    reading a word that starts like a negative number (``NEGATIVE_NUMBER``) as a value. Sub-parsers are made with the
+    parent's class (``add_subparsers``' default), so every parser of the CLI is one."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER  # argparse's own hook (no public one); no flag is -N
 
 
 def sub_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -19,6 +19,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -186,6 +187,8 @@ def read_jsonl(path: str | Path, text_column: str = "text", source: str = "") ->
                 if row[text_column].strip():
                     yield Document(id=str(row.get("id", f"{path.name}:{lineno}")), text=row[text_column],
                                    source=str(row.get("source", source)), title=str(row.get("title", "")))
+    except zlib.error as e:  # a damaged deflate stream (gzip raises BadGzipFile, an OSError, only for its frame)
+        raise ValueError(f"{path}: cannot read: corrupt gzip stream ({e})") from e
     except (OSError, EOFError) as e:
         raise ValueError(f"{path}: cannot read ({e})") from e
 

@@ -52,7 +52,7 @@ def parse_mix(text: str) -> list[float]:
 
 def check_mix(weights: list[float], inputs: list[str]) -> list[float]:
     """The weights as floats, or ValueError (one line): a count other than the ``--input`` count, a negative or
-    non-finite weight, or a sum more than :data:`SUM_TOLERANCE` away from 1."""
+    non-finite weight, or a sum (possibly infinite) more than :data:`SUM_TOLERANCE` away from 1."""
     shown = ",".join(f"{w:g}" for w in weights)
     if len(weights) != len(inputs):
         raise ValueError(f"--mix {shown}: {len(weights)} weight{'s' if len(weights) != 1 else ''} for "
@@ -62,7 +62,10 @@ def check_mix(weights: list[float], inputs: list[str]) -> list[float]:
     if bad:
         raise ValueError(f"--mix {shown}: weight {bad[0]:g} is {'negative' if bad[0] < 0 else 'not finite'}; "
                          f"weights are token shares >= 0")
-    total = math.fsum(weights)
+    try:
+        total = math.fsum(weights)
+    except OverflowError:  # finite weights whose sum is not: 1e308,1e308
+        total = math.inf
     if abs(total - 1.0) > SUM_TOLERANCE:
         raise ValueError(f"--mix {shown}: the weights add up to {total:g}, not 1 (tolerance {SUM_TOLERANCE:g}); "
                          f"they are the sources' token shares of the training split")

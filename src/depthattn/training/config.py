@@ -215,7 +215,8 @@ class TrainConfig:
         need(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"choose one of {', '.join(LR_SCHEDULES)}")
         need(self.decay_shape in DECAY_SHAPES, "decay_shape", f"choose one of {', '.join(DECAY_SHAPES)}")
         need(isinstance(self.decay_fraction, (int, float)) and not isinstance(self.decay_fraction, bool)
-             and 0 < self.decay_fraction <= 1, "decay_fraction", "must be a fraction of the steps in (0, 1]")
+             and 0 < self.decay_fraction < 1, "decay_fraction", "must be a fraction of the steps in (0, 1) (a decay "
+             "over every step would start inside the warm-up, which is at least one step)")
         need(self.adamw_impl in ADAMW_IMPLS, "adamw_impl", f"choose one of {', '.join(ADAMW_IMPLS)}")
         g = self.global_batch_tokens
         need(g is None or (is_int(g) and g >= 1 and g % (self.batch_size * self.seq_len) == 0),

@@ -153,7 +153,8 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: floa
     * ``"constant"``: 1;
     * ``"wsd"`` (warmup–stable–decay; Hägele et al. 2024, arXiv 2405.18392): 1 up to ``d = total - decay_steps``,
       then ``r + (1 - r) · (1 - q)`` (``decay_shape="linear"``) or ``r + (1 - r) · (1 - √q)`` (``"1-sqrt"``) with
-      ``q = (step - d) / max(1, decay_steps - 1)`` clipped to [0, 1]: 1 at ``step = d``, ``r`` at ``total - 1``.
+      ``q = (step - d) / (decay_steps - 1)`` clipped to [0, 1]: 1 at ``step = d``, ``r`` at ``total - 1``; a
+      one-step decay (``q = 1``) trains its only step at ``r``.
 
     Raises ``ValueError`` for an unknown ``schedule`` or ``decay_shape`` (listing the choices), or a WSD decay that
     starts inside the warm-up (``total - decay_steps < warmup_steps``).
@@ -174,7 +175,7 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: floa
         start = total_steps - decay_steps
         if step < start:
             return 1.0
-        q = min(1.0, (step - start) / max(1, decay_steps - 1))
+        q = min(1.0, (step - start) / (decay_steps - 1)) if decay_steps > 1 else 1.0  # one step: the floor
         return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - (math.sqrt(q) if decay_shape == "1-sqrt" else q))
     progress = min(1.0, max(0.0, (step - warmup_steps) / max(1, total_steps - 1 - warmup_steps)))
     if schedule == "linear":

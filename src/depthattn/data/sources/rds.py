@@ -144,7 +144,10 @@ def read_r_lazyload(rdx_path: str | Path) -> dict[str, object]:
     """
     rdx_path = Path(rdx_path)
     raw = rdx_path.read_bytes()
-    raw = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else zlib.decompress(raw[4:])
+    try:
+        raw = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else zlib.decompress(raw[4:])
+    except (zlib.error, gzip.BadGzipFile, EOFError) as e:
+        raise ValueError(f"{rdx_path}: cannot read: corrupt compressed stream ({e})") from e
     index = r_unserialize(raw)
     if not isinstance(index, RList) or index.names is None or "variables" not in index.names:
         raise ValueError(f"{rdx_path}: not an R lazy-load index (no `variables` entry)")
@@ -154,7 +157,11 @@ def read_r_lazyload(rdx_path: str | Path) -> dict[str, object]:
     for name, (offset, length) in sorted(variables.items()):
         record = rdb[offset:offset + length]
         (ulen,) = struct.unpack(">I", record[:4])
-        payload = zlib.decompress(record[4:])
+        try:
+            payload = zlib.decompress(record[4:])
+        except zlib.error as e:
+            where = rdx_path.with_suffix(".rdb")
+            raise ValueError(f"{where}: record {name}: cannot read: corrupt zlib stream ({e})") from e
         if len(payload) != ulen:
             raise ValueError(f"{rdx_path.with_suffix('.rdb')}: record {name} inflated to {len(payload)} != {ulen}")
         out[name] = r_unserialize(payload)

@@ -4,6 +4,7 @@ source, returning documents. :mod:`depthattn.data.sources.catalogue` pairs them 
 from __future__ import annotations
 
 import gzip
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,8 +101,11 @@ def read_linux_doc(root: Path) -> list[Document]:
     base = _find_one(root, "usr/share/doc/linux-doc-*/Documentation")
     docs = []
     for path in sorted(base.rglob("*.rst.gz")):
-        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
-            text = normalize_text(f.read())
+        try:
+            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+                text = normalize_text(f.read())
+        except (zlib.error, gzip.BadGzipFile, EOFError) as e:
+            raise ValueError(f"{path}: cannot read: corrupt gzip stream ({e})") from e
         if len(text) >= 200:
             rel = path.relative_to(base).as_posix()[: -len(".rst.gz")]
             docs.append(Document(id=f"linux_doc/{rel}", text=text, source="linux_doc", title=rel))

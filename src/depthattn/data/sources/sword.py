@@ -59,7 +59,10 @@ def read_sword_blocks(moddir: str | Path) -> Iterator[tuple[str, int, bytes]]:
             if csize == 0:
                 continue
             found = True
-            raw = zlib.decompress(data[off:off + csize])
+            try:
+                raw = zlib.decompress(data[off:off + csize])
+            except zlib.error as e:
+                raise ValueError(f"{data_path}: block {i}: cannot read: corrupt zlib stream ({e})") from e
             if len(raw) != usize:
                 raise ValueError(f"{data_path}: block {i} inflated to {len(raw)} bytes, index says {usize}")
             yield testament, i, raw
