@@ -17,6 +17,7 @@ import graph).
 - :func:`sha256_bytes` / :func:`sha256_file` -- hex digests.
 - :func:`read_json` / :func:`loads_json` -- every JSON file the package reads, with its size and nesting depth
   bounded (a ``config.json`` nested 10⁶ deep is one ``ValueError``, not a ``RecursionError``).
+- :func:`finite_or_none` / :func:`json_line` -- strict JSON out (a non-finite number is written as null).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from .layout import MANIFEST_FILE
 
@@ -448,3 +451,19 @@ def sha256_file(path: str | Path) -> str:
 
 # ------------------------------------------------------------------------------------------------------------------
 # staged folders (many files, one index written last)
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf) replaced by None, recursively: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def json_line(row: Mapping[str, Any]) -> str:
+    """One ``metrics.jsonl`` line: strict JSON (a non-finite number is written as null), newline-terminated."""
+    return json.dumps(finite_or_none(row), allow_nan=False) + "\n"

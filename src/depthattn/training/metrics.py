@@ -22,6 +22,7 @@ import torch
 from ..accounting import num_flops
 from ..config import ModelConfig
 from ..fileio import atomic_write_text
+from ..fileio import finite_or_none, json_line  # noqa: F401  (re-exported)
 from ..layout import WANDB_FILE
 
 #: Peak dense (no sparsity) bf16 tensor-core FLOP/s per device, from the vendors' data sheets, matched in order
@@ -38,22 +39,6 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 #: Row keys measured on the machine (timing, memory), not part of the trajectory a resumed run repeats.
 MEASURED_KEYS = frozenset({"tokens_per_s", "flops_per_s", "mfu", "peak_memory_gib"})
-
-
-def finite_or_none(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, ±inf) replaced by None, recursively: JSON has no NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {k: finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_or_none(v) for v in value]
-    return value
-
-
-def json_line(row: Mapping[str, Any]) -> str:
-    """One ``metrics.jsonl`` line: strict JSON (a non-finite number is written as null), newline-terminated."""
-    return json.dumps(finite_or_none(row), allow_nan=False) + "\n"
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import run_layout as layout
-from ..fileio import atomic_write_text, loads_json, read_json
+from ..fileio import atomic_write_text, finite_or_none, json_line, loads_json, read_json
 from ..run.lock import LockHolder, RunFolderLocked, RunLock, _NoLock, lock_folder  # noqa: F401  (re-exported)
-from .metrics import finite_or_none, json_line
 
 
 # ---------------------------------------------------------------------------------------------------- the folder
