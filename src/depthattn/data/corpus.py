@@ -151,11 +151,13 @@ def _open_lines(path: Path):
     return open(path, "rb")
 
 
-def read_jsonl(path: str | Path, text_column: str = "text", source: str = "") -> Iterator[Document]:
+def read_jsonl(path: str | Path, text_column: str = "text", source: str = "",
+               id_name: str | None = None) -> Iterator[Document]:
     """Documents from a ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` file: one JSON object per line, the text in its
     ``text_column`` field (blank texts skipped); ``id``, ``source``, ``title`` fields are kept when present (id
-    default ``<file name>:<line>``). ValueError naming the file and line on bad JSON, non-UTF-8 bytes (with the
-    byte offset in the decompressed stream), a missing field, or a corrupt / truncated compressed stream."""
+    default ``<id_name>:<line>``, ``id_name`` default the file name). ValueError naming the file and line on bad
+    JSON, non-UTF-8 bytes (with the byte offset in the decompressed stream), a missing field, or a corrupt /
+    truncated compressed stream."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: file not found")
@@ -185,7 +187,7 @@ def read_jsonl(path: str | Path, text_column: str = "text", source: str = "") ->
                                      f"{ascii(row[text_column][bad])} at character {bad}, which is not Unicode text "
                                      f"(a JSON \\u escape of half a UTF-16 pair); fix or drop the line")
                 if row[text_column].strip():
-                    yield Document(id=str(row.get("id", f"{path.name}:{lineno}")), text=row[text_column],
+                    yield Document(id=str(row.get("id", f"{id_name or path.name}:{lineno}")), text=row[text_column],
                                    source=str(row.get("source", source)), title=str(row.get("title", "")))
     except zlib.error as e:  # a damaged deflate stream (gzip raises BadGzipFile, an OSError, only for its frame)
         raise ValueError(f"{path}: cannot read: corrupt gzip stream ({e})") from e

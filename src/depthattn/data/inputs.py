@@ -13,8 +13,13 @@ a ``.parquet`` file                             one row = one document, from its
 a ``datasets`` ``save_to_disk`` folder          one row = one document, ``text_column`` column (all splits)
 any other folder                                every file above in it (recursive, sorted); other files are
                                                 skipped with one line saying how many
-a glob pattern (``data/*.parquet``, ``**``)     every matching file or folder, sorted
+a glob pattern (``data/*.parquet``, ``**``)     every matching file, and every file in a matching folder, sorted
 =============================================  ================================================================
+
+Folders and patterns are walked by one function, :func:`walk_input`: symbolic links are followed and every real
+file is read once (a folder reached again through a link is not walked again). The default id of a ``.jsonl`` line
+or ``.parquet`` row starts with the file's name, or with its path below the input's folder where the inputs hold
+two files of that name (:func:`resolve_inputs`).
 
 An :class:`InputSource` can be iterated several times (``documents()`` reopens its files), so prepare streams the
 corpus instead of holding it: only one document (one jsonl line, parquet batch or ``.txt`` piece) is in memory at a
@@ -27,7 +32,10 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import fnmatch
 import glob
+import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -122,10 +130,10 @@ def _text_values(where: str, column, text_column: str) -> list:
     raise ValueError(f"{where}: column `{text_column}` has type {column.type}, not string")
 
 
-def read_parquet(path: str | Path, text_column: str = "text") -> Iterator[Document]:
+def read_parquet(path: str | Path, text_column: str = "text", id_name: str | None = None) -> Iterator[Document]:
     """Documents from a parquet file, one per row with a non-blank ``text_column`` (read in record batches); the
-    ``id`` column is the document id when present, else ``<file name>:<row>``. ValueError naming the file when it
-    cannot be read as parquet or has no such string column."""
+    ``id`` column is the document id when present, else ``<id_name>:<row>`` (default ``id_name``: the file name).
+    ValueError naming the file when it cannot be read as parquet or has no such string column."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -146,7 +154,7 @@ def read_parquet(path: str | Path, text_column: str = "text") -> Iterator[Docume
             ids = batch.column(1).to_pylist() if len(columns) > 1 else [None] * len(texts)
             for text, doc_id in zip(texts, ids):
                 if text is not None and text.strip():
-                    yield Document(id=str(doc_id) if doc_id is not None else f"{path.name}:{row}", text=text,
+                    yield Document(id=str(doc_id) if doc_id is not None else f"{id_name or path.name}:{row}", text=text,
                                    source=path.stem)
                 row += 1
     except (OSError, pa.ArrowException) as e:
@@ -191,13 +199,18 @@ def read_hf_dataset(path: str | Path, text_column: str = "text") -> Iterator[Doc
 
 @dataclasses.dataclass(frozen=True)
 class InputSource:
-    """One ``--input`` argument, resolved: ``documents()`` streams its documents (and can be called again)."""
+    """One ``--input`` argument, resolved: ``documents()`` streams its documents (and can be called again).
+
+    ``labels``: each file's path below the input's folder (:meth:`Walked.below`); ``id_names``: what the default ids
+    of each ``.jsonl`` / ``.parquet`` file's documents start with (:func:`resolve_inputs`; default the file name)."""
 
     name: str
     kind: str
     files: tuple[Path, ...] = ()
     text_column: str = "text"
     txt_piece_chars: int | None = None
+    labels: tuple[str, ...] = ()
+    id_names: tuple[str, ...] = ()
 
     def documents(self) -> Iterator[Document]:
         if self.kind == "embedded":
@@ -207,35 +220,165 @@ class InputSource:
         elif self.kind == "hf_dataset":
             yield from read_hf_dataset(self.files[0], self.text_column)
         else:
-            for path in self.files:
-                yield from _file_documents(path, self.text_column, self.txt_piece_chars)
+            for path, id_name in zip(self.files, self.id_names or [p.name for p in self.files]):
+                yield from _file_documents(path, self.text_column, self.txt_piece_chars, id_name)
 
 
-def _file_documents(path: Path, text_column: str, txt_piece_chars: int | None) -> Iterator[Document]:
+def _file_documents(path: Path, text_column: str, txt_piece_chars: int | None, id_name: str) -> Iterator[Document]:
     if path.name.endswith(".txt"):
         yield from _txt_documents(path, txt_piece_chars)
     elif path.name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
-        yield from read_jsonl(path, text_column, source=path.name)
+        yield from read_jsonl(path, text_column, source=path.name, id_name=id_name)
     elif path.name.endswith(".parquet"):
-        yield from read_parquet(path, text_column)
+        yield from read_parquet(path, text_column, id_name)
     else:
         raise ValueError(f"{path}: unknown input type; expected `embedded`, a .txt, .jsonl[.gz|.zst] or .parquet "
                          f"file, a folder or glob pattern of them, a `data fetch` folder or a datasets "
                          f"save_to_disk folder")
 
 
-def _folder_files(path: Path, log: Callable[[str], None] | None) -> tuple[Path, ...]:
-    every = sorted(p for p in path.rglob("*") if p.is_file())
-    files = [p for p in every if p.name.endswith(DOC_SUFFIXES)]
+def _scandir(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError as e:
+        raise ValueError(f"{folder}: cannot read the folder ({e.strerror or e})") from e
+
+
+def _part_matches(head: str, name: str) -> bool:
+    """One path part against one pattern part; a wildcard does not match a leading ``.`` (as :mod:`glob`)."""
+    if glob.has_magic(head) and name.startswith(".") and not head.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(name, head)
+
+
+def _matches(pattern: tuple[str, ...], parts: tuple[str, ...], prefix: bool = False) -> bool:
+    """Whether the path ``parts`` matches the glob ``pattern`` parts (``prefix``: begins a path that can): ``**`` is
+    any number of parts not starting with ``.``; other wildcards match within one part."""
+    if not parts:
+        return prefix or all(head == "**" for head in pattern)
+    if not pattern:
+        return False
+    if pattern[0] == "**":
+        return _matches(pattern[1:], parts, prefix) or (not parts[0].startswith(".")
+                                                        and _matches(pattern, parts[1:], prefix))
+    return _part_matches(pattern[0], parts[0]) and _matches(pattern[1:], parts[1:], prefix)
+
+
+def _walk_folder(root: Path, pattern: tuple[str, ...] | None = None,
+                 dirs_only: bool = False) -> tuple[list[Path], list[Path]]:
+    """``(files, again)``: every file below ``root`` (with ``pattern``: that matches it, or lies below a folder that
+    does; ``dirs_only``: only the latter) once per real file, sorted, and the symbolic links that led to a file or
+    folder already reached. What is reached without a link comes first; links are then followed in sorted order (a
+    folder walked once, so a loop ends), each to what was not reached yet. Broken links are ignored."""
+    files: list[Path] = []
+    again: list[Path] = []
+    links: list[Path] = []
+    seen: set[str] = set()
+
+    def wanted(path: Path, is_dir: bool) -> bool:
+        if pattern is None:
+            return True
+        parts = path.relative_to(root).parts
+        if any(_matches(pattern, parts[:j]) for j in range(len(parts))):
+            return True
+        return _matches(pattern, parts, prefix=True) if is_dir else not dirs_only and _matches(pattern, parts)
+
+    def first(path: Path) -> bool:
+        real = os.path.realpath(path)
+        if real in seen:
+            again.append(path)
+            return False
+        seen.add(real)
+        return True
+
+    def reach(path: Path, is_dir: bool, is_file: bool) -> None:
+        if is_dir and wanted(path, True) and first(path):
+            for entry in _scandir(path):
+                if entry.is_symlink():
+                    links.append(path / entry.name)
+                else:
+                    reach(path / entry.name, entry.is_dir(), entry.is_file())
+        elif is_file and wanted(path, False) and first(path):
+            files.append(path)
+
+    reach(root, True, False)
+    while links:
+        batch = sorted(links)
+        links.clear()
+        for path in batch:
+            reach(path, path.is_dir(), path.is_file())
+    return sorted(files), again
+
+
+@dataclasses.dataclass(frozen=True)
+class Walked:
+    """What :func:`walk_input` found below ``root`` (the folder, a pattern's folder, a lone file's folder):
+    ``files`` as reached (``root`` as given joined with the names below it), the files of other types below a
+    folder (``skipped``), and the symbolic links that led to a file or folder already reached (``again``)."""
+
+    root: Path
+    files: tuple[Path, ...]
+    skipped: tuple[Path, ...] = ()
+    again: tuple[Path, ...] = ()
+
+    def below(self, path: Path) -> str:
+        """``path`` below ``root``, POSIX separators (a lone file: its name)."""
+        return path.relative_to(self.root).as_posix()
+
+
+def walk_input(spec: str | Path) -> Walked:
+    """Every document file one ``--input`` names, once per real file (``os.path.realpath``), in sorted order.
+
+    ``spec`` is a file (itself), a folder (every file below it) or a glob pattern (``*``, ``?``, ``[...]`` within a
+    name; a ``**`` part for any number of folders): every matching file, and every file below a matching folder.
+    Symbolic links to files and folders are followed, a folder at most once (a link loop ends there). Files of a
+    type other than ``DOC_SUFFIXES`` below a folder are ``skipped``; a lone or matched file of another type, a
+    missing input, a pattern without matches or a folder without documents is a ValueError naming ``spec``."""
+    spec = str(spec)
+    if glob.has_magic(spec):
+        parts = Path(spec).parts
+        k = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+        root, pattern = Path(*parts[:k]) if k else Path("."), parts[k:]
+        found, again = _walk_folder(root, pattern, spec.endswith("/")) if root.is_dir() else ([], [])
+        if not found:
+            raise ValueError(f"{spec}: the pattern matches no files")
+        rels = [f.relative_to(root).parts for f in found]
+        inside = [any(_matches(pattern, r[:j]) for j in range(len(r))) for r in rels]  # below a matching folder
+        for f in (f for f, i in zip(found, inside) if not i):  # matched itself
+            _check_type(f)
+        under = [f for f, i in zip(found, inside) if i]
+    else:
+        root = Path(spec)
+        if not root.exists():
+            raise ValueError(f"--input {root} does not exist")
+        if not root.is_dir():
+            _check_type(root)
+            return Walked(root.parent, (root,))
+        under, again = _walk_folder(root)
+        found = under
+    skipped = tuple(f for f in under if not f.name.endswith(DOC_SUFFIXES))
+    files = tuple(f for f in found if f.name.endswith(DOC_SUFFIXES))  # a file matched itself is of one of them
     if not files:
-        raise ValueError(f"{path}: folder has no .txt, .jsonl[.gz|.zst] or .parquet files, no corpus manifest.json "
-                         f"and no dataset_info.json / state.json; cannot tell what to read")
-    skipped = [p for p in every if not p.name.endswith(DOC_SUFFIXES)]
-    if skipped and log is not None:
-        log(f"{path}: skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} that "
-            f"{'are' if len(skipped) > 1 else 'is'} not .txt, .jsonl[.gz|.zst] or .parquet "
-            f"(e.g. {skipped[0].relative_to(path)})")
-    return tuple(files)
+        raise ValueError(f"{spec if glob.has_magic(spec) else root}: folder has no .txt, .jsonl[.gz|.zst] or "
+                         f".parquet files, no corpus manifest.json and no dataset_info.json / state.json; cannot "
+                         f"tell what to read")
+    return Walked(root, files, skipped, tuple(again))
+
+
+def _note(name: str, walked: Walked, log: Callable[[str], None] | None) -> None:
+    """One line each for the skipped files and for the links that led to files or folders already read."""
+    if log is None:
+        return
+    if walked.skipped:
+        n = len(walked.skipped)
+        log(f"{name}: skipped {n} file{'s' if n > 1 else ''} that {'are' if n > 1 else 'is'} not .txt, "
+            f".jsonl[.gz|.zst] or .parquet (e.g. {walked.below(walked.skipped[0])})")
+    if walked.again:
+        n = len(walked.again)
+        log(f"{name}: {n} symbolic link{'s lead' if n > 1 else ' leads'} to files or folders already read "
+            f"({', '.join(walked.below(p) for p in walked.again[:3])}{', ...' if n > 3 else ''}); "
+            f"each is read once")
 
 
 def resolve_input(spec: str | Path, text_column: str = "text", txt_piece_chars: int | None = None,
@@ -244,33 +387,25 @@ def resolve_input(spec: str | Path, text_column: str = "text", txt_piece_chars: 
     spec = str(spec)
     if spec == "embedded":
         return InputSource("embedded", "embedded")
-    if glob.has_magic(spec):
-        matches = sorted(Path(p) for p in glob.glob(spec, recursive=True))
-        if not matches:
-            raise ValueError(f"{spec}: the pattern matches no files")
-        files: list[Path] = []
-        for m in matches:
-            files.extend(_folder_files(m, log) if m.is_dir() else [m] if m.is_file() else [])
-        for f in files:
-            _check_type(f)
-        return InputSource(spec, "glob", tuple(files), text_column)
     path = Path(spec)
-    if not path.exists():
-        raise ValueError(f"--input {path} does not exist")
-    if path.is_dir():
+    if not glob.has_magic(spec) and path.is_dir():
         if is_corpus_dir(path):
             return InputSource(spec, "corpus", (path,))
         if _is_hf_dataset(path):
             return InputSource(spec, "hf_dataset", (path,), text_column)
-        files = _folder_files(path, log)
-        kind = "txt_dir" if all(f.name.endswith(".txt") for f in files) else "folder"
-        return InputSource(spec, kind, files, text_column)
-    _check_type(path)
-    if path.stat().st_size == 0:
-        raise ValueError(f"{path}: input file is empty")
-    kind = next(s for s in (".jsonl.gz", ".jsonl.zst", ".jsonl", ".parquet", ".txt") if path.name.endswith(s))[1:]
-    return InputSource(spec, kind.replace(".", "_"), (path,), text_column,
-                       txt_piece_chars if kind == "txt" else None)
+    walked = walk_input(spec)
+    _note(spec if glob.has_magic(spec) else str(path), walked, log)
+    if glob.has_magic(spec):
+        kind = "glob"
+    elif path.is_dir():
+        kind = "txt_dir" if all(f.name.endswith(".txt") for f in walked.files) else "folder"
+    else:
+        if path.stat().st_size == 0:
+            raise ValueError(f"{path}: input file is empty")
+        kind = next(s for s in (".jsonl.gz", ".jsonl.zst", ".jsonl", ".parquet", ".txt") if path.name.endswith(s))[1:]
+        kind = kind.replace(".", "_")
+    return _named([InputSource(spec, kind, walked.files, text_column, txt_piece_chars if kind == "txt" else None,
+                               tuple(walked.below(f) for f in walked.files))])[0]
 
 
 def _check_type(path: Path) -> None:
@@ -280,10 +415,29 @@ def _check_type(path: Path) -> None:
                          f"save_to_disk folder")
 
 
+def _named(sources: list[InputSource]) -> list[InputSource]:
+    """``sources`` with the default-id names of their files: the file name where no other file of ``sources`` has
+    it, else the path below its input's folder where that is unique, else the path as reached (POSIX)."""
+    files = [(f, label) for src in sources for f, label in zip(src.files, src.labels)]
+    names, labels = Counter(f.name for f, _ in files), Counter(label for _, label in files)
+    return [dataclasses.replace(src, id_names=tuple(
+        f.name if names[f.name] == 1 else label if labels[label] == 1 else f.as_posix()
+        for f, label in zip(src.files, src.labels))) for src in sources]
+
+
 def resolve_inputs(specs: list[str] | None, text_column: str = "text", txt_piece_chars: int = TXT_PIECE_CHARS,
                    log: Callable[[str], None] | None = None) -> list[InputSource]:
     """Resolve every ``--input`` (default: the embedded corpus). A lone ``.txt`` file is cut into pieces of about
-    ``txt_piece_chars`` characters (see :func:`cut_piece`); every other ``.txt`` is one document."""
+    ``txt_piece_chars`` characters (see :func:`cut_piece`); every other ``.txt`` is one document. A file that two
+    inputs both reach (the same real path) is a ValueError naming it and both."""
     specs = [str(s) for s in specs or ["embedded"]]
     lone_txt = len(specs) == 1 and specs[0].endswith(".txt") and not glob.has_magic(specs[0])
-    return [resolve_input(s, text_column, txt_piece_chars if lone_txt else None, log) for s in specs]
+    sources = [resolve_input(s, text_column, txt_piece_chars if lone_txt else None, log) for s in specs]
+    owner: dict[str, InputSource] = {}
+    for src in sources:
+        for f in src.files:
+            other = owner.setdefault(os.path.realpath(f), src)
+            if other is not src:
+                raise ValueError(f"{f}: both --input {other.name} and --input {src.name} read it; "
+                                 f"give each file to one --input")
+    return _named(sources)
