@@ -14,7 +14,8 @@ decides what goes into a checkpoint and what may change when a run resumes::
 Every checkpoint folder is assembled under a temporary name (``fileio.write_folder_atomically``), so a failure never
 damages what is already there. Which checkpoints pruning keeps (``prune_checkpoints``), which checkpoint a run
 resumes from and what may differ (``config_differences``, ``resume_point``, ``read_resume_checkpoint``) and the
-trainer state (``trainer_state``, ``restore_trainer_state``) are decided here.
+trainer state (``trainer_state``, ``restore_trainer_state``) are decided here; how each way of starting or continuing
+a run merges its settings is ``training.resume.plan_run``'s, which applies these rules.
 
 Crash consistency (docs/reliability.md, "Training runs"): resume takes the newest *readable* checkpoint, saying which
 one it skipped and why; unreadable ones are set aside (``set_aside``). ``DEPTHATTN_FAULT_PHASE=<phase>:<n>`` (tests
