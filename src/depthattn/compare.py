@@ -38,8 +38,8 @@ from .fileio import atomic_path, atomic_write_text, read_json
 from .stats import binomial_se, paired_difference, tokens_to_target, verdict
 from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
 from .training.run_folder import RunFolder, RunLock
-from .training.config import LEGACY_DEFAULTS, RESUMABLE_KEYS
-from .training.runs import config_differences, recorded_precision
+from .training.resume import keep_recorded_behaviour, plan_run  # noqa: F401 (keep_recorded_behaviour: compare API)
+from .training.runs import recorded_precision
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
@@ -145,28 +145,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def keep_recorded_behaviour(out: Path, train_cfg: TrainConfig, explicit: set[str],
-                            log: Callable[[str], None] = print) -> TrainConfig:
-    """``train_cfg`` for a compare folder ``out`` written by an older release: a trajectory-changing key (not in
-    ``RESUMABLE_KEYS``) that its ``results.json`` or a run's ``run.json`` did not record, and that the command did not
-    set (``explicit``), takes its ``LEGACY_DEFAULTS`` value, so the folder's runs are reused and new seeds or methods
-    train as they did (e.g. ``data_order="random"``); one line says so. A new folder: ``train_cfg`` unchanged."""
-    recorded = []
-    results = out / "results.json"
-    if results.is_file():
-        recorded.append(read_json(results, "compare results.json").get("settings", {}).get("train", {}))
-    for run in sorted((out / "runs").glob("*/run.json")) if (out / "runs").is_dir() else ():
-        recorded.append(read_json(run, "run.json").get("train", {}))
-    old = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in RESUMABLE_KEYS and k not in explicit
-           and any(k not in r for r in recorded) and getattr(train_cfg, k) != v}
-    if not old:
-        return train_cfg
-    said = ", ".join(f"{k}={v}" for k, v in old.items())
-    log(f"{out} was written before {', '.join(old)} existed: its runs keep {said} (the new default needs another "
-        f"--out, or --set {', '.join(f'{k}=...' for k in old)} and a folder without these runs)")
-    return train_cfg.replace(**old)
-
-
 def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path,
                     progress: bool, log: Callable[[str], None], on_step: Callable[[int, int], None] | None = None
                     ) -> str:
@@ -175,17 +153,8 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
     session's training stopped by the divergence guard or a non-finite value, or with ``on_divergence="stop"`` an
     earlier session's verdict, from the run's ``diverged.json``, reused)."""
     folder = RunFolder(run_dir)
-    if folder.is_run():
-        from .data import load_prepared
-
-        old = folder.read_run()
-        want_train = train_cfg.replace(steps=train_cfg.total_steps()).to_dict()
-        problems = config_differences(old, model_cfg.to_dict(), want_train)
-        if old.get("data_fingerprint") not in (None, load_prepared(data_dir).fingerprint):
-            problems.append(f"data {data_dir}: fingerprint differs from the run's (the folder was re-prepared)")
-        if problems or Path(old["data"]).resolve() != data_dir.resolve():
-            raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(problems) or 'other data'}); "
-                             f"use another --out or delete that folder")
+    plan = plan_run("reuse", run_dir, model_cfg=model_cfg, train_cfg=train_cfg, data_dir=data_dir)
+    if plan.resume:
         verdict = folder.read_divergence()
         setting = "on_nonfinite=skip" if verdict and verdict.get("reason") == "nonfinite" else "on_divergence=warn"
         if verdict is not None and getattr(train_cfg, setting.split("=")[0]) == "stop":  # the same rule would stop it
@@ -195,10 +164,10 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
         if folder.summary_file.is_file() and folder.checkpoints():
             log(f"reusing finished run {run_dir}")
             return "reused"
-    resume = folder.is_run()
+    resume = plan.resume
     try:
-        res = train(run_dir, model_cfg, train_cfg, data_dir, resume=resume, progress=progress, log=log,
-                    on_step=on_step)
+        res = train(run_dir, model_cfg, train_cfg, data_dir, progress=progress, log=log, on_step=on_step,
+                    **plan.train_kwargs())
     except (DivergenceError, NonFiniteError) as e:  # the run stopped itself (diverged.json says why): go on
         log(f"{run_dir}: {e}")
         return f"diverged at step {e.step}"

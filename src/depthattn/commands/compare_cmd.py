@@ -7,7 +7,8 @@ import argparse
 import os
 from pathlib import Path
 
-from ..compare import CompareSettings, keep_recorded_behaviour, parse_methods, render_table, run_compare
+from ..compare import CompareSettings, parse_methods, render_table, run_compare
+from ..training.resume import keep_recorded_behaviour
 from ..training import TrainConfig
 from .eval_cmd import check_task_options
 from .train_cmd import add_model_options, check_model_settings, gather_settings

@@ -9,8 +9,9 @@ import os
 import sys
 from pathlib import Path
 
+from ..compat import Side, check_pairing
 from ..eval.inference import load_for_inference
-from ..fileio import atomic_write_text, read_json, sha256_file
+from ..fileio import atomic_write_text, read_json
 from ..outputs import check_result_file
 from ..training.runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, run_of_checkpoint
 from ..devices import autocast_dtype
@@ -27,9 +28,10 @@ def eval_data_dir(folder: Path, data: str | None) -> Path:
     tok = data / TOKENIZER_FILE
     if not tok.is_file():
         raise FileNotFoundError(f"{tok} not found: {data} is not a prepared data folder")
-    if sha256_file(tok) != sha256_file(folder / TOKENIZER_FILE):
-        raise ValueError(f"tokenizer mismatch: {tok} differs from the checkpoint's {folder / TOKENIZER_FILE}; "
-                         f"evaluate on data prepared with the checkpoint's tokenizer (data prepare --tokenizer)")
+    check_pairing("tokenizer mismatch", Side.of_folder(f"the checkpoint {folder}", folder),
+                  Side.of_folder(str(data), data),
+                  "evaluate on data prepared with the checkpoint's tokenizer (data prepare --tokenizer)",
+                  check_data=False)
     return data
 
 

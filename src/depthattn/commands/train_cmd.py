@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..training import TrainConfig, load_toml, read_run, resolve_model_config, train
-from ..training.config import RESUMABLE_KEYS, parse_value, split_overrides
-from ..run_layout import DEBRIS_PREFIXES, LOCK_FILE, METRICS_FILE, RUN_FILE
+from ..training import TrainConfig, load_toml, resolve_model_config, train
+from ..training.config import parse_value, split_overrides
 from ..training.optim import schedule_factor
-from ..training.runs import config_differences, resumed_data_parallel
 from ..devices import resolve_device
+from ..training.resume import (DECAY_FIXED, RESUME_FIXED, RunPlan, decay_sets, plan_run, refused_flags,
+                               resume_sets)
 
 DEFAULT_PRESET = "small"
 
@@ -149,42 +149,6 @@ def check_model_settings(preset: str, model_kw: dict) -> None:
     ModelConfig.from_preset(preset, **{k: v for k, v in model_kw.items() if k != "vocab_size"})
 
 
-#: Options that would change a run's recorded config or data; ``--resume`` refuses them (attribute, flag).
-RESUME_FIXED = (("config", "--config"), ("preset", "--preset"), ("set", "--set"), ("init_from", "--init-from"),
-                ("steps", "--steps"), ("tokens", "--tokens"), ("cross_layer", "--cross-layer"), ("seed", "--seed"),
-                ("loops", "--loops"), ("data", "--data"), ("out", "--out"))
-
-
-#: ``--set`` keys that ``--resume`` accepts: how the resumed run is spread over the ranks
-#: (``runs.resumed_data_parallel`` says what it means when not given).
-RESUME_SETTABLE = ("data_parallel",)
-
-
-def _resume_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--set`` pairs given with ``--resume`` (only ``RESUME_SETTABLE`` keys: ``ValueError`` naming any other),
-    removed from ``args.set`` so ``RESUME_FIXED`` does not refuse them."""
-    pairs = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or key.strip() not in RESUME_SETTABLE:
-            raise ValueError(f"--resume continues {args.resume} with its recorded config; --set {item!r} would change "
-                             f"it (with --resume, --set takes only {', '.join(RESUME_SETTABLE)}=...)")
-        pairs[key.strip()] = parse_value(value.strip(), key.strip())
-    args.set = []
-    return pairs
-
-
-def _resume_data_parallel(recorded: str | None, resume_sets: dict[str, Any]) -> str | None:
-    """``data_parallel`` of the resumed run: ``--set data_parallel=...`` when given, else the recorded one adapted
-    to the launch (``runs.resumed_data_parallel``; the change said once, by rank 0)."""
-    if "data_parallel" in resume_sets:
-        return resume_sets["data_parallel"]
-    value, line = resumed_data_parallel(recorded)
-    if line and int(os.environ.get("RANK", "0")) == 0:
-        print(line)
-    return value
-
-
 def run_train(args: argparse.Namespace) -> int:
     """Train a model; writes a run folder (run.json, metrics.jsonl, checkpoints/) to --out. Without --data it trains
     on the embedded corpus, prepared once into the cache folder $DEPTHATTN_CACHE/data/embedded (default
@@ -199,34 +163,19 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError("--nproc applies to --dry-run only (launch N processes with torchrun --nproc_per_node N)")
     if args.resume and args.resume_if_exists:
         raise ValueError("--resume-if-exists starts --out or continues it; drop --resume (or --resume-if-exists)")
+    if args.allow_tokenizer_change and args.init_from is None and args.decay_from is None:
+        raise ValueError("--allow-tokenizer-change applies to --init-from and --decay-from only")
     if args.decay_from is not None:
-        result = run_decay_from(args)
+        plan = run_decay_from(args)
     elif args.resume:
-        resume_sets = _resume_settings(args)
-        given = [flag for attr, flag in RESUME_FIXED if getattr(args, attr, None) not in (None, [])]
+        sets = resume_sets(args.resume, args.set, parse_value)
+        given = refused_flags(RESUME_FIXED, {**vars(args), "set": []})
         if given:
             raise ValueError(f"--resume continues {args.resume} with its recorded config and data; drop "
                              f"{', '.join(given)} (only --device, --compile, --activation-checkpointing, "
-                             f"--no-verify, --on-nonfinite, --on-divergence, --no-progress and --set "
-                             f"data_parallel=... may be given)")
-        run = read_run(args.resume)
-        from ..config import ModelConfig
-
-        model_cfg = ModelConfig.from_dict(run["model"])
-        overrides = {k: v for k, v in {"device": args.device}.items() if v is not None}
-        overrides["data_parallel"] = _resume_data_parallel(run["train"].get("data_parallel"), resume_sets)
-        if args.compile:
-            overrides["compile"] = True
-        if args.activation_checkpointing:
-            overrides["activation_checkpointing"] = True
-        if args.no_verify:
-            overrides["verify_data"] = False
-        if args.on_nonfinite is not None:
-            overrides["on_nonfinite"] = args.on_nonfinite
-        if args.on_divergence is not None:
-            overrides["on_divergence"] = args.on_divergence
-        train_cfg = TrainConfig.from_recorded({**run["train"], **overrides})  # an older run: its behaviour
-        result = train(args.resume, model_cfg, train_cfg, run["data"], resume=True, progress=not args.no_progress)
+                             f"--no-verify, --on-nonfinite, --on-divergence, --no-progress, --set "
+                             f"data_parallel=... and --data with a copy of the run's data folder may be given)")
+        plan = plan_run("resume", args.resume, data_dir=args.data, sets=sets, overrides=_session_overrides(args))
     else:
         preset, model_kw, train_kw, data = gather_settings(args, {"cross_layer": args.cross_layer}
                                                            if args.cross_layer else None)
@@ -245,11 +194,11 @@ def run_train(args: argparse.Namespace) -> int:
         prepared = load_prepared(data_dir, verify=False)  # the trainer verifies the shards (rank 0, once)
         model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / "tokenizer.json"))
         out = args.out or os.path.join("runs", f"{preset}-{model_cfg.cross_layer}")
-        resume = bool(args.resume_if_exists) and holds_run(Path(out))
-        if resume:  # continue it with its recorded settings, refusing any other
-            train_cfg = recorded_settings(Path(out), model_cfg, train_cfg, train_kw, data_dir)
-        result = train(out, model_cfg, train_cfg, data_dir, resume=resume, init_from=args.init_from,
-                       progress=not args.no_progress)
+        mode = "resume_if_exists" if args.resume_if_exists else "init_from" if args.init_from else "fresh"
+        plan = plan_run(mode, out, model_cfg=model_cfg, train_cfg=train_cfg, given=train_kw, data_dir=data_dir,
+                        source=args.init_from, allow_tokenizer_change=args.allow_tokenizer_change,
+                        data_given=data is not None)
+    result = _run_plan(plan, not args.no_progress)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports (and holds the checkpoint)
         return 0
     if result.final_val_loss is None:
@@ -264,84 +213,37 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def holds_run(out: Path) -> bool:
-    """``--resume-if-exists``: whether ``out`` holds a run to continue (its ``run.json``), or is new (missing, empty,
-    or only leftovers of an interrupted first start, a killed trainer's lock file included). ``ValueError`` naming the folder and what is in it for a folder
-    of other files: never train into them."""
-    if (out / RUN_FILE).is_file():
-        return True
-    if not out.exists():
-        return False
-    if not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a run folder")
-    others = sorted(p.name for p in out.iterdir() if not p.name.startswith(DEBRIS_PREFIXES) and p.name != LOCK_FILE
-                    and not (p.name == METRICS_FILE and p.stat().st_size == 0))
-    if others:
-        raise ValueError(f"--resume-if-exists: --out {out} holds files but no {RUN_FILE}, so it is not a run to "
-                         f"continue ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); choose another "
-                         f"--out")
-    return False
-
-
-def recorded_settings(out: Path, model_cfg, train_cfg: TrainConfig, given: dict, data_dir: Path) -> TrainConfig:
-    """``--resume-if-exists`` on an existing run: its recorded train config, with the resumable settings the command
-    gave (``RESUMABLE_KEYS``: device, compile, save cadence, ...). ``ValueError`` in one line listing every other
-    setting (``runs.config_differences``) and the data folder where the command differs from the record. A budget
-    given in tokens is compared as tokens; a ``grad_accum`` that a resume at another world size rescaled (same tokens
-    per step) is not a difference."""
-    run = read_run(out)
-    recorded = TrainConfig.from_recorded(run["train"])
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    train_cfg = train_cfg.for_world(world)  # grad_accum from global_batch_tokens, as the trainer resolves it
-    want = train_cfg.to_dict()
-    if want["steps"] is None and want["tokens"] == recorded.tokens:
-        want["steps"] = recorded.steps  # resolved from tokens when the run started
-    if train_cfg.batch_size * train_cfg.grad_accum * train_cfg.seq_len * world == run.get("tokens_per_step"):
-        want["grad_accum"] = recorded.grad_accum
-    problems = config_differences(run, model_cfg.to_dict(), want)
-    if Path(run["data"]).resolve() != Path(data_dir).resolve():
-        problems.append(f"data: {run['data']!r} vs {str(data_dir)!r}")
-    if problems:
-        raise ValueError(f"--resume-if-exists: {out} was recorded with other settings (recorded vs given: "
-                         f"{'; '.join(problems)}); give the recorded ones to continue it, or choose another --out")
-    return recorded.replace(**{k: v for k, v in given.items() if k in RESUMABLE_KEYS})
-
-
-#: Options a ``--decay-from`` run refuses: its config, data and seed are the source run's.
-DECAY_FIXED = tuple(item for item in RESUME_FIXED if item[0] not in ("set", "out")) + (
-    ("resume", "--resume"), ("resume_if_exists", "--resume-if-exists"))
-
-
 def run_decay_from(args: argparse.Namespace):
     """``train --decay-from RUN_OR_CHECKPOINT --decay-steps N --out NEW``: a new run that decays the source's
     stable-phase checkpoint over N steps with its optimizer state and data position (``training.decay``). ``--set``
     takes ``decay_shape``, ``min_lr_ratio`` and the resumable keys; the source's config, data and seed stay."""
-    from ..config import ModelConfig
-    from ..training.decay import DECAY_SETTABLE, check_world, checkpoint_step, decay_config, source_checkpoint
-
-    given = [flag for attr, flag in DECAY_FIXED if getattr(args, attr, None) not in (None, [], False)]
+    given = refused_flags(DECAY_FIXED, vars(args))
     if given:
         raise ValueError(f"--decay-from continues the source run's config, data and seed; drop {', '.join(given)}")
     if args.out is None or args.decay_steps is None:
         raise ValueError("--decay-from needs --out NEW_RUN_DIR and --decay-steps N (the steps of the decay)")
-    pairs = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or key.strip() not in DECAY_SETTABLE | RESUMABLE_KEYS | {"data_parallel"}:
-            raise ValueError(f"--decay-from: --set {item!r} would change the source run's config (it takes "
-                             f"{', '.join(sorted(DECAY_SETTABLE))}, data_parallel and the resumable keys)")
-        pairs[key.strip()] = parse_value(value.strip(), key.strip())
-    ckpt, run = source_checkpoint(args.decay_from)
+    sets = decay_sets(args.set, parse_value)
+    return plan_run("decay_from", args.out, source=args.decay_from, decay_steps=args.decay_steps, sets=sets,
+                    overrides=_session_overrides(args), allow_tokenizer_change=args.allow_tokenizer_change)
+
+
+def _session_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The resumable settings a continued run takes from the command (device, compile, ...)."""
     overrides = {k: v for k, v in {"device": args.device, "on_nonfinite": args.on_nonfinite,
                                    "on_divergence": args.on_divergence}.items() if v is not None}
     overrides.update({k: True for k in ("compile", "activation_checkpointing") if getattr(args, k)})
     if args.no_verify:
         overrides["verify_data"] = False
-    overrides["data_parallel"] = _resume_data_parallel(run["train"].get("data_parallel"), pairs)
-    train_cfg = decay_config(run, checkpoint_step(ckpt), args.decay_steps, ckpt, {**pairs, **overrides})
-    check_world(run, train_cfg, int(os.environ.get("WORLD_SIZE", "1")))
-    return train(args.out, ModelConfig.from_dict(run["model"]), train_cfg, run["data"], decay_from=ckpt,
-                 progress=not args.no_progress)
+    return overrides
+
+
+def _run_plan(plan: RunPlan, progress: bool):
+    """Print the plan's lines (rank 0) and train it."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        for line in plan.lines:
+            print(line)
+    return train(plan.run_dir, plan.model_cfg, plan.train_cfg, plan.data_dir, progress=progress,
+                 **plan.train_kwargs())
 
 
 def run_dry_run(args: argparse.Namespace) -> int:
@@ -427,6 +329,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "over --decay-steps steps, with its optimizer state and data position (WSD; "
                         "docs/training.md)")
     p.add_argument("--decay-steps", type=int, default=None, help="--decay-from: the steps of the decay")
+    p.add_argument("--allow-tokenizer-change", action="store_true",
+                   help="--init-from / --decay-from: accept a checkpoint trained on another tokenizer than the data's "
+                        "(its weights then see other token ids; recorded in run.json); refused without it")
     p.add_argument("--dry-run", action="store_true",
                    help="print parameters, FLOPs per token, per-GPU memory and the tokens/s needed; train nothing")
     p.add_argument("--nproc", type=int, default=None, help="--dry-run: data-parallel ranks to plan for (default 1)")

@@ -26,10 +26,6 @@ from .optim import schedule_factor
 from .run_folder import RunFolder
 from .runs import STATE_FILE, load_trainer_state, run_of_checkpoint
 
-#: ``--set`` keys a decay run may give besides the resumable ones: the decay's own shape and floor.
-DECAY_SETTABLE = frozenset({"decay_shape", "min_lr_ratio"})
-
-
 def source_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """(checkpoint folder, its run's ``run.json``) of ``--decay-from PATH``: a checkpoint folder inside a run
     folder, or a run folder (its newest checkpoint). Raises ``ValueError`` naming the path when it is neither, has
@@ -56,8 +52,8 @@ def checkpoint_step(ckpt: Path) -> int:
 def decay_config(recorded: Mapping[str, Any], step: int, decay_steps: int, checkpoint: Path,
                  overrides: Mapping[str, Any] | None = None) -> TrainConfig:
     """The train config of a run that decays the source run (``recorded``: its ``run.json``) from its checkpoint
-    at ``step`` over ``decay_steps`` steps (module docstring); ``overrides`` (``DECAY_SETTABLE`` and resumable
-    keys) on top. A source ``adamw_impl="auto"`` keeps the implementation it resolved to (``run.json``).
+    at ``step`` over ``decay_steps`` steps (module docstring); ``overrides`` (``resume.DECAY_SETTABLE`` and
+    resumable keys) on top. A source ``adamw_impl="auto"`` keeps the implementation it resolved to (``run.json``).
 
     Raises ``ValueError`` (naming ``checkpoint``) when ``decay_steps < 1`` or the source's learning rate at
     ``step`` is not its peak (inside warm-up, a cosine/linear schedule, or its own decay)."""

@@ -140,7 +140,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
           *, resume: bool = False, init_from: str | os.PathLike | None = None, stop_after: int | None = None,
           progress: bool = True, log: Callable[[str], None] = print,
           on_step: Callable[[int, int], None] | None = None,
-          decay_from: str | os.PathLike | None = None) -> TrainResult:
+          decay_from: str | os.PathLike | None = None, allow_tokenizer_change: bool = False) -> TrainResult:
     """Train ``model_cfg`` on the prepared data folder ``data_dir`` into ``run_dir``.
 
     ``resume``: continue from the newest checkpoint of ``run_dir`` (configs must match the recorded ones, except
@@ -152,7 +152,9 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     ``on_step(step, total_steps)``: called after each optimizer step with its validation, logging and checkpoint
     (``compare`` times the first steps with it to estimate the job's duration). ``decay_from``: a checkpoint of
     another run to start from with its weights, optimizer, RNG states and step (``training.decay``: the new run
-    folder records it, and resumed before its first checkpoint it starts from it again).
+    folder records it, and resumed before its first checkpoint it starts from it again). ``init_from`` is recorded the
+    same way (the checkpoint taken), and so is ``allow_tokenizer_change`` (the caller accepted weights trained on
+    another tokenizer: ``training.resume.plan_run`` checks it).
 
     SIGTERM, SIGINT and SIGUSR1 are handled while it runs (the previous handlers come back after): the step in
     progress finishes, its checkpoint is written, and ``TrainingPreempted`` is raised (see ``preemption``).
@@ -175,7 +177,8 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     run_dir, data_dir = Path(run_dir), Path(data_dir).resolve()
     # the run folder's lock (taken in _set_up) and the stop-signal handlers, released however we leave
     with contextlib.ExitStack() as held, stop_signals() as stop:
-        t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log, held, decay_from)
+        t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log, held, decay_from,
+                    allow_tokenizer_change)
         t.stop, t.last_save = stop, clock()
         last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
         t.net.train()
@@ -204,7 +207,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
 # ---------------------------------------------------------------------------------------------------- set-up
 def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path, resume: bool,
             init_from: str | os.PathLike | None, log: Callable[[str], None], held: contextlib.ExitStack,
-            decay_from: str | os.PathLike | None = None) -> _Trainer:
+            decay_from: str | os.PathLike | None = None, allow_tokenizer_change: bool = False) -> _Trainer:
     """Take the run folder's lock (into ``held``; rank 0, before anything is written), check everything, then build
     model, optimizer and data, restore the newest checkpoint on ``resume`` and (rank 0) write the run folder's
     files."""
@@ -231,6 +234,10 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     source = decay_source(run_dir, decay_from, resume)
     if source is not None:
         record["decay_from"] = str(source.resolve())
+    if init_from is not None:  # resumed before its first checkpoint, the run starts from it again
+        record["init_from"] = str(Path(init_from).resolve())
+    if allow_tokenizer_change:
+        record["allow_tokenizer_change"] = True
     found = _read_resume(run_dir, resume_point(run_dir, record, data_dir, resume), model_cfg, say)
     decaying = found is None and source is not None
     if decaying:  # the source checkpoint's weights, optimizer, RNG states and step
@@ -244,8 +251,8 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     if resume_from is not None and not sharded:
         load_resume_weights(model, model_cfg, resume_from, found.weights)
         found.weights = None  # loaded: free the CPU copy
-    elif init_from is not None:
-        _init_from(model, init_from, train_cfg.data_parallel == "fsdp", log if rank == 0 else lambda _: None)
+    elif init_from is not None:  # the checkpoint taken (a run folder's newest) is what run.json records
+        record["init_from"] = str(_init_from(model, init_from, train_cfg.data_parallel == "fsdp", say).resolve())
     net = torch.nn.parallel.DistributedDataParallel(model) if train_cfg.data_parallel == "ddp" else model
     optimizer, scheduler, groups = _build_optimizer(model, train_cfg, adamw)
     step, tokens_seen, skips = 0, 0, 0
@@ -371,10 +378,10 @@ def _build_model(model_cfg: ModelConfig, train_cfg: TrainConfig, device: torch.d
     return materialize(model, device)
 
 
-def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Callable[[str], None]) -> None:
+def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Callable[[str], None]) -> Path:
     """``--init-from``: a checkpoint's weights (``init_from_checkpoint``); a run folder means its newest checkpoint
-    (``checkpoint.latest_checkpoint``, as eval/generate/export take it; the log line names the one taken). An FSDP
-    model goes through a full CPU copy on every rank (gathered, loaded, scattered back)."""
+    (``checkpoint.latest_checkpoint``, as eval/generate/export take it; the log line names the one taken, and it is
+    returned). An FSDP model goes through a full CPU copy on every rank (gathered, loaded, scattered back)."""
     try:
         source = latest_checkpoint(path)
     except FileNotFoundError as e:
@@ -397,6 +404,7 @@ def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Calla
     changes = init_from_changes(source, model.config)
     if changes:  # e.g. another qk_norm_position computes another function of the same weights
         log(f"note: the new model differs from {source}/config.json in {'; '.join(changes)}")
+    return source
 
 
 def _build_optimizer(model: DecoderLM, cfg: TrainConfig, impl: str):

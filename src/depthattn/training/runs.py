@@ -14,7 +14,8 @@ decides what goes into a checkpoint and what may change when a run resumes::
 Every checkpoint folder is assembled under a temporary name (``fileio.write_folder_atomically``), so a failure never
 damages what is already there. Which checkpoints pruning keeps (``prune_checkpoints``), which checkpoint a run
 resumes from and what may differ (``config_differences``, ``resume_point``, ``read_resume_checkpoint``) and the
-trainer state (``trainer_state``, ``restore_trainer_state``) are decided here.
+trainer state (``trainer_state``, ``restore_trainer_state``) are decided here; how each way of starting or continuing
+a run merges its settings is ``training.resume.plan_run``'s, which applies these rules.
 
 Crash consistency (docs/reliability.md, "Training runs"): resume takes the newest *readable* checkpoint, saying which
 one it skipped and why; unreadable ones are set aside (``set_aside``). ``DEPTHATTN_FAULT_PHASE=<phase>:<n>`` (tests
@@ -36,6 +37,7 @@ import torch
 
 from .. import checkpoint as ckpt
 from ..checkpoint import SHARDED_DIR
+from ..compat import Side, check_pairing
 from ..config import ModelConfig
 from ..cross_layer import names as method_names
 from ..fileio import atomic_write_text, write_folder_atomically
@@ -301,14 +303,8 @@ def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: 
     if problems:
         raise ValueError(f"cannot resume {run_dir}: the requested config differs from the recorded one "
                          f"({'; '.join(problems)})")
-    if old.get("tokenizer_sha256") != record["tokenizer_sha256"]:
-        raise ValueError(f"cannot resume {run_dir}: data {data_dir} has another tokenizer than the run's "
-                         f"{old.get('data')}")
-    if old.get("data_fingerprint") not in (None, record["data_fingerprint"]):
-        raise ValueError(f"cannot resume {run_dir}: data folder {data_dir} holds other data than the run trained on "
-                         f"({old.get('data')}; fingerprint {record['data_fingerprint'][:12]} vs "
-                         f"{old['data_fingerprint'][:12]}: other documents, split, seed or tokens); resume with the "
-                         f"run's data folder")
+    check_pairing(f"cannot resume {run_dir}", Side.of_run(f"the run trained on ({old.get('data')})", old),
+                  Side.of_run(str(data_dir), record), "resume with the run's data folder")
     was = recorded_precision(old)
     if was is not None and was != record["resolved_precision"]:
         raise ValueError(f"cannot resume {run_dir}: it trained in {was} (device {old.get('device')}, precision "
