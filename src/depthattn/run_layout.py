@@ -15,6 +15,13 @@ training layer spell them once. A run folder holds::
     depthattn.lock      the trainer's lock: host, pid, start time, command, heartbeat (only while it runs, or
                         after a kill; ``RunFolder`` / ``depthattn unlock``)
     checkpoints/step_XXXXXXXX/   one checkpoint folder per saved step
+    tensorboard/        TensorBoard event files (``tensorboard`` set)
+    eval.json, zero_shot/   ``compare``'s evaluation of the run (cached) and its zero-shot predictions
+
+A compare folder (``depthattn compare --out``) holds ``results.json``, ``report.md``, ``loss_curves.png``, one run
+folder per (method, seed) under ``runs/``, the embedded corpus prepared into ``data/`` when no ``--data`` is given,
+and its lock. ``depthattn.outputs`` checks that a new run or compare writes into a folder of only these names
+(:data:`RUN_FOLDER_NAMES`, :data:`COMPARE_FOLDER_NAMES`); start-up cleanup removes only :func:`is_debris` names.
 
 Readers (``checkpoint.open_checkpoint``) hold a shared ``fcntl.flock`` on the checkpoint folder they read, taken on
 the folder itself (so the checkpoint's files and checksums stay as they are); pruning tries an exclusive
@@ -29,6 +36,8 @@ import os
 import re
 from pathlib import Path
 
+from .fileio import is_temporary
+
 try:
     import fcntl
 except ImportError:  # not POSIX: no flock, every lock is the fallback
@@ -42,14 +51,42 @@ PARAM_GROUPS_FILE = "param_groups.json"
 LOCK_FILE = "depthattn.lock"
 WANDB_FILE = "wandb.json"
 CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+EVAL_CACHE_FILE = "eval.json"
+ZERO_SHOT_DIR = "zero_shot"
+#: The files of a run folder that its writers replace atomically (``fileio.atomic_write_text``).
+RUN_FILES = (RUN_FILE, PARAM_GROUPS_FILE, METRICS_FILE, SUMMARY_FILE, DIVERGED_FILE, WANDB_FILE, EVAL_CACHE_FILE)
+#: Every name the project's writers create in a run folder.
+RUN_FOLDER_NAMES = RUN_FILES + (LOCK_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, ZERO_SHOT_DIR)
 #: Name prefixes of leftovers of interrupted writes and prunes (fileio temporaries, replaced and trashed folders).
 DEBRIS_PREFIXES = (".tmp-", ".old-", ".trash-")
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+#: ``.trash-step_XXXXXXXX``: a pruned checkpoint folder renamed before it is deleted (``RunFolder.delete_checkpoints``).
+_TRASHED_STEP = re.compile(r"^\.trash-step_\d{8}$")
+
+COMPARE_RESULTS_FILE = "results.json"
+COMPARE_RUNS_DIR = "runs"
+COMPARE_DATA_DIR = "data"
+#: The files of a compare folder that ``compare`` replaces atomically (the report and plot only beside its results).
+COMPARE_FILES = (COMPARE_RESULTS_FILE, "report.md", "loss_curves.png")
+#: Every name ``compare`` creates in its folder (``.data.partial``: ``data.staging``'s folder while it prepares
+#: ``data/``), and the logs ``scripts/study.py`` keeps beside each compare it runs (compare never writes them).
+COMPARE_FOLDER_NAMES = COMPARE_FILES + (COMPARE_RUNS_DIR, COMPARE_DATA_DIR, ".data.partial", LOCK_FILE, "study.log",
+                                        "study_invocations.jsonl")
 
 #: ``errno`` values with which a file system refuses ``flock`` (Lustre mounted ``noflock``: ENOSYS; some FUSE and
 #: network file systems: EOPNOTSUPP / ENOLCK / EINVAL; a directory on an NFS emulation: EBADF).
 NO_FLOCK_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.EBADF,
                              getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
+
+
+def is_debris(name: str) -> bool:
+    """Whether ``name``, an entry of a run folder or of its ``checkpoints/``, is a leftover of an interrupted write or
+    prune of the project's own writers: a ``fileio`` temporary of one of :data:`RUN_FILES` or of a folder
+    (``.tmp-<random>run.json``, ``.tmp-step_XXXXXXXX-<random>``, ``.old-step_XXXXXXXX-<random>``,
+    ``.tmp-step_XXXXXXXX-dcp``) or a trashed checkpoint (``.trash-step_XXXXXXXX``). Every such name starts with one of
+    :data:`DEBRIS_PREFIXES`; a user's file that does too (``.tmp-notes.txt``) is not debris."""
+    return name.startswith(DEBRIS_PREFIXES) and (is_temporary(name, RUN_FILES) or bool(_TRASHED_STEP.match(name)))
 
 
 def step_dir_name(step: int) -> str:
