@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..outputs import RUN_FOLDER, check_new_output, run_folder_foreign_entries
 from ..training import TrainConfig, load_toml, read_run, resolve_model_config, train
 from ..training.config import RESUMABLE_KEYS, parse_value, split_overrides
-from ..run_layout import DEBRIS_PREFIXES, LOCK_FILE, METRICS_FILE, RUN_FILE
+from ..run_layout import RUN_FILE
 from ..training.optim import schedule_factor
 from ..training.runs import config_differences, resumed_data_parallel
 from ..training.runtime import resolve_device
@@ -248,6 +249,8 @@ def run_train(args: argparse.Namespace) -> int:
         resume = bool(args.resume_if_exists) and holds_run(Path(out))
         if resume:  # continue it with its recorded settings, refusing any other
             train_cfg = recorded_settings(Path(out), model_cfg, train_cfg, train_kw, data_dir)
+        else:  # a new run writes only into a new or empty folder, or one of its own runs
+            check_new_output(out, RUN_FOLDER)
         result = train(out, model_cfg, train_cfg, data_dir, resume=resume, init_from=args.init_from,
                        progress=not args.no_progress)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports (and holds the checkpoint)
@@ -274,8 +277,7 @@ def holds_run(out: Path) -> bool:
         return False
     if not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a run folder")
-    others = sorted(p.name for p in out.iterdir() if not p.name.startswith(DEBRIS_PREFIXES) and p.name != LOCK_FILE
-                    and not (p.name == METRICS_FILE and p.stat().st_size == 0))
+    others = run_folder_foreign_entries(out)  # without a run.json: all but a killed first start's lock and leftovers
     if others:
         raise ValueError(f"--resume-if-exists: --out {out} holds files but no {RUN_FILE}, so it is not a run to "
                          f"continue ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); choose another "
@@ -331,6 +333,7 @@ def run_decay_from(args: argparse.Namespace):
             raise ValueError(f"--decay-from: --set {item!r} would change the source run's config (it takes "
                              f"{', '.join(sorted(DECAY_SETTABLE))}, data_parallel and the resumable keys)")
         pairs[key.strip()] = parse_value(value.strip(), key.strip())
+    check_new_output(args.out, RUN_FOLDER)
     ckpt, run = source_checkpoint(args.decay_from)
     overrides = {k: v for k, v in {"device": args.device, "on_nonfinite": args.on_nonfinite,
                                    "on_divergence": args.on_divergence}.items() if v is not None}
