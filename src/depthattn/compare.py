@@ -35,6 +35,7 @@ from .accounting import kv_cache_bytes_per_token, num_flops, num_params
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text, read_json
+from .outputs import COMPARE_FOLDER, check_new_output
 from .stats import binomial_se, paired_difference, tokens_to_target, verdict
 from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
 from .training.run_folder import RunFolder, RunLock
@@ -329,9 +330,11 @@ def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str
                 progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train and evaluate every (method, seed); write ``results.json``, ``report.md``, ``loss_curves.png`` under
     ``out`` and return the results. Holds ``out``'s lock throughout (``run_folder.RunLock``; each run's trainer locks
-    its own folder too). Raises ``ValueError`` for bad settings before any training, ``RunFolderLocked`` (a
+    its own folder too). Raises ``ValueError`` for bad settings before any training, for an ``out`` holding files
+    no compare wrote (``outputs.COMPARE_FOLDER``, checked under the lock), and ``RunFolderLocked`` (a
     ``ValueError``) when another compare holds ``out``: nothing is written then."""
     with RunLock(out, "compare"):
+        check_new_output(out, COMPARE_FOLDER)
         return _run_compare(out, settings, data_dir, progress, log)
 
 

@@ -14,6 +14,7 @@ import graph).
   (prepared-data folders, corpus files); :func:`atomic_write_bytes` and :func:`atomic_write_json` build on them.
 - :func:`write_folder_atomically` -- a whole folder (checkpoints, exported models), with a ``checksums.json``
   manifest of its files' sha256 (:func:`verify_manifest` checks a file against it when it is read).
+- :func:`is_temporary` -- whether a name is a leftover of one of these writers (killed mid-write).
 - :func:`sha256_bytes` / :func:`sha256_file` -- hex digests.
 - :func:`read_json` / :func:`loads_json` -- every JSON file the package reads, with its size and nesting depth
   bounded (a ``config.json`` nested 10⁶ deep is one ``ValueError``, not a ``RecursionError``).
@@ -27,10 +28,11 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -429,6 +431,27 @@ def rewrite_manifest_entries(folder: str | os.PathLike, before: dict[str, tuple]
     body = json.dumps({"algorithm": "sha256", "sha256": digests}, indent=2, sort_keys=True) + "\n"
     atomic_write_text(os.path.join(os.fspath(folder), MANIFEST_NAME), body)
     return changed
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the names of temporaries
+
+#: The random part ``tempfile`` puts in the temporary names above (8 of ``[a-z0-9_]``; any length is matched).
+_RANDOM = r"[a-z0-9_]+"
+#: ``.tmp-<name>-<random>`` (:func:`write_folder_atomically`; ``training.dcp``'s ``.tmp-<name>-dcp``) and
+#: ``.old-<name>-<random>`` (:func:`replace_folder`): folders of any name.
+_FOLDER_TEMPORARY = re.compile(rf"^\.(?:tmp|old)-.+-{_RANDOM}$")
+
+
+def is_temporary(name: str, files: Iterable[str] = ()) -> bool:
+    """Whether ``name`` (an entry of a folder) is what one of this module's writers leaves when it is killed
+    mid-write: ``.tmp-<random><file>`` (:func:`atomic_write_text`) or ``.<file>.<random>.tmp`` (:func:`atomic_paths`)
+    for one of ``files`` (the names the folder's writers write), or ``.tmp-<name>-<random>`` /
+    ``.old-<name>-<random>`` (:func:`write_folder_atomically`, :func:`replace_folder`) for a folder of any name. A
+    name a user chose (``.tmp-notes.txt``, ``.old-draft``) is none of these."""
+    if _FOLDER_TEMPORARY.match(name):
+        return True
+    return any(re.fullmatch(rf"\.tmp-{_RANDOM}{re.escape(f)}|\.{re.escape(f)}\.{_RANDOM}\.tmp", name) for f in files)
 
 
 # ------------------------------------------------------------------------------------------------------------------

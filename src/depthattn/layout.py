@@ -19,7 +19,8 @@ training checkpoint adds ``train_config.json``, ``trainer_state.pt`` and ``val_l
 ``dcp/`` shards instead of the weights and optimizer.
 
 A **compare folder** (``depthattn compare --out OUT``) holds ``results.json``, ``report.md``, ``loss_curves.png``
-and ``runs/<method>[-loopsN]-seed<S>/`` (each a run folder, plus the evaluation cache ``eval.json``).
+and ``runs/<method>[-loopsN]-seed<S>/`` (each a run folder, plus the evaluation cache ``eval.json`` and
+``zero_shot/``), and ``data/`` when it prepared the embedded corpus itself.
 
 Leftovers of interrupted writes and prunes start with one of ``DEBRIS_PREFIXES``.
 """
@@ -38,10 +39,19 @@ LOCK_FILE = "depthattn.lock"
 WANDB_FILE = "wandb.json"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
+#: ``compare``'s evaluation cache of a run and the folder of its zero-shot predictions.
+EVAL_CACHE_FILE = "eval.json"
+ZERO_SHOT_DIR = "zero_shot"
+#: The files of a run folder that its writers replace atomically (``fileio.atomic_write_text``).
+RUN_FILES = (RUN_FILE, PARAM_GROUPS_FILE, METRICS_FILE, SUMMARY_FILE, DIVERGED_FILE, WANDB_FILE, EVAL_CACHE_FILE)
+#: Every name the project's writers create in a run folder.
+RUN_FOLDER_NAMES = RUN_FILES + (LOCK_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, ZERO_SHOT_DIR)
 #: Name prefixes of leftovers of interrupted writes and prunes (fileio temporaries, replaced and trashed folders).
 DEBRIS_PREFIXES = (".tmp-", ".old-", ".trash-")
 #: A checkpoint folder's name: ``step_`` and the global step in eight digits.
 STEP_DIR = re.compile(r"^step_(\d{8})$")
+#: ``.trash-step_XXXXXXXX``: a pruned checkpoint folder renamed before it is deleted.
+TRASHED_STEP_DIR = re.compile(r"^\.trash-step_\d{8}$")
 
 # ----------------------------------------------------------------------------------------------- checkpoint folder
 CONFIG_FILE = "config.json"
@@ -64,7 +74,13 @@ RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 PLOT_FILE = "loss_curves.png"
 COMPARE_RUNS_DIR = "runs"
-EVAL_CACHE_FILE = "eval.json"
+#: Where ``compare`` prepares the embedded corpus when no ``--data`` is given (``.data.partial`` while it does).
+COMPARE_DATA_DIR = "data"
+#: The files of a compare folder that ``compare`` replaces atomically (the report and plot only beside its results).
+COMPARE_FILES = (RESULTS_FILE, REPORT_FILE, PLOT_FILE)
+#: Every name ``compare`` creates in its folder, and the logs ``scripts/study.py`` keeps beside each compare it runs.
+COMPARE_FOLDER_NAMES = COMPARE_FILES + (COMPARE_RUNS_DIR, COMPARE_DATA_DIR, ".data.partial", LOCK_FILE, "study.log",
+                                        "study_invocations.jsonl")
 
 
 def step_dir_name(step: int) -> str:

@@ -9,8 +9,17 @@
   kind of artefact (:class:`OutputKind`: a model folder whose every file its ``checksums.json`` lists, a prepared
   data folder with ``meta.json``); anything else is refused with one line listing what is there.
 
+``train --out`` (a new run, ``--decay-from`` included) and ``compare --out`` call :func:`check_new_output` with
+:data:`RUN_FOLDER` / :data:`COMPARE_FOLDER`: a missing or empty folder, or one holding only what the command's own
+writers put there (an earlier start of the run, a compare's results and runs, and the leftovers of their interrupted
+writes, ``run_layout.is_debris``), is written; anything else is refused with one line listing the files it did not
+write. Whether an existing run may be started again is the trainer's (``training.runs.resume_point``).
+
 ``eval --out FILE`` (one result file, no ``--overwrite``) goes through :func:`check_result_file`: it replaces only
-an earlier result file, never a file of what it reads or a folder.
+an earlier result file, never a file of what it reads or a folder, and writes nothing inside a run or checkpoint
+folder. ``analyze --out DIR`` goes through :func:`check_result_folder`: it replaces its files in ``DIR`` only when
+they are its own, and writes nothing into a run or checkpoint folder. A command's own result JSON is told by the key
+:data:`WRITTEN_BY` (``"written_by": "depthattn eval"``, :func:`written_by`), which no other writer uses.
 
 The replacement itself is :func:`depthattn.fileio.write_folder_atomically` (written beside, renamed in, the old one
 deleted last). A refused command has written nothing. Errors are ``ValueError`` (the CLI: exit 2, one line).
@@ -20,10 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from .fileio import MANIFEST_NAME, IntegrityError, read_json, read_manifest
+from .fileio import MANIFEST_NAME, IntegrityError, is_temporary, read_json, read_manifest
+from .run_layout import (COMPARE_FILES, COMPARE_FOLDER_NAMES, COMPARE_RESULTS_FILE, COMPARE_RUNS_DIR, LOCK_FILE,
+                         METRICS_FILE, RUN_FILE, RUN_FOLDER_NAMES, is_debris)
 
 #: How many names a refusal lists before "and N more".
 SHOWN_NAMES = 5
@@ -137,10 +148,11 @@ MAX_RESULT_BYTES = 16 << 20
 
 def check_result_file(out: str | os.PathLike, sources: Iterable[str | os.PathLike], is_own: Callable[[object], bool],
                       what: str, flag: str = "--out") -> None:
-    """Check that a command may write the one file ``out``: not one of ``sources``, not a folder, and, if it exists
-    (inside a source or anywhere else), a JSON document of its own (``is_own(parsed JSON)``; ``what`` names the
-    kind), so a checkpoint's or the user's file is never replaced. ``ValueError`` with one line otherwise; nothing
-    is touched."""
+    """Check that a command may write the one file ``out``: not one of ``sources``, not a folder, if it exists
+    (inside a source or anywhere else) a JSON document of its own (``is_own(parsed JSON)``; ``what`` names the
+    kind), so a checkpoint's or the user's file is never replaced, and not inside a run or checkpoint folder
+    (:func:`enclosing_run_or_checkpoint`: a run's ``summary.json`` is the trainer's). ``ValueError`` with one line
+    otherwise; nothing is touched."""
     given = Path(os.fspath(out))
     real = _real(given)
     for source in sources:
@@ -148,6 +160,7 @@ def check_result_file(out: str | os.PathLike, sources: Iterable[str | os.PathLik
             raise ValueError(f"{flag} {given} is the source {os.fspath(source)}; writing there would replace it: "
                              f"choose another {flag}")
     if not os.path.lexists(given):
+        _refuse_inside_run_or_checkpoint(given, next(p for p in given.absolute().parents if os.path.lexists(p)), flag)
         return
     if real.is_dir():
         raise ValueError(f"{flag} {given} is a folder; give a file name (e.g. {given / 'results.json'})")
@@ -158,3 +171,147 @@ def check_result_file(out: str | os.PathLike, sources: Iterable[str | os.PathLik
     if not own:
         raise ValueError(f"{flag} {given} exists and is not {what}, so it is not replaced; choose another {flag} (or "
                          f"move it away yourself)")
+    _refuse_inside_run_or_checkpoint(given, real.parent, flag)
+
+
+# ------------------------------------------------------------------------------------------------ a command's marks
+#: The key of a result JSON that names the command that wrote it: ``{"written_by": "depthattn eval", ...}``.
+WRITTEN_BY = "written_by"
+
+
+def written_by(command: str) -> dict[str, str]:
+    """``{"written_by": "depthattn <command>"}``: the mark a command puts into the result JSON it writes."""
+    return {WRITTEN_BY: f"depthattn {command}"}
+
+
+def is_written_by(doc: object, command: str) -> bool:
+    """Whether parsed JSON ``doc`` carries ``command``'s mark (:func:`written_by`)."""
+    return isinstance(doc, dict) and doc.get(WRITTEN_BY) == f"depthattn {command}"
+
+
+def enclosing_run_or_checkpoint(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """The nearest folder at or above ``path`` (real paths) that is a run folder or a checkpoint or model folder,
+    with the file that marks it (``checksums.json``, ``trainer_state.pt``, ``run.json``, ``train_config.json``);
+    None when there is none. Only the trainer, ``export`` and ``convert`` write such folders."""
+    real = _real(path)
+    for folder in (real, *real.parents):
+        for mark in (MANIFEST_NAME, *TRAINING_MARKERS):
+            if (folder / mark).is_file():
+                return folder, mark
+    return None
+
+
+def _refuse_inside_run_or_checkpoint(given: Path, folder_of_out: Path, flag: str) -> None:
+    found = enclosing_run_or_checkpoint(folder_of_out)
+    if found is not None:
+        folder, mark = found
+        where = "is" if _real(given) == folder else "lies inside"
+        raise ValueError(f"{flag} {given} {where} the run or checkpoint folder {folder} (it has {mark}), which only "
+                         f"the trainer, export and convert write; choose an {flag} outside it")
+
+
+# ------------------------------------------------------------------------------ the folder of a new run or compare
+def _is_run_record(file: Path) -> bool:
+    try:
+        doc = read_json(file, "run record")
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("model"), dict) and isinstance(doc.get("train"), dict)
+
+
+def run_folder_foreign_entries(folder: Path) -> list[str]:
+    """The entries of ``folder`` that no depthattn trainer put there, sorted: with a run record (a ``run.json``
+    holding ``model`` and ``train``), any name but ``run_layout.RUN_FOLDER_NAMES``; without one (a first start
+    killed before it wrote its record), any name but the lock file and an empty ``metrics.jsonl``. Leftovers of
+    interrupted writes (``run_layout.is_debris``) are the trainer's either way."""
+    if _is_run_record(folder / RUN_FILE):
+        own = set(RUN_FOLDER_NAMES)
+    else:
+        metrics = folder / METRICS_FILE
+        own = {LOCK_FILE} | ({METRICS_FILE} if metrics.is_file() and metrics.stat().st_size == 0 else set())
+    return sorted(n for n in os.listdir(folder) if n not in own and not is_debris(n))
+
+
+def compare_folder_foreign_entries(folder: Path) -> list[str]:
+    """The entries of ``folder`` that no ``compare`` put there, sorted (``runs/NAME/ENTRY`` for those of its runs):
+    any name but ``run_layout.COMPARE_FOLDER_NAMES`` and temporaries of its files; a ``results.json`` that is not a
+    compare's (a JSON object with ``settings`` and ``methods``), and ``report.md`` / ``loss_curves.png`` beside
+    none; under ``runs/``, anything but a run folder of the trainer's (:func:`run_folder_foreign_entries`)."""
+    names = sorted(os.listdir(folder))
+    foreign = [n for n in names if n not in COMPARE_FOLDER_NAMES and not is_temporary(n, COMPARE_FILES)]
+    try:
+        results = read_json(folder / COMPARE_RESULTS_FILE, "compare results")
+        own_results = isinstance(results, dict) and "settings" in results and "methods" in results
+    except (OSError, ValueError):
+        own_results = False
+    if not own_results:
+        foreign += [n for n in COMPARE_FILES if os.path.lexists(folder / n)]
+    runs = folder / COMPARE_RUNS_DIR
+    if runs.is_dir() and not runs.is_symlink():
+        for name in sorted(os.listdir(runs)):
+            run = runs / name
+            if not run.is_dir() or run.is_symlink():
+                foreign.append(f"{COMPARE_RUNS_DIR}/{name}")
+            else:
+                foreign += [f"{COMPARE_RUNS_DIR}/{name}/{n}" for n in run_folder_foreign_entries(run)]
+    elif os.path.lexists(runs):
+        foreign.append(COMPARE_RUNS_DIR)
+    return sorted(set(foreign))
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderKind:
+    """A kind of folder a command writes into (and adds to) rather than replaces: ``name`` for messages, the
+    ``command`` that writes it, and ``foreign_entries(folder)``: the entries it did not write there."""
+
+    name: str
+    command: str
+    foreign_entries: Callable[[Path], list[str]]
+
+
+RUN_FOLDER = FolderKind("depthattn run folder", "train", run_folder_foreign_entries)
+COMPARE_FOLDER = FolderKind("depthattn compare folder", "compare", compare_folder_foreign_entries)
+
+
+def check_new_output(out: str | os.PathLike, kind: FolderKind, flag: str = "--out") -> None:
+    """Check that a command may start writing folder ``out`` (see the module docstring): missing, empty, or
+    holding only what ``kind.command`` wrote there. Raises ``ValueError`` with one line naming ``out`` and listing
+    the other files (:func:`describe_entries`); nothing is touched."""
+    given = Path(os.fspath(out))
+    if not os.path.lexists(given):
+        return
+    real = _real(given)
+    if not real.is_dir():
+        what = "a file" if real.exists() else f"a symlink to {real}, which does not exist"
+        raise ValueError(f"{flag} {given} is {what}, not a folder; choose another {flag}")
+    foreign = kind.foreign_entries(real)
+    if foreign:
+        raise ValueError(f"{flag} {given} holds files that {kind.command} did not write: "
+                         f"{describe_entries(real, foreign)}; {kind.command} writes only into a new or empty folder "
+                         f"or a {kind.name} of its own, so nothing there is replaced or deleted: choose another "
+                         f"{flag} (or move those files away yourself)")
+
+
+# ------------------------------------------------------------------------------------- a folder of result files
+def check_result_folder(out: str | os.PathLike, files: Sequence[str], is_own: Callable[[object], bool], what: str,
+                        flag: str = "--out") -> None:
+    """Check that a command may write ``files`` into folder ``out`` (created when missing): not a file, not a run
+    or checkpoint folder nor inside one (:func:`enclosing_run_or_checkpoint`), and ``files`` that exist there are
+    its own: ``files[0]``, the JSON written first, is ``is_own`` (``what`` names the kind), and the others are
+    replaced only beside such a JSON. ``ValueError`` with one line naming ``out`` otherwise; nothing is touched."""
+    given = Path(os.fspath(out))
+    if os.path.lexists(given) and not _real(given).is_dir():
+        raise ValueError(f"{flag} {given} is a file, not a folder; choose another {flag}")
+    nearest = next(p for p in (given.absolute(), *given.absolute().parents) if os.path.lexists(p))
+    _refuse_inside_run_or_checkpoint(given, nearest, flag)
+    present = [f for f in files if os.path.lexists(given / f)]
+    if not present:
+        return
+    try:
+        own = files[0] in present and (given / files[0]).stat().st_size <= MAX_RESULT_BYTES and is_own(
+            read_json(given / files[0], "result file"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        own = False
+    if not own:
+        raise ValueError(f"{flag} {given} holds {describe_entries(_real(given), present)} not written there as "
+                         f"{what}, so nothing is replaced; choose another {flag} (or move them away yourself)")

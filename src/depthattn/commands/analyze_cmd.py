@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from ..outputs import check_result_folder, is_written_by, written_by
+
 #: Plain-text ``--help`` description (argparse prints it verbatim).
 DESCRIPTION = """\
 Mean Depth-Attention weight of every layer over its candidates (self and each source) on held-out text, written
@@ -21,6 +23,18 @@ the checkpoint's tokenizer.json (or --tokenizer PATH); --data reads the validati
 """
 
 
+#: What ``analyze`` writes into ``--out``: the JSON first, the heat map beside it.
+OUTPUT_FILES = ("depth_weights.json", "depth_weights.png")
+
+
+def _is_result(doc: object) -> bool:
+    """Whether parsed JSON is analyze's ``depth_weights.json``: an object with ``"written_by": "depthattn analyze"``
+    (``outputs.written_by``), or, written before that mark, exactly the keys ``layers`` (a list) and
+    ``num_tokens``, all that every earlier ``analyze`` wrote."""
+    return is_written_by(doc, "analyze") or (isinstance(doc, dict) and set(doc) == {"layers", "num_tokens"}
+                                             and isinstance(doc["layers"], list))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..analyze import depth_weight_means, heatmap
     from ..checkpoint import open_checkpoint
@@ -30,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.prompt) == bool(args.data):
         raise ValueError("give exactly one of --prompt TEXT or --data DIR")
+    check_result_folder(args.out, OUTPUT_FILES, _is_result, "analyze's depth weights (a JSON object with "
+                        "\"written_by\": \"depthattn analyze\")")  # before anything is loaded
     if args.prompt:
         from ..checks import check_text
 
@@ -59,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
         ids_BT = torch.from_numpy(val[: n * T].astype("int64")).view(n, T)
     result = depth_weight_means(model, ids_BT)
     os.makedirs(args.out, exist_ok=True)
-    atomic_write_text(os.path.join(args.out, "depth_weights.json"), json.dumps(result, indent=1) + "\n")
-    heatmap(result, os.path.join(args.out, "depth_weights.png"))
+    atomic_write_text(os.path.join(args.out, OUTPUT_FILES[0]),
+                      json.dumps({**written_by("analyze"), **result}, indent=1) + "\n")
+    heatmap(result, os.path.join(args.out, OUTPUT_FILES[1]))
     for row in result["layers"]:
         pairs = ", ".join(f"{'self' if j == row['layer'] else j}:{w:.3f}" for j, w in zip(row["candidates"],
                                                                                          row["weights"]))

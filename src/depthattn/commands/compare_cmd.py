@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 from ..compare import CompareSettings, parse_methods, render_table, run_compare
+from ..layout import LOCK_FILE
+from ..outputs import COMPARE_FOLDER, check_new_output
 from ..training.resume import keep_recorded_behaviour
 from ..training import TrainConfig
 from .eval_cmd import check_task_options
@@ -94,6 +96,8 @@ def run_compare_cmd(args: argparse.Namespace) -> int:
     for m in methods:
         check_model_settings(preset, {**model_kw, "cross_layer": m, "num_loops": args.loops or 1})
     out = Path(args.out or DEFAULT_OUT)
+    if not (out / LOCK_FILE).exists():  # else run_compare names a live holder, or checks under the lock
+        check_new_output(out, COMPARE_FOLDER)  # a new or empty folder, or a compare's own (its runs are reused)
     train_cfg = keep_recorded_behaviour(out, train_cfg, set(train_kw))  # an older release's folder: its behaviour
     data_dir = Path(data) if data else prepare_default_data(out, not args.no_progress)
     settings = CompareSettings(

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..compat import Side, check_pairing
 from ..eval.inference import load_for_inference
 from ..fileio import atomic_write_text, read_json
-from ..outputs import check_result_file
+from ..outputs import WRITTEN_BY, check_result_file, is_written_by, written_by
 from ..training.runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, run_of_checkpoint
 from ..devices import autocast_dtype
 
@@ -83,8 +83,14 @@ def check_task_options(tasks: str | None, limit: int | None, shorten: str = "--m
 
 
 def _is_result(doc: object) -> bool:
-    """Whether parsed JSON is what ``eval --out`` writes (an object naming its ``checkpoint``)."""
-    return isinstance(doc, dict) and isinstance(doc.get("checkpoint"), str)
+    """Whether parsed JSON is what ``eval --out`` writes: an object with ``"written_by": "depthattn eval"``
+    (``outputs.written_by``), or, written before that mark, one without a ``written_by`` that names its
+    ``checkpoint`` beside a ``loss`` or ``zero_shot`` (what every earlier ``eval --out`` wrote; a run's
+    ``summary.json`` has neither)."""
+    if is_written_by(doc, "eval"):
+        return True
+    return (isinstance(doc, dict) and WRITTEN_BY not in doc and isinstance(doc.get("checkpoint"), str)
+            and ("loss" in doc or "zero_shot" in doc))
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -97,11 +103,11 @@ def run_eval(args: argparse.Namespace) -> int:
     tasks = check_task_options(args.tasks, args.limit)  # before loading or evaluating anything
     if args.out:  # an earlier result file is replaced; a file of the checkpoint or data, or the user's, is not
         check_result_file(args.out, [p for p in (args.checkpoint, args.data) if p], _is_result, "an eval result file "
-                          "(a JSON object with a \"checkpoint\" key)")
+                          "(a JSON object with \"written_by\": \"depthattn eval\")")
     if args.skip_perplexity and not tasks:
         raise ValueError("--skip-perplexity leaves nothing to do without --tasks")
     model, tokenizer, folder, dev = load_for_inference(args.checkpoint, args.device)
-    results: dict = {"checkpoint": str(folder)}
+    results: dict = {**written_by("eval"), "checkpoint": str(folder)}
     if not args.skip_perplexity:
         data_dir = eval_data_dir(folder, args.data)
         data = load_prepared(data_dir, verify=not args.no_verify)

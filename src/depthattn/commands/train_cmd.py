@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..devices import resolve_device
 from ..training import TrainConfig, load_toml, resolve_model_config, train
 from ..training.config import parse_value, split_overrides
 from ..training.optim import schedule_factor
-from ..devices import resolve_device
 from ..training.resume import (DECAY_FIXED, RESUME_FIXED, RunPlan, decay_sets, plan_run, refused_flags,
                                resume_sets)
 

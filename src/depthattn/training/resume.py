@@ -25,7 +25,8 @@ from ..checkpoint import latest_checkpoint
 from ..compat import Side, check_pairing, tokenizer_differs
 from ..config import ModelConfig
 from ..fileio import read_json
-from ..run_layout import DEBRIS_PREFIXES, LOCK_FILE, METRICS_FILE, RUN_FILE
+from ..layout import RUN_FILE
+from ..outputs import RUN_FOLDER, check_new_output, run_folder_foreign_entries
 from .config import LEGACY_DEFAULTS, RESUMABLE_KEYS, TrainConfig
 from .decay import check_world, checkpoint_step, decay_config, source_checkpoint
 from .run_folder import RunFolder
@@ -132,8 +133,7 @@ def holds_run(out: Path) -> bool:
         return False
     if not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a run folder")
-    others = sorted(p.name for p in out.iterdir() if not p.name.startswith(DEBRIS_PREFIXES) and p.name != LOCK_FILE
-                    and not (p.name == METRICS_FILE and p.stat().st_size == 0))
+    others = run_folder_foreign_entries(out)  # without a run.json: all but a killed first start's lock and leftovers
     if others:
         raise ValueError(f"--resume-if-exists: --out {out} holds files but no {RUN_FILE}, so it is not a run to "
                          f"continue ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); choose another "
@@ -252,6 +252,7 @@ def _decay_plan(run_dir: Path, source: Any, decay_steps: int | None, sets: Mappi
                 overrides: Mapping[str, Any], allow_tokenizer_change: bool, environ: Mapping[str, str]) -> RunPlan:
     if decay_steps is None:
         raise ValueError("--decay-from needs --out NEW_RUN_DIR and --decay-steps N (the steps of the decay)")
+    check_new_output(run_dir, RUN_FOLDER)
     ckpt, run = source_checkpoint(source)
     lines: list[str] = []
     data_dir = Path(run["data"])
@@ -319,6 +320,8 @@ def plan_run(mode: str, run_dir: str | os.PathLike, *, model_cfg: ModelConfig | 
         return _continued(mode, run_dir, run, model_cfg, train_cfg, data, lines)
     if mode == "init_from" and source is None:
         raise ValueError("--init-from needs a checkpoint or run folder")
+    if mode != "reuse":  # a new run writes only into a new or empty folder, or one of its own runs
+        check_new_output(run_dir, RUN_FOLDER)
     if source is not None:
         check_init_source(source, data, allow_tokenizer_change, lines)
     return RunPlan(mode, run_dir, model_cfg, train_cfg, data, init_from=None if source is None else Path(source),

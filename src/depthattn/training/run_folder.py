@@ -23,7 +23,9 @@ sees a half-written one.
 
 **Crash consistency** (docs/reliability.md, "Training runs"): a torn last line of ``metrics.jsonl`` is dropped with a
 note; pruned checkpoints are renamed to ``.trash-step_XXXXXXXX`` before they are deleted; leftovers of interrupted
-writes (``.tmp-*``, ``.old-*``, ``.trash-*``) are removed when the lock holder starts (``remove_debris``).
+writes (the temporaries the project's writers name: ``.tmp-<random>run.json``, ``.tmp-step_XXXXXXXX-<random>``,
+``.old-…``, ``.trash-step_XXXXXXXX``; ``run_layout.is_debris``) are removed when the lock holder starts
+(``remove_debris``); other files, a user's ``.tmp-notes.txt`` included, are left alone.
 """
 
 from __future__ import annotations
@@ -252,15 +254,16 @@ class RunFolder:
 
     # -- start-up
     def remove_debris(self, log: Callable[[str], None]) -> list[str]:
-        """Delete leftovers of interrupted writes in the folder and its ``checkpoints/`` (names starting with
-        ``run_layout.DEBRIS_PREFIXES``), saying what was removed in one line; returns their names. Only the lock
-        holder calls it (another trainer's temporary files are its own)."""
+        """Delete leftovers of interrupted writes in the folder and its ``checkpoints/`` (the names the project's
+        writers give their temporaries: ``run_layout.is_debris``; a user's ``.tmp-notes.txt`` stays), saying what was
+        removed in one line; returns their names. Only the lock holder calls it (another trainer's temporary files
+        are its own)."""
         removed = []
         for folder in (self.path, self.checkpoints_dir):
             if not folder.is_dir():
                 continue
             for p in sorted(folder.iterdir()):
-                if p.name.startswith(layout.DEBRIS_PREFIXES):
+                if layout.is_debris(p.name):
                     if p.is_dir() and not p.is_symlink():
                         shutil.rmtree(p, ignore_errors=True)
                     else:
