@@ -24,7 +24,7 @@ def extract(run_dir: Path) -> list[dict]:
     order, only the ``depth/`` keys (gradient norms and the rest are left in the run folder). Empty if the method
     logs none. Read as the trainer reads it (``RunFolder.read_metrics``: a torn last line is dropped with a
     warning); raises ``SystemExit`` naming the file and line on a bad row elsewhere."""
-    from depthattn.training.run_folder import RunFolder
+    from depthattn.run.folder import RunFolder
 
     try:
         rows = RunFolder(run_dir).read_metrics()

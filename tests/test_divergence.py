@@ -25,7 +25,7 @@ from depthattn.training import TrainConfig, read_metrics, read_run, train
 from depthattn.training import loop as loop_module
 from depthattn.training.config import LEGACY_DEFAULTS, RESUMABLE_KEYS
 from depthattn.training.guard import Guard
-from depthattn.training.retention import (best_checkpoint, best_leaves_the_newest, checkpoints_to_prune,
+from depthattn.run.retention import (best_checkpoint, best_leaves_the_newest, checkpoints_to_prune,
                                           read_val_loss)
 from depthattn.training.runs import checkpoint_val_losses, read_divergence
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from depthattn import layout as run_layout
+from depthattn import layout
 from depthattn.run import lock as run_lock
 from depthattn.cli import main
 from depthattn.training import RunFolderLocked, RunLock
@@ -68,7 +68,7 @@ def test_unlock_refuses_and_a_second_trainer_is_not_told_to_unlock_while_the_flo
     folder = tmp_path / "run"
     pid = holder(folder, "node-7", -SKEW_S)  # its heartbeat looks 600 s old to us; it holds the flock
     try:
-        record = (folder / run_layout.LOCK_FILE).read_bytes()
+        record = (folder / layout.LOCK_FILE).read_bytes()
         assert len(record) == 1024 and json.loads(record)["mechanism"] == "flock"
         assert time.time() - json.loads(record)["heartbeat"] > RunLock.STALE_S
         assert main(["unlock", str(folder)]) == 2
@@ -77,7 +77,7 @@ def test_unlock_refuses_and_a_second_trainer_is_not_told_to_unlock_while_the_flo
         assert f"pid {pid} on host node-7" in err[0] and "holds its lock" in err[0], err
         with pytest.raises(RunFolderLocked, match="refusing to unlock"):
             RunLock.unlock(folder, log=lambda _: None)
-        assert (folder / run_layout.LOCK_FILE).read_bytes() == record
+        assert (folder / layout.LOCK_FILE).read_bytes() == record
 
         assert main(["train", "--preset", "tiny", "--no-progress", "--steps", "2", "--data", str(data_dir),
                      "--out", str(folder)]) == 2
@@ -86,17 +86,17 @@ def test_unlock_refuses_and_a_second_trainer_is_not_told_to_unlock_while_the_flo
         assert err[0].endswith("it holds the lock, so it is running: wait for it to finish or stop it, or choose "
                                "another --out"), err
         assert "depthattn unlock" not in err[0], err
-        assert names(folder) == [run_layout.LOCK_FILE]
+        assert names(folder) == [layout.LOCK_FILE]
     finally:
         kill(pid)
     assert main(["unlock", str(folder)]) == 0  # the kernel dropped the flock with its holder: removed at once
-    assert not (folder / run_layout.LOCK_FILE).exists()
+    assert not (folder / layout.LOCK_FILE).exists()
 
 
 def test_without_flock_the_heartbeats_age_is_judged_on_the_file_systems_clock(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(run_lock, "flock", lambda fd, exclusive, wait: False)  # as for NO_FLOCK_ERRNOS
     folder = tmp_path / "run"
-    file = folder / run_layout.LOCK_FILE
+    file = folder / layout.LOCK_FILE
 
     # a live holder on another node whose clock is 600 s behind: just written (its mtime), so fresh
     pid = holder(folder, "node-7", -SKEW_S)
@@ -109,7 +109,7 @@ def test_without_flock_the_heartbeats_age_is_judged_on_the_file_systems_clock(tm
         assert main(["unlock", str(folder)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"refusing to unlock {folder}: the heartbeat is fresh" in err[0], err
-        assert file.read_bytes() == record and names(folder) == [run_layout.LOCK_FILE]  # the probe is gone too
+        assert file.read_bytes() == record and names(folder) == [layout.LOCK_FILE]  # the probe is gone too
     finally:
         kill(pid)
     file.unlink()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthattn import layout as run_layout
+from depthattn import layout
 from depthattn.run import lock as run_lock
 from depthattn.checkpoint import checkpoint_dirs, open_checkpoint
 from depthattn.cli import main
@@ -102,7 +102,7 @@ def test_second_trainer_fresh_or_resume_exits_2_naming_the_holder_then_kill_9_le
     try:
         (folder / ".tmp-in-flight").write_text("the holder's temporary file")  # must survive the 2nd start-up
         before = snapshot(folder)
-        holder = json.loads((folder / run_layout.LOCK_FILE).read_text())
+        holder = json.loads((folder / layout.LOCK_FILE).read_text())
         assert holder["pid"] == pid and holder["host"] == socket.gethostname()
         with pytest.raises(RunFolderLocked) as fresh:
             train(folder, model_cfg, TrainConfig(**CFG), data_dir, progress=False, log=print)
@@ -115,12 +115,12 @@ def test_second_trainer_fresh_or_resume_exits_2_naming_the_holder_then_kill_9_le
         assert snapshot(folder) == before  # nothing written, nothing deleted
     finally:
         kill(pid)
-    assert (folder / run_layout.LOCK_FILE).exists()  # the dead holder's file stays; the kernel dropped its flock
+    assert (folder / layout.LOCK_FILE).exists()  # the dead holder's file stays; the kernel dropped its flock
     lines: list[str] = []
     train(folder, model_cfg, TrainConfig(**CFG), data_dir, resume=True, progress=False, log=lines.append)
     assert any(line.startswith(f"resuming {folder} from step 2") for line in lines), lines
     assert read_summary(folder)["steps"] == STEPS
-    assert not (folder / run_layout.LOCK_FILE).exists() and not (folder / ".tmp-in-flight").exists()
+    assert not (folder / layout.LOCK_FILE).exists() and not (folder / ".tmp-in-flight").exists()
 
 
 def test_a_failed_fresh_start_leaves_no_folder_and_a_held_lock_is_released_on_error(tmp_path, model_cfg, data_dir):
@@ -165,14 +165,14 @@ def test_heartbeat_fallback_and_unlock_where_flock_is_refused(tmp_path, monkeypa
     # a holder killed -9: its file stays; unlock refuses while the heartbeat is fresh, removes it once stale
     gone = {"host": "node-7", "pid": dead_pid(), "started": "2026-12-03T09:00:00Z", "command": "depthattn train",
             "heartbeat": time.time(), "mechanism": "heartbeat"}
-    (folder / run_layout.LOCK_FILE).write_text(json.dumps(gone))
+    (folder / layout.LOCK_FILE).write_text(json.dumps(gone))
     with pytest.raises(RunFolderLocked, match="in use by another trainer: pid .* on host node-7"):
         RunLock(folder).acquire()
     assert main(["unlock", str(folder)]) == 2
     assert "the heartbeat is fresh" in capsys.readouterr().err
     gone["heartbeat"] = time.time() - 2 * RunLock.STALE_S
-    (folder / run_layout.LOCK_FILE).write_text(json.dumps(gone))
-    os.utime(folder / run_layout.LOCK_FILE, (gone["heartbeat"], gone["heartbeat"]))  # stale on the disk's clock
+    (folder / layout.LOCK_FILE).write_text(json.dumps(gone))
+    os.utime(folder / layout.LOCK_FILE, (gone["heartbeat"], gone["heartbeat"]))  # stale on the disk's clock
     assert main(["unlock", str(folder)]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith(f"removed the stale lock of {folder}: pid {gone['pid']} on host node-7")
@@ -183,11 +183,11 @@ def test_heartbeat_fallback_and_unlock_where_flock_is_refused(tmp_path, monkeypa
 def test_unlock_removes_the_file_of_a_killed_holder_where_flock_works(tmp_path, capsys):
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / run_layout.LOCK_FILE).write_text(json.dumps(
+    (folder / layout.LOCK_FILE).write_text(json.dumps(
         {"host": socket.gethostname(), "pid": dead_pid(), "started": "x", "command": "c", "heartbeat": time.time(),
          "mechanism": "flock"}))
     assert main(["unlock", str(folder)]) == 0  # the kernel's lock is free: nobody holds it
-    assert not (folder / run_layout.LOCK_FILE).exists()
+    assert not (folder / layout.LOCK_FILE).exists()
     assert main(["unlock", str(folder)]) == 0 and "is not locked" in capsys.readouterr().out
 
 

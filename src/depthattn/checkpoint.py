@@ -54,7 +54,8 @@ from .folders.native import (CONFIG_NAME, RESUME_ONLY_FILES, SHARDED_DIR, WEIGHT
 from .folders.shards import DEFAULT_SHARD_BYTES, write_shards
 from .model import DecoderLM
 from .run.lock import lock_folder
-from .run_layout import CHECKPOINT_DIR, checkpoint_dirs
+from .layout import CHECKPOINT_DIR
+from .run.folder import checkpoint_dirs
 
 __all__ = [
     "CONFIG_NAME", "IntegrityError", "LOADABLE_FORMATS", "ModelFolder", "RESUME_ONLY_FILES", "SHARDED_DIR",
@@ -296,8 +297,8 @@ def save_folder_files(folder: ModelFolder, out: str | os.PathLike, dtype: torch.
 
 
 # ---------------------------------------------------------------------------------------------------- run folders
-# A run folder keeps its checkpoints under ``CHECKPOINT_DIR/step_XXXXXXXX/`` (the names: ``depthattn.run_layout``;
-# the folder's life: ``depthattn.training.run_folder``).
+# A run folder keeps its checkpoints under ``CHECKPOINT_DIR/step_XXXXXXXX/`` (the names: ``depthattn.layout``;
+# the folder's life: ``depthattn.run.folder``).
 
 
 def latest_checkpoint(path: str | os.PathLike) -> Path:

@@ -38,7 +38,8 @@ from .fileio import atomic_path, atomic_write_text, read_json
 from .outputs import COMPARE_FOLDER, check_new_output
 from .stats import binomial_se, paired_difference, tokens_to_target, verdict
 from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
-from .training.run_folder import RunFolder, RunLock
+from .run.folder import RunFolder
+from .run.lock import RunLock
 from .training.resume import keep_recorded_behaviour, plan_run  # noqa: F401 (keep_recorded_behaviour: compare API)
 from .training.runs import recorded_precision
 

@@ -12,7 +12,7 @@
 ``train --out`` (a new run, ``--decay-from`` included) and ``compare --out`` call :func:`check_new_output` with
 :data:`RUN_FOLDER` / :data:`COMPARE_FOLDER`: a missing or empty folder, or one holding only what the command's own
 writers put there (an earlier start of the run, a compare's results and runs, and the leftovers of their interrupted
-writes, ``run_layout.is_debris``), is written; anything else is refused with one line listing the files it did not
+writes, ``run.folder.is_debris``), is written; anything else is refused with one line listing the files it did not
 write. Whether an existing run may be started again is the trainer's (``training.runs.resume_point``).
 
 ``eval --out FILE`` (one result file, no ``--overwrite``) goes through :func:`check_result_file`: it replaces only
@@ -33,13 +33,15 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from .fileio import MANIFEST_NAME, IntegrityError, is_temporary, read_json, read_manifest
-from .run_layout import (COMPARE_FILES, COMPARE_FOLDER_NAMES, COMPARE_RESULTS_FILE, COMPARE_RUNS_DIR, LOCK_FILE,
-                         METRICS_FILE, RUN_FILE, RUN_FOLDER_NAMES, is_debris)
+from .layout import (COMPARE_FILES, COMPARE_FOLDER_NAMES, COMPARE_RUNS_DIR, LOCK_FILE, METRICS_FILE, RUN_FILE,
+                     RUN_FOLDER_NAMES, TRAIN_CONFIG_FILE, TRAINER_STATE_FILE)
+from .layout import RESULTS_FILE as COMPARE_RESULTS_FILE
+from .run.folder import is_debris
 
 #: How many names a refusal lists before "and N more".
 SHOWN_NAMES = 5
 #: Files that mark a training checkpoint or run folder (never replaced by an exported model).
-TRAINING_MARKERS = ("trainer_state.pt", "run.json", "train_config.json")
+TRAINING_MARKERS = (TRAINER_STATE_FILE, RUN_FILE, TRAIN_CONFIG_FILE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,9 +223,9 @@ def _is_run_record(file: Path) -> bool:
 
 def run_folder_foreign_entries(folder: Path) -> list[str]:
     """The entries of ``folder`` that no depthattn trainer put there, sorted: with a run record (a ``run.json``
-    holding ``model`` and ``train``), any name but ``run_layout.RUN_FOLDER_NAMES``; without one (a first start
+    holding ``model`` and ``train``), any name but ``layout.RUN_FOLDER_NAMES``; without one (a first start
     killed before it wrote its record), any name but the lock file and an empty ``metrics.jsonl``. Leftovers of
-    interrupted writes (``run_layout.is_debris``) are the trainer's either way."""
+    interrupted writes (``run.folder.is_debris``) are the trainer's either way."""
     if _is_run_record(folder / RUN_FILE):
         own = set(RUN_FOLDER_NAMES)
     else:
@@ -234,7 +236,7 @@ def run_folder_foreign_entries(folder: Path) -> list[str]:
 
 def compare_folder_foreign_entries(folder: Path) -> list[str]:
     """The entries of ``folder`` that no ``compare`` put there, sorted (``runs/NAME/ENTRY`` for those of its runs):
-    any name but ``run_layout.COMPARE_FOLDER_NAMES`` and temporaries of its files; a ``results.json`` that is not a
+    any name but ``layout.COMPARE_FOLDER_NAMES`` and temporaries of its files; a ``results.json`` that is not a
     compare's (a JSON object with ``settings`` and ``methods``), and ``report.md`` / ``loss_curves.png`` beside
     none; under ``runs/``, anything but a run folder of the trainer's (:func:`run_folder_foreign_entries`)."""
     names = sorted(os.listdir(folder))

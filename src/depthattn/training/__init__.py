@@ -5,7 +5,8 @@ wrappers (``parallelize``). See docs/training.md."""
 from .config import TrainConfig, load_toml, resolve_model_config
 from .guard import DivergenceError
 from .loop import NonFiniteError, TrainResult, train
-from .run_folder import RunFolder, RunFolderLocked, RunLock
+from ..run.folder import RunFolder
+from ..run.lock import RunFolderLocked, RunLock
 from .runs import init_from_checkpoint, read_metrics, read_run, read_summary
 
 __all__ = ["DivergenceError", "NonFiniteError", "RunFolder", "RunFolderLocked", "RunLock", "TrainConfig",

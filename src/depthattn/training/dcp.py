@@ -35,8 +35,8 @@ from ..folders import open_model
 from ..folders.dcp import dcp_load
 from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
-from .retention import VAL_LOSS_FILE, val_loss_record
-from .run_folder import RunFolder
+from ..run.retention import VAL_LOSS_FILE, val_loss_record
+from ..run.folder import RunFolder
 from .runs import STATE_FILE, TOKENIZER_FILE, TRAIN_CONFIG_FILE, fault_point, prune_checkpoints
 
 DCP_DIR = ckpt.SHARDED_DIR

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from ..checkpoint import latest_checkpoint
 from .config import TrainConfig
 from .optim import schedule_factor
-from .run_folder import RunFolder
+from ..run.folder import RunFolder
 from .runs import STATE_FILE, load_trainer_state, run_of_checkpoint
 
 def source_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:

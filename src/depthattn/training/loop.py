@@ -17,7 +17,7 @@ checkpoint (every rank agrees); a non-finite value stops the run with ``NonFinit
 A finite divergence (a validation loss more than 1 nat above ln V) stops the run with ``DivergenceError`` or warns
 (``TrainConfig.on_divergence``; ``training.guard``). Every checkpoint records the validation loss of its step
 (measured for it when the step had no periodic validation: no RNG is drawn, so the trajectory is unchanged), and
-pruning keeps the best checkpoint besides the ``keep_last`` newest (``training.retention``). A run stopped by either
+pruning keeps the best checkpoint besides the ``keep_last`` newest (``run.retention``). A run stopped by either
 error records why in ``diverged.json`` (``RunFolder.write_divergence``).
 
 Preemption (``preemption``): a SIGTERM, SIGINT or SIGUSR1 while ``train()`` runs is recorded; the current optimizer
@@ -59,8 +59,8 @@ from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
 from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
-from .retention import best_checkpoint
-from .run_folder import RunFolder
+from ..run.retention import best_checkpoint
+from ..run.folder import RunFolder
 from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, environment,
                    fault_point, init_from_changes, init_from_checkpoint, keep_tokens_per_step, load_resume_weights,
                    read_resume_checkpoint, recorded_adamw_impl, restore_trainer_state, resume_point,

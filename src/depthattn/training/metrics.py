@@ -136,7 +136,7 @@ class MetricsLogger:
     ``SessionLog.START`` event at that step makes TensorBoard drop the earlier sessions' events at it and after,
     so each step is shown once.
 
-    W&B: the run id is kept in the run folder's ``wandb.json`` (``run_layout.WANDB_FILE``); with ``wandb_resume``
+    W&B: the run id is kept in the run folder's ``wandb.json`` (``layout.WANDB_FILE``); with ``wandb_resume``
     (a session continuing logged steps) a saved id is reused (``wandb.init(id=..., resume="allow")``), so a resumed
     run logs into the same W&B run; otherwise a new id is drawn and saved.
 

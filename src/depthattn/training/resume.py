@@ -29,7 +29,7 @@ from ..layout import RUN_FILE
 from ..outputs import RUN_FOLDER, check_new_output, run_folder_foreign_entries
 from .config import LEGACY_DEFAULTS, RESUMABLE_KEYS, TrainConfig
 from .decay import check_world, checkpoint_step, decay_config, source_checkpoint
-from .run_folder import RunFolder
+from ..run.folder import RunFolder
 from .runs import config_differences, resumed_data_parallel
 
 MODES = ("fresh", "init_from", "resume", "resume_if_exists", "decay_from", "reuse")

@@ -1,14 +1,14 @@
 """Run folders: the checkpoints and the trainer state inside them, and the policy for resuming a run.
 
 The run folder's layout and life (its files, the lock, the metrics log, listing and deleting checkpoints, start-up
-cleanup, the summary) are ``training.run_folder.RunFolder``'s (the names: ``depthattn.run_layout``); this module
+cleanup, the summary) are ``run.folder.RunFolder``'s (the names: ``depthattn.layout``); this module
 decides what goes into a checkpoint and what may change when a run resumes::
 
     checkpoints/step_XXXXXXXX/   a Hugging Face model folder (checkpoint.save_model_files: model.safetensors,
                                  config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
                                  configuration.py, modeling.py), plus train_config.json and trainer_state.pt
                                  (optimizer, scheduler, RNG states, step, tokens seen, data position) and
-                                 val_loss.json (the validation loss of the step: ``training.retention``)
+                                 val_loss.json (the validation loss of the step: ``run.retention``)
                                  (an FSDP run's: dcp/ shards of model and optimizer instead, see ``training.dcp``)
 
 Every checkpoint folder is assembled under a temporary name (``fileio.write_folder_atomically``), so a failure never
@@ -44,9 +44,9 @@ from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
 from .config import RESUMABLE_KEYS, TrainConfig, with_legacy_defaults
 from .preemption import deliver_fault_signal
-from .retention import (VAL_LOSS_FILE, best_leaves_the_newest, checkpoints_to_prune, read_val_loss, val_loss_record,
+from ..run.retention import (VAL_LOSS_FILE, best_leaves_the_newest, checkpoints_to_prune, read_val_loss, val_loss_record,
                         val_losses_from_rows)
-from .run_folder import RunFolder
+from ..run.folder import RunFolder
 from .runtime import rng_state, set_rng_state
 
 from ..layout import TOKENIZER_FILE, TRAIN_CONFIG_FILE  # noqa: F401  (re-exported)
