@@ -1,4 +1,5 @@
-"""The process a run trains in: device, precision, seeding and RNG states, the torchrun process group.
+"""The process a run trains in: device, precision, seeding, the torchrun process group (the RNG states a
+checkpoint keeps: ``depthattn.run.state``).
 
 ``precision = "auto"`` resolves to float32 on CPU and bf16 autocast (float32 master weights) on CUDA; the resolved
 precision is what ``run.json`` records and what a resumed run must keep (``runs.resume_point``).
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -79,23 +79,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
 
-
-def rng_state() -> dict[str, Any]:
-    """The torch, Python, NumPy (and CUDA) RNG states, as ``trainer_state.pt`` stores them (tensors and lists only,
-    so ``torch.load(weights_only=True)`` reads them)."""
-    np_state = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore the RNG states saved by ``rng_state``."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(tuple(state["python"][:1]) + (tuple(state["python"][1]),) + tuple(state["python"][2:]))
-    n = state["numpy"]
-    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), *n[2:]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
