@@ -5,8 +5,10 @@ Legend: B micro-batch rows, T sequence length, V vocab.
 
 The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`` parsing), ``runtime`` (device,
 precision, seeding, the torchrun process group), ``run_folder`` (the run folder's files and its lock), ``runs`` (its
-checkpoints and trainer state, the resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation
-checkpointing, compile, DDP); the loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows
+checkpoints, the resume policy), ``checkpointer`` (how a checkpoint is written and restored: the loop decides when),
+``periodic`` (validation, in-loop tasks and depth statistics: the jobs that add keys to a metrics row), ``optim``
+(AdamW and the schedule), ``parallelize`` (activation checkpointing, compile, DDP); the loss and the validation loss
+are ``depthattn.eval.perplexity``'s, the trainer state ``depthattn.run.state``'s. Training windows
 come from ``data.EpochBatches`` (or ``data.TokenBatches``: ``TrainConfig.data_order``), a pure function of ``(seed,
 step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run repeats an uninterrupted
 one bit for bit on float32 CPU.
