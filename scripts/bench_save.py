@@ -25,9 +25,10 @@ import torch
 
 from depthattn import DecoderLM, ModelConfig
 from depthattn.data.tokenizer import tokenizer_bytes, train_bpe
+from depthattn.run.state import TrainerState
 from depthattn.training import TrainConfig
 from depthattn.training.optim import build_optimizer, build_scheduler
-from depthattn.training.runs import save_checkpoint, trainer_state
+from depthattn.training.runs import save_checkpoint
 
 
 def folder_bytes(folder: Path) -> int:
@@ -61,7 +62,7 @@ def main() -> None:
                                                                          vocab_size=300)))
         rows = []
         for i in range(args.repeats):
-            state = trainer_state(optimizer, scheduler, i + 1, 0)
+            state = TrainerState.capture(i + 1, 0, scheduler, optimizer).to_dict()
             t0 = time.perf_counter()
             target = save_checkpoint(run, model, cfg, data, state)
             dt = time.perf_counter() - t0

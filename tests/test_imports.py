@@ -3,8 +3,9 @@
 The graph is read from the source with ``ast``, so it sees every import, including those inside functions (which
 Python runs later, but which are dependencies all the same). Imports under ``if TYPE_CHECKING:`` are annotations
 only and are skipped. Layers, from the top: the CLI (``cli.py``, ``commands/``) → the application (``compare``,
-``training``, ``eval``) → the library (model, methods, cache, generation, checkpoints, data, the HF bridge) → the
-functional core (``functional``, ``fileio``). A module may import its own layer or lower ones, never a higher one.
+``training``, ``eval``) → the library (model, methods, cache, generation, checkpoints, a run on disk (``run``), data,
+the HF bridge) → the functional core (``functional``, ``fileio``). A module may import its own layer or lower ones,
+never a higher one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import depthattn
 ROOT = Path(depthattn.__file__).parent
 CLI, APPLICATION, LIBRARY, CORE = 4, 3, 2, 1
 TOP_LEVEL_LAYER = {"cli": CLI, "commands": CLI, "compare": APPLICATION, "training": APPLICATION, "eval": APPLICATION,
-                   "functional": CORE, "fileio": CORE, "layout": CORE}
+                   "run": LIBRARY, "functional": CORE, "fileio": CORE, "layout": CORE}
 
 
 def module_name(path: Path) -> str:

@@ -426,12 +426,12 @@ def test_resume_with_lost_tail_rows_says_so(tmp_path, reference, model_cfg, data
 
 
 def test_checkpoint_is_written_after_its_metrics_rows_are_durable(tmp_path, monkeypatch, model_cfg, data_dir):
-    from depthattn.training import loop, metrics as metrics_mod
+    from depthattn.training import checkpointer, metrics as metrics_mod
 
     events: list[str] = []
-    real_sync, real_save = metrics_mod.MetricsLogger.sync, loop.save_checkpoint
+    real_sync, real_save = metrics_mod.MetricsLogger.sync, checkpointer.save_checkpoint
     monkeypatch.setattr(metrics_mod.MetricsLogger, "sync", lambda self: (events.append("sync"), real_sync(self)))
-    monkeypatch.setattr(loop, "save_checkpoint", lambda *a, **k: (events.append("save"), real_save(*a, **k))[1])
+    monkeypatch.setattr(checkpointer, "save_checkpoint", lambda *a, **k: (events.append("save"), real_save(*a, **k))[1])
     train_quiet(tmp_path / "run", model_cfg, data_dir)
     assert events and events[0] == "sync" and all(a == "sync" for a, b in zip(events, events[1:]) if b == "save")
 

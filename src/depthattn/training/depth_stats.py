@@ -262,7 +262,10 @@ def layer_grad_norms(model: torch.nn.Module) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------- the trainer's
 class DepthProbe:
     """The trainer's periodic statistics: ``due(step)`` every ``every`` steps; ``statistics(model)`` the probe keys
-    on the fixed ``probe_ids_BT`` (on ``device``); ``grad_norms(model)`` the per-layer gradient norms."""
+    on the fixed ``probe_ids_BT`` (on ``device``); ``grad_norms(model)`` the per-layer gradient norms. A periodic
+    job of the trainer (``training.periodic.Periodic``: ``run`` is ``statistics``, never abandoned)."""
+
+    phase = None
 
     def __init__(self, every: int, probe_ids_BT: torch.Tensor, device: torch.device):
         self.every = every
@@ -278,6 +281,9 @@ class DepthProbe:
 
     def statistics(self, model) -> dict[str, float]:
         return method_statistics(model, self.ids)
+
+    def run(self, step: int, model, abandon: Callable[[], bool] | None = None) -> dict[str, float]:
+        return self.statistics(model)
 
     def grad_norms(self, model) -> dict[str, float]:
         return layer_grad_norms(model)

@@ -45,11 +45,14 @@ def load_tasks(names: list[str], limit: int | None) -> dict[str, list[Item]]:
 
 class TaskSuite:
     """The in-loop tasks of a run: this rank's share of each task's documents and the number of forwards every rank
-    runs for it."""
+    runs for it. A periodic job of the trainer (``training.periodic.Periodic``): due every ``every`` steps and at
+    ``last_step``; its abandon check passes the fault-injection point ``tasks``."""
 
-    def __init__(self, tasks: dict[str, list[Item]], tokenizer, batch_size: int, every: int, rank: int = 0,
-                 world: int = 1):
-        self.tokenizer, self.batch_size, self.every = tokenizer, batch_size, every
+    phase = "tasks"
+
+    def __init__(self, tasks: dict[str, list[Item]], tokenizer, batch_size: int, every: int, last_step: int,
+                 rank: int = 0, world: int = 1):
+        self.tokenizer, self.batch_size, self.every, self.last_step = tokenizer, batch_size, every, last_step
         self.world = world
         self.shards = {name: items[rank::world] for name, items in tasks.items()}
         self.forwards = {name: max(_batches(items[r::world], batch_size) for r in range(world))
@@ -66,14 +69,14 @@ class TaskSuite:
 
         tasks = load_tasks(cfg.eval_tasks, cfg.eval_tasks_limit)
         return cls(tasks, load_tokenizer(tokenizer_file, vocab_size), cfg.eval_batch_size, cfg.eval_tasks_every,
-                   rank, world)
+                   cfg.total_steps(), rank, world)
 
-    def due(self, step: int, total_steps: int) -> bool:
-        return step == total_steps or bool(self.every and step % self.every == 0)
+    def due(self, step: int) -> bool:
+        return step == self.last_step or bool(self.every and step % self.every == 0)
 
-    def run(self, model, abandon: Callable[[], bool] | None = None) -> dict[str, float] | None:
-        """The row keys (module docstring) for ``model`` now; None when ``abandon()`` (asked before each task,
-        a collective under torchrun) says the run is stopping."""
+    def run(self, step: int, model, abandon: Callable[[], bool] | None = None) -> dict[str, float] | None:
+        """The row keys (module docstring) for ``model`` after ``step``; None when ``abandon()`` (asked before each
+        task, a collective under torchrun) says the run is stopping."""
         check_vocab(model, self.tokenizer)
         out: dict[str, float] = {}
         accs = []

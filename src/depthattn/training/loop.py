@@ -5,8 +5,10 @@ Legend: B micro-batch rows, T sequence length, V vocab.
 
 The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`` parsing), ``runtime`` (device,
 precision, seeding, the torchrun process group), ``run_folder`` (the run folder's files and its lock), ``runs`` (its
-checkpoints and trainer state, the resume policy), ``optim`` (AdamW and the schedule), ``parallelize`` (activation
-checkpointing, compile, DDP); the loss and periodic validation are ``depthattn.eval.perplexity``'s. Training windows
+checkpoints, the resume policy), ``checkpointer`` (how a checkpoint is written and restored: the loop decides when),
+``periodic`` (validation, in-loop tasks and depth statistics: the jobs that add keys to a metrics row), ``optim``
+(AdamW and the schedule), ``parallelize`` (activation checkpointing, compile, DDP); the loss and the validation loss
+are ``depthattn.eval.perplexity``'s, the trainer state ``depthattn.run.state``'s. Training windows
 come from ``data.EpochBatches`` (or ``data.TokenBatches``: ``TrainConfig.data_order``), a pure function of ``(seed,
 step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run repeats an uninterrupted
 one bit for bit on float32 CPU.
@@ -51,22 +53,23 @@ from ..model import DecoderLM
 from .config import TrainConfig, check_vocab_size
 from .optim import build_optimizer, build_scheduler, decay_rule
 from .build import build_on_meta, materialize
+from .checkpointer import Checkpointer
 from .depth_stats import DepthProbe
 from .in_loop_tasks import TaskSuite
 from .decay import decay_source
-from .dcp import PendingSave, finish_async_save, is_sharded, load_sharded, save_sharded, start_async_save
+from .dcp import is_sharded
 from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
 from .metrics import MetricsLogger, Throughput, progress_postfix
 from .parallelize import parallelize
+from .periodic import Periodic, Validation
 from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
 from ..run.retention import best_checkpoint
 from ..run.folder import RunFolder
 from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, environment,
-                   fault_point, init_from_changes, init_from_checkpoint, keep_tokens_per_step, load_resume_weights,
-                   read_resume_checkpoint, recorded_adamw_impl, restore_trainer_state, resume_point,
-                   run_tokens_per_s, save_checkpoint, set_aside, trainer_state)
-from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, rng_state,
-                      seed_everything, start_distributed)
+                   fault_point, init_from_changes, init_from_checkpoint, keep_tokens_per_step, read_resume_checkpoint,
+                   recorded_adamw_impl, resume_point, run_tokens_per_s, set_aside)
+from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, seed_everything,
+                      start_distributed)
 
 
 class NonFiniteError(FloatingPointError):
@@ -93,7 +96,8 @@ class TrainResult:
 
 @dataclass
 class _Trainer:
-    """What the loop works on: model, optimizer and data (set up once) and the counters each step advances."""
+    """What the loop works on: model, optimizer and data (set up once), its components (checkpoints, periodic jobs,
+    the divergence guard) and the counters each step advances."""
 
     cfg: TrainConfig  # ``steps`` resolved
     model: DecoderLM
@@ -101,31 +105,25 @@ class _Trainer:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     batches: Any  # data.EpochBatches or data.TokenBatches (TrainConfig.data_order)
-    val_windows: torch.Tensor
     device: torch.device
     amp: torch.dtype | None
     run_dir: Path
     folder: RunFolder  # ``run_dir``'s files (rank 0 holds its lock)
-    data_dir: Path
     is_main: bool
     throughput: Throughput
+    ckpt: Checkpointer  # how checkpoints are written, and the newest one (``ckpt.saved``)
+    validation: Validation  # the periodic validation loss, and the newest one (``validation.loss``)
+    guard: Guard  # the divergence guard (saved, resumed)
     step: int = 0
     tokens_seen: int = 0
-    val_loss: float | None = None
     train_time: float = 0.0  # seconds in optimizer steps this session (validation and saving excluded)
     train_tokens: int = 0  # tokens trained this session
-    saved: Path | None = None
     start_step: int = 0  # the step this session started from
     nonfinite_skips: int = 0  # consecutive steps skipped for a non-finite loss or gradient norm (saved, resumed)
-    guard: Guard | None = None  # the divergence guard (saved, resumed)
-    val_step: int = -1  # the step ``val_loss`` was measured at
     log: Callable[[str], None] = print  # rank 0's one-line messages (other ranks: silent)
     stop: StopRequest | None = None  # this process's record of stop signals (``preemption.stop_signals``)
     stopping: bool = False  # some rank got a stop signal: save this step and raise ``TrainingPreempted``
     save_due: bool = False  # rank 0's clock says ``save_every_minutes`` ran out: save this step
-    last_save: float = 0.0  # ``preemption.clock()`` at the session's start or its last save
-    pending: PendingSave | None = None  # an asynchronous save in flight (``TrainConfig.async_save``)
-    async_done: bool = False  # rank 0's part of ``pending`` is on disk (DCP's metadata too): make it visible
     doc_eos: int | None = None  # doc_mask: the end-of-document token the windows' documents end at, else None
     tasks: TaskSuite | None = None  # in-loop zero-shot tasks (``eval_tasks``)
     depth: DepthProbe | None = None  # depth statistics and per-layer gradient norms (``log_depth_every``)
@@ -133,6 +131,11 @@ class _Trainer:
     @property
     def total_steps(self) -> int:
         return self.cfg.steps
+
+    @property
+    def periodic(self) -> list[Periodic]:
+        """The periodic jobs, in the order their keys enter the metrics row."""
+        return [job for job in (self.validation, self.tasks, self.depth) if job is not None]
 
 
 # ---------------------------------------------------------------------------------------------------- training
@@ -179,7 +182,8 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     with contextlib.ExitStack() as held, stop_signals() as stop:
         t = _set_up(run_dir, model_cfg, train_cfg, data_dir, resume, init_from, log, held, decay_from,
                     allow_tokenizer_change)
-        t.stop, t.last_save = stop, clock()
+        t.stop = stop
+        t.ckpt.start_timer()  # save_every_minutes counts from here
         last = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
         t.net.train()
         with _progress_bar(t, progress, f"train {model_cfg.cross_layer}") as bar, _metrics_log(t) as metrics:
@@ -187,8 +191,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
                 while t.step < last:
                     row = _optimizer_step(t)
                     fault_point("step")
-                    _maybe_validate(t, row)
-                    _periodic_stats(t, row)
+                    _periodic(t, row)
                     _log_row(t, row, metrics, bar, last)
                     fault_point("logged")
                     _watch(t, row)
@@ -196,7 +199,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
                     if on_step is not None:
                         on_step(t.step, t.total_steps)
                     if t.stopping:
-                        raise TrainingPreempted(t.run_dir, t.step, t.saved, t.stop.signum or signal.SIGTERM)
+                        raise TrainingPreempted(t.run_dir, t.step, t.ckpt.saved, t.stop.signum or signal.SIGTERM)
             except (DivergenceError, NonFiniteError) as e:
                 if t.is_main:
                     t.folder.write_divergence(_stop_record(t, e))
@@ -248,19 +251,14 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     if resume_from is not None:
         check_checkpoint_kind(resume_from, train_cfg.data_parallel)
     model = _build_model(model_cfg, train_cfg, device, amp)
-    if resume_from is not None and not sharded:
-        load_resume_weights(model, model_cfg, resume_from, found.weights)
-        found.weights = None  # loaded: free the CPU copy
-    elif init_from is not None:  # the checkpoint taken (a run folder's newest) is what run.json records
+    if init_from is not None and (resume_from is None or sharded):  # run.json records the checkpoint taken
         record["init_from"] = str(_init_from(model, init_from, train_cfg.data_parallel == "fsdp", say).resolve())
-    net = torch.nn.parallel.DistributedDataParallel(model) if train_cfg.data_parallel == "ddp" else model
     optimizer, scheduler, groups = _build_optimizer(model, train_cfg, adamw)
-    step, tokens_seen, skips = 0, 0, 0
-    if resume_from is not None:
-        if sharded:
-            load_sharded(resume_from, model, optimizer)
-        step, tokens_seen = restore_trainer_state(found.state, optimizer, scheduler, resume_from)
-        skips = int(found.state.get("nonfinite_skips", 0))
+    ckpt = Checkpointer(run_dir, model, optimizer, scheduler, train_cfg, data_dir,
+                        saved=None if decaying else resume_from, is_main=rank == 0, log=say, clock=clock)
+    state = ckpt.restore(found) if found is not None else None  # weights, optimizer, scheduler, RNG states
+    step, tokens_seen = (state.step, state.tokens_seen) if state else (0, 0)
+    net = torch.nn.parallel.DistributedDataParallel(model) if train_cfg.data_parallel == "ddp" else model
     if resume and rank == 0:
         if step == train_cfg.total_steps():
             log(f"{run_dir} already finished at step {step}; nothing to do")
@@ -279,13 +277,16 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     if rank == 0 and device.type == "cuda" and throughput.peak is None:
         log(throughput.note)  # an unknown GPU: said once
     guard = Guard.for_run(model_cfg.vocab_size, train_cfg.warmup_steps(), train_cfg.loss_rise_margin,
-                          train_cfg.loss_rise_patience, step, found.state.get("guard") if found else None)
+                          train_cfg.loss_rise_patience, step, state.guard if state else None)
+
+    def measure(model: DecoderLM, abandon: Callable[[], bool] | None = None) -> float | None:
+        return mean_loss(model, val_windows, train_cfg.eval_batch_size, device, amp, abandon=abandon, eos_id=doc_eos)
+
     return _Trainer(cfg=train_cfg, model=model, net=net, optimizer=optimizer, scheduler=scheduler, batches=batches,
-                    val_windows=val_windows, device=device, amp=amp, run_dir=run_dir, folder=folder,
-                    data_dir=data_dir,
-                    is_main=rank == 0, throughput=throughput, step=step, tokens_seen=tokens_seen,
-                    saved=None if decaying else resume_from,
-                    start_step=step, nonfinite_skips=skips, guard=guard, log=say, doc_eos=doc_eos, tasks=tasks,
+                    device=device, amp=amp, run_dir=run_dir, folder=folder, is_main=rank == 0, throughput=throughput,
+                    ckpt=ckpt, validation=Validation(measure, train_cfg.eval_every, train_cfg.steps), guard=guard,
+                    step=step, tokens_seen=tokens_seen, start_step=step,
+                    nonfinite_skips=state.nonfinite_skips if state else 0, log=say, doc_eos=doc_eos, tasks=tasks,
                     depth=DepthProbe.for_run(train_cfg.log_depth_every, val_windows, device))
 
 
@@ -458,7 +459,7 @@ def _optimizer_step(t: _Trainer) -> dict[str, Any]:
     step's metrics row (``loss``: the mean over ranks). A non-finite loss or gradient norm (checked on every rank
     before the update) raises ``NonFiniteError``, or with ``on_nonfinite="skip"`` drops the gradients without an
     update: the step, its batch and the lr schedule still advance, and the row says ``"skipped": true``. Sets
-    ``t.stopping`` and ``t.save_due`` (``_step_verdict``)."""
+    ``t.stopping``, ``t.save_due`` and ``t.ckpt.on_disk`` (``_step_verdict``)."""
     t0 = time.perf_counter()
     lr = t.scheduler.get_last_lr()[0]
     loss_sum = _accumulate_gradients(t)
@@ -508,11 +509,11 @@ def _step_verdict(t: _Trainer, loss: float, grad_norm: float) -> tuple[str | Non
     disk, this rank's loss], summed. Returns
     (``"loss"`` or ``"grad_norm"`` when that value is not finite on some rank, else None; the loss averaged over
     the ranks, which all see the same number of tokens) and sets ``t.stopping`` (a stop signal on any rank),
-    ``t.save_due`` (``save_every_minutes`` ran out on rank 0's clock) and ``t.async_done``."""
+    ``t.save_due`` (``save_every_minutes`` ran out on rank 0's clock) and ``t.ckpt.on_disk``."""
     what = "loss" if not math.isfinite(loss) else "grad_norm" if not math.isfinite(grad_norm) else None
     stop = t.stop is not None and t.stop.requested
-    due = t.is_main and t.cfg.save_every_minutes > 0 and clock() - t.last_save >= 60 * t.cfg.save_every_minutes
-    done = t.is_main and t.pending is not None and t.pending.upload.done()
+    due = t.is_main and t.cfg.save_every_minutes > 0 and t.ckpt.since_save() >= 60 * t.cfg.save_every_minutes
+    done = t.ckpt.upload_done()
     if _distributed():
         x = torch.tensor([what is not None, stop, due, done, loss], dtype=torch.float64, device=t.device)
         torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.SUM)
@@ -521,13 +522,13 @@ def _step_verdict(t: _Trainer, loss: float, grad_norm: float) -> tuple[str | Non
             what = "loss"  # another rank's loss (gradient norms are global)
         stop, due, done = any_stop > 0, any_due > 0, any_done > 0
         loss = loss_sum / torch.distributed.get_world_size()
-    t.stopping, t.save_due, t.async_done = stop, due, done
+    t.stopping, t.save_due, t.ckpt.on_disk = stop, due, done
     return what, loss
 
 
 def _nonfinite_message(t: _Trainer, what: str, loss: float, grad_norm: float) -> str:
     """One line: the step, which value, what was (not) saved, and what to do."""
-    saved = f"the newest checkpoint {t.saved} is finite" if t.saved else "no checkpoint was written"
+    saved = f"the newest checkpoint {t.ckpt.saved} is finite" if t.ckpt.saved else "no checkpoint was written"
     head = (f"training diverged at step {t.step + 1}: the {'loss' if what == 'loss' else 'gradient norm'} is "
             f"{loss if what == 'loss' else grad_norm}")
     if t.cfg.on_nonfinite == "skip":
@@ -546,7 +547,7 @@ def _check_weights_finite(t: _Trainer) -> None:
     finite = torch.stack([torch.isfinite(p.detach()).all() for p in local]).tolist()
     bad = [n for n, ok in zip(names, finite) if not ok]
     if _any_rank(bool(bad), t.device):
-        saved = f"the newest checkpoint {t.saved} stays" if t.saved else "no checkpoint was written"
+        saved = f"the newest checkpoint {t.ckpt.saved} stays" if t.ckpt.saved else "no checkpoint was written"
         raise NonFiniteError(f"training diverged by step {t.step}: non-finite weights "
                              f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''}); the "
                              f"checkpoint was not written and {saved}; lower TrainConfig.lr (now {t.cfg.lr:g})",
@@ -554,35 +555,20 @@ def _check_weights_finite(t: _Trainer) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- periodic work
-def _maybe_validate(t: _Trainer, row: dict[str, Any]) -> None:
-    """Every ``eval_every`` steps and at the last step: measure ``val_loss`` into ``t`` and ``row``. Not when the run
-    is stopping; a stop signal during the evaluation abandons it (``_stop_agreed`` between batches: every rank
-    stops at the same batch) and sets ``t.stopping``; the row then has no ``val_loss``."""
-    if t.stopping or not ((t.cfg.eval_every and t.step % t.cfg.eval_every == 0) or t.step == t.total_steps):
-        return
-    val = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp, abandon=lambda: _stop_agreed(
-        t, "eval"), eos_id=t.doc_eos)
-    if val is None:
-        t.stopping = True
-        return
-    t.val_loss = row["val_loss"] = val
-    t.val_step = t.step
-
-
-def _periodic_stats(t: _Trainer, row: dict[str, Any]) -> None:
-    """Into ``row``: the in-loop zero-shot tasks when due (``in_loop_tasks``; a stop signal between tasks abandons
-    them and sets ``t.stopping``) and the depth statistics of the probe batch every ``log_depth_every`` steps
-    (``depth_stats``). Not when the run is stopping. Every rank runs both (collectives under FSDP)."""
-    if t.stopping:
-        return
-    if t.tasks is not None and t.tasks.due(t.step, t.total_steps):
-        found = t.tasks.run(t.model, abandon=lambda: _stop_agreed(t, "tasks"))
-        if found is None:
-            t.stopping = True
+def _periodic(t: _Trainer, row: dict[str, Any]) -> None:
+    """Into ``row``: the keys of each periodic job due at this step (``t.periodic``: validation, in-loop tasks,
+    depth statistics). Not when the run is stopping; a stop signal during a job abandons it (``_stop_agreed``
+    between its batches or tasks: every rank stops at the same point) and the later ones, and sets ``t.stopping``.
+    Every rank runs each job (collectives under FSDP)."""
+    for job in t.periodic:
+        if t.stopping:
             return
-        row.update(found)
-    if t.depth is not None and t.depth.due(t.step):
-        row.update(t.depth.statistics(t.model))
+        if job.due(t.step):
+            found = job.run(t.step, t.model, lambda phase=job.phase: _stop_agreed(t, phase))
+            if found is None:
+                t.stopping = True
+                return
+            row.update(found)
 
 
 def _stop_agreed(t: _Trainer, phase: str | None = None) -> bool:
@@ -600,7 +586,7 @@ def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last
     if t.step % t.cfg.log_every == 0 or "val_loss" in row or t.step == last or row.get("skipped") or periodic:
         metrics.log(row)  # every skipped step is logged: the summary counts them from the log
     bar.update(1)
-    bar.set_postfix(**progress_postfix(row, t.val_loss))
+    bar.set_postfix(**progress_postfix(row, t.validation.loss))
 
 
 def _watch(t: _Trainer, row: dict[str, Any]) -> None:
@@ -622,7 +608,7 @@ def _check_val_loss(t: _Trainer, val_loss: float) -> None:
     if t.cfg.on_divergence == "stop" and diverged:
         best = _best_checkpoint(t)
         kept = (f"the best checkpoint {best[0]} (val loss {best[1]:.4f}) is kept" if best else
-                f"the newest checkpoint {t.saved} is kept (no validation loss recorded)" if t.saved else
+                f"the newest checkpoint {t.ckpt.saved} is kept (no validation loss recorded)" if t.ckpt.saved else
                 "no checkpoint was written")
         start = f" (its weights: --init-from {best[0]})" if best else ""
         raise DivergenceError(
@@ -662,49 +648,35 @@ def _checkpoint_val_loss(t: _Trainer) -> float:
     """The validation loss of the step about to be saved: the periodic one, else measured now (every rank; no RNG
     is drawn and no row is logged, so the trajectory and the curve are those of a run that never saves) and put
     through the ln V rule before anything is written."""
-    if t.val_step == t.step and t.val_loss is not None:
-        return t.val_loss
-    val_loss = mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp, eos_id=t.doc_eos)
+    val_loss = t.validation.loss_at(t.step)
+    if val_loss is not None:
+        return val_loss
+    val_loss = t.validation.measure(t.model)
     _check_val_loss(t, val_loss)
     return val_loss
 
 
 def _maybe_checkpoint(t: _Trainer, metrics: MetricsLogger | None = None) -> None:
     """Every ``save_every`` steps, when ``save_every_minutes`` ran out (``t.save_due``), when the run is stopping
-    (``t.stopping``) and at the last step, rank 0 saves a checkpoint (FSDP: every rank its shards) with the
-    validation loss of its step (not measured for a preemption's: the grace period goes to the save, and that
-    checkpoint's loss counts as unknown); ranks meet after every save but the last. The metrics rows up to the
-    checkpoint are made durable first, so a checkpoint never outlives its rows. A stop signal that arrived during a
-    periodic save stops the run at this step. With ``async_save`` (FSDP) a periodic save is started in the background
-    (``dcp.start_async_save``) and made visible at the first step where rank 0's shards are on disk, or before the
-    next save, which is then synchronous if it is a preemption's or the last."""
+    (``t.stopping``) and at the last step, a checkpoint (``Checkpointer.save``) with the validation loss of its
+    step (not measured for a preemption's: the grace period goes to the save, and that checkpoint's loss counts as
+    unknown); ranks meet after every save but the last. The metrics rows up to the checkpoint are made durable
+    first, so a checkpoint never outlives its rows. A stop signal that arrived during a periodic save stops the run
+    at this step. With ``async_save`` (FSDP) a periodic save is written in the background and made visible at the
+    first step where rank 0's shards are on disk, or before the next save, which is then synchronous if it is a
+    preemption's or the last."""
     periodic = bool(t.cfg.save_every and t.step % t.cfg.save_every == 0) or t.save_due or t.stopping
     final = t.step == t.total_steps
-    if t.pending is not None and (t.async_done or periodic or final):
-        t.saved, t.pending = finish_async_save(t.pending), None  # waits for the shards, then makes it visible
+    t.ckpt.finish_pending(wait=periodic or final)  # without either: only once its shards are on disk
     if not (periodic or final):
         return
     _check_weights_finite(t)  # collective: every rank raises, or none
     val_loss = None if t.stopping and not final else _checkpoint_val_loss(t)  # every rank (FSDP: a collective)
     if metrics is not None:
         metrics.sync()
-    if t.cfg.data_parallel == "fsdp":
-        state = {"scheduler": t.scheduler.state_dict(), "rng": rng_state(), "step": t.step,
-                 "tokens_seen": t.tokens_seen, "data_position": t.step, "world_size": t.cfg.world_size(),
-                 "tokens_per_step": t.cfg.tokens_per_step(), "nonfinite_skips": t.nonfinite_skips,
-                 "val_loss": val_loss, "guard": t.guard.state()}
-        if t.cfg.async_save and not (t.stopping or final):
-            t.pending = start_async_save(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state, log=t.log)
-        else:
-            t.saved = save_sharded(t.run_dir, t.model, t.optimizer, t.cfg, t.data_dir, state, log=t.log)
-    else:
-        if t.is_main:
-            state = trainer_state(t.optimizer, t.scheduler, t.step, t.tokens_seen, t.nonfinite_skips, val_loss,
-                                  t.guard.state())
-            t.saved = save_checkpoint(t.run_dir, t.model, t.cfg, t.data_dir, state, log=t.log)
-        if t.cfg.world_size() > 1 and periodic:
-            torch.distributed.barrier()
-    t.last_save = clock()
+    state = t.ckpt.state(t.step, t.tokens_seen, nonfinite_skips=t.nonfinite_skips, val_loss=val_loss,
+                         guard=t.guard.state())
+    t.ckpt.save(state, wait=t.stopping or final, meet=periodic)
     if periodic and not t.stopping:
         t.stopping = _stop_agreed(t)
 
@@ -714,26 +686,24 @@ def _finish(t: _Trainer) -> TrainResult:
     """When the run reached its last step: ``summary.json`` (rank 0). A session that resumed at the last step keeps
     an intact summary of that step, or re-creates it (final validation loss from the metrics log or measured now,
     whole-run throughput from the log). Returns the result of this session."""
-    if t.pending is not None:  # a session that stopped before its last step (stop_after) with a save in flight
-        t.saved, t.pending = finish_async_save(t.pending), None
+    t.ckpt.finish_pending()  # a session that stopped before its last step (stop_after) with a save in flight
     tps = t.train_tokens / t.train_time if t.train_time > 0 else None
-    skipped = None
+    skipped, val_loss, saved = None, t.validation.loss, t.ckpt.saved
     if t.step == t.total_steps:
         rows = t.folder.read_metrics() if t.is_main else None  # read once: skipped steps and, if needed, throughput
         skipped = sum(1 for r in rows or () if r.get("skipped"))
-        if t.val_loss is None:
-            t.val_loss = _final_val_loss(t)
+        if val_loss is None:
+            val_loss = _final_val_loss(t)
         old = t.folder.read_summary() if t.train_time == 0 else None
         if tps is None:
             tps = (old or {}).get("train_tokens_per_s") or run_tokens_per_s(
                 rows if rows is not None else t.folder.read_metrics())
         if t.is_main and not (old and old.get("steps") == t.step and old.get("final_val_loss") is not None):
-            t.folder.write_summary({"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": t.val_loss,
+            t.folder.write_summary({"steps": t.step, "tokens": t.tokens_seen, "final_val_loss": val_loss,
                                     "skipped_steps": skipped,
                                     "train_tokens_per_s": tps, "train_seconds_this_session": t.train_time,
-                                    "checkpoint": str(t.saved) if t.saved else None})
-    return TrainResult(t.run_dir, t.step, t.tokens_seen, t.val_loss, tps, t.saved, t.step - t.start_step,
-                       skipped or 0)
+                                    "checkpoint": str(saved) if saved else None})
+    return TrainResult(t.run_dir, t.step, t.tokens_seen, val_loss, tps, saved, t.step - t.start_step, skipped or 0)
 
 
 def _final_val_loss(t: _Trainer) -> float:
@@ -742,4 +712,4 @@ def _final_val_loss(t: _Trainer) -> float:
     for row in t.folder.read_metrics():
         if row.get("step") == t.step and row.get("val_loss") is not None:
             return float(row["val_loss"])
-    return mean_loss(t.model, t.val_windows, t.cfg.eval_batch_size, t.device, t.amp, eos_id=t.doc_eos)
+    return t.validation.measure(t.model)

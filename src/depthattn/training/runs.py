@@ -13,9 +13,8 @@ decides what goes into a checkpoint and what may change when a run resumes::
 
 Every checkpoint folder is assembled under a temporary name (``fileio.write_folder_atomically``), so a failure never
 damages what is already there. Which checkpoints pruning keeps (``prune_checkpoints``), which checkpoint a run
-resumes from and what may differ (``config_differences``, ``resume_point``, ``read_resume_checkpoint``) and the
-trainer state (``trainer_state``, ``restore_trainer_state``) are decided here; how each way of starting or continuing
-a run merges its settings is ``training.resume.plan_run``'s, which applies these rules.
+resumes from and what may differ (``config_differences``, ``resume_point``, ``read_resume_checkpoint``) are decided
+here; what ``trainer_state.pt`` holds is ``depthattn.run.state.TrainerState``'s.
 
 Crash consistency (docs/reliability.md, "Training runs"): resume takes the newest *readable* checkpoint, saying which
 one it skipped and why; unreadable ones are set aside (``set_aside``). ``DEPTHATTN_FAULT_PHASE=<phase>:<n>`` (tests
@@ -42,15 +41,13 @@ from ..config import ModelConfig
 from ..cross_layer import names as method_names
 from ..fileio import atomic_write_text, write_folder_atomically
 from ..model import DecoderLM
+from ..run.state import STATE_FILE, TrainerState, load_trainer_state  # the first and last: also decay.py's, dcp.py's
 from .config import RESUMABLE_KEYS, TrainConfig, with_legacy_defaults
 from .preemption import deliver_fault_signal
 from ..run.retention import (VAL_LOSS_FILE, best_leaves_the_newest, checkpoints_to_prune, read_val_loss, val_loss_record,
                         val_losses_from_rows)
-from ..run.folder import RunFolder
-from .runtime import rng_state, set_rng_state
-
 from ..layout import TOKENIZER_FILE, TRAIN_CONFIG_FILE  # noqa: F401  (re-exported)
-from ..layout import TRAINER_STATE_FILE as STATE_FILE
+from ..run.folder import RunFolder
 
 
 # ---------------------------------------------------------------------------------------------------- environment
@@ -316,7 +313,6 @@ def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: 
 
 #: What the checkpoint readers raise for a missing, truncated or corrupt file (or one failing its integrity check).
 UNREADABLE_ERRORS = (OSError, ValueError, RuntimeError, KeyError, EOFError)
-_STATE_KEYS = ("scheduler", "rng", "step", "tokens_seen", "data_position")
 
 
 @dataclass
@@ -326,16 +322,13 @@ class ResumeCheckpoint:
     ``unreadable`` are newer checkpoint folders that could not be read (``set_aside`` moves them away)."""
 
     path: Path
-    state: dict[str, Any]
+    state: TrainerState
     weights: dict[str, torch.Tensor] | None
     unreadable: list[Path] = field(default_factory=list)
 
 
-def _read_checkpoint(d: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
-    state = load_trainer_state(d)
-    missing = [k for k in _STATE_KEYS if k not in state]
-    if missing:
-        raise KeyError(f"{d / STATE_FILE} lacks {missing}")
+def _read_checkpoint(d: Path) -> tuple[TrainerState, dict[str, torch.Tensor] | None]:
+    state = TrainerState.from_file(d)
     if (d / SHARDED_DIR).is_dir():
         from torch.distributed.checkpoint import FileSystemReader
 
@@ -401,49 +394,7 @@ def load_resume_weights(model: DecoderLM, model_cfg: ModelConfig, checkpoint_dir
     ckpt.load_weights_into(model, weights, str(checkpoint_dir / ckpt.WEIGHTS_NAME))
 
 
-# ---------------------------------------------------------------------------------------------------- state
-def trainer_state(optimizer: torch.optim.Optimizer, scheduler: Any, step: int, tokens_seen: int,
-                  nonfinite_skips: int = 0, val_loss: float | None = None,
-                  guard: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What ``trainer_state.pt`` holds: optimizer, scheduler and RNG states, step, tokens seen, data position, the
-    number of consecutive non-finite steps skipped up to ``step`` (``TrainConfig.on_nonfinite="skip"``), the
-    validation loss of ``step`` (also in ``val_loss.json``) and the divergence guard's state (``guard.Guard``)."""
-    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-            "step": step, "tokens_seen": tokens_seen, "data_position": step, "nonfinite_skips": nonfinite_skips,
-            "val_loss": val_loss, "guard": dict(guard or {})}
-
-
-def restore_trainer_state(state: Mapping[str, Any], optimizer: torch.optim.Optimizer, scheduler: Any,
-                          checkpoint_dir: Path) -> tuple[int, int]:
-    """Load a ``trainer_state`` into ``optimizer``, ``scheduler`` and the RNGs; return (step, tokens seen).
-
-    Raises ``ValueError`` naming the state file if it does not fit the optimizer or its data position is off.
-    """
-    file = checkpoint_dir / STATE_FILE
-    try:
-        if "optimizer" in state:  # a sharded checkpoint's optimizer states are in DCP (training.dcp)
-            optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-    except (KeyError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{file}: optimizer/scheduler state does not fit the model ({e})") from e
-    set_rng_state(state["rng"])
-    step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
-    if int(state["data_position"]) != step:
-        raise ValueError(f"{file}: data position {state['data_position']} != step {step}")
-    return step, tokens_seen
-
-
-def load_trainer_state(checkpoint_dir: Path) -> dict[str, Any]:
-    file = checkpoint_dir / STATE_FILE
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} not found: the checkpoint has no trainer state to resume from")
-    ckpt.verify_file(checkpoint_dir, STATE_FILE)  # checksums.json, when the folder has one (IntegrityError)
-    try:
-        return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for a truncated or corrupt pickle/zip
-        raise ValueError(f"cannot read trainer state {file} (truncated or corrupt?): {e}") from e
-
-
+# ---------------------------------------------------------------------------------------------------- --init-from
 def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]:
     """Load a checkpoint's weights into ``model`` through ``checkpoint.load_state`` / ``load_weights_into``.
 
@@ -484,7 +435,8 @@ def init_from_changes(path: str | os.PathLike, cfg: ModelConfig) -> list[str]:
 # ---------------------------------------------------------------------------------------------------- writing
 def save_checkpoint(run_dir: Path, model: DecoderLM, train_cfg: TrainConfig, data_dir: Path, state: dict,
                     log: Callable[[str], None] | None = None) -> Path:
-    """Write ``checkpoints/step_XXXXXXXX/`` atomically (with ``val_loss.json`` from ``state["val_loss"]``), then
+    """Write ``checkpoints/step_XXXXXXXX/`` atomically (``state``: the ``trainer_state.pt`` record,
+    ``TrainerState.to_dict()``; ``val_loss.json`` from ``state["val_loss"]``), then
     keep only the newest ``keep_last`` and the best (``prune_checkpoints``; never the one just written); return its
     path. The caller checks that the weights are finite (``loop._check_weights_finite``)."""
     step = state["step"]

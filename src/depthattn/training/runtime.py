@@ -1,11 +1,10 @@
-"""The process a run trains in: seeding and RNG states, the torchrun process group (device and precision:
-``depthattn.devices``, re-exported here)."""
+"""The process a run trains in: seeding, the torchrun process group (device and precision: ``depthattn.devices``,
+re-exported here; the RNG states a checkpoint keeps: ``depthattn.run.state``)."""
 
 from __future__ import annotations
 
 import os
 import random
-from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -48,23 +47,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
 
-
-def rng_state() -> dict[str, Any]:
-    """The torch, Python, NumPy (and CUDA) RNG states, as ``trainer_state.pt`` stores them (tensors and lists only,
-    so ``torch.load(weights_only=True)`` reads them)."""
-    np_state = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore the RNG states saved by ``rng_state``."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(tuple(state["python"][:1]) + (tuple(state["python"][1]),) + tuple(state["python"][2:]))
-    n = state["numpy"]
-    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), *n[2:]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
