@@ -1,7 +1,7 @@
 """Measure how fast a full training checkpoint is written: the save a preemption must fit into its grace period.
 
 Builds a preset's model (float32), gives every parameter AdamW moments (one optimizer step on zero gradients), then
-writes the checkpoint exactly as the trainer does (``runs.save_checkpoint``: ``model.safetensors``, the configs,
+writes the checkpoint exactly as the trainer does (``checkpoints.save_checkpoint``: ``model.safetensors``, the configs,
 ``trainer_state.pt`` with the optimizer, every file fsync'd, the folder renamed into place) ``--repeats`` times into
 ``--out`` and prints the bytes, the seconds and MB/s of each write (1 MB = 10^6 bytes). The page cache is not
 dropped: a write returns once fsync has put the bytes on the device, which is what a save waits for.
@@ -28,7 +28,7 @@ from depthattn.data.tokenizer import tokenizer_bytes, train_bpe
 from depthattn.run.state import TrainerState
 from depthattn.training import TrainConfig
 from depthattn.training.optim import build_optimizer, build_scheduler
-from depthattn.training.runs import save_checkpoint
+from depthattn.run.checkpoints import save_checkpoint
 
 
 def folder_bytes(folder: Path) -> int:

@@ -367,7 +367,7 @@ def test_full_disk_during_a_dcp_save_is_an_oserror_naming_the_folder(run_dir, da
 
     from depthattn.model import DecoderLM
     from depthattn.training.config import TrainConfig
-    from depthattn.training.dcp import save_sharded
+    from depthattn.run.dcp import save_sharded
 
     fs = small_fs("64k")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -417,7 +417,7 @@ def test_patched_trainer_state_and_metrics_write_failures_are_one_line(data_dir,
 def test_dcp_write_failure_translation(tmp_path, monkeypatch):
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from depthattn.training import dcp
+    from depthattn.run import dcp
 
     own = CheckpointException("write", {0: (OSError(errno.EDQUOT, "Disk quota exceeded", "/x/0.distcp"), [])})
     e = dcp.write_failure(own, tmp_path)

@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from depthattn.cli import main
 from depthattn.training import TrainConfig, read_metrics, train
 from depthattn.training import config as config_module
-from depthattn.training.runs import check_checkpoint_kind, keep_tokens_per_step, resumed_data_parallel
+from depthattn.run.checkpoints import check_checkpoint_kind
+from depthattn.training.resume import keep_tokens_per_step, resumed_data_parallel
 
 
 STEPS, BATCH, SEQ, ACCUM = 4, 2, 32, 2

@@ -27,7 +27,8 @@ from depthattn.training.config import LEGACY_DEFAULTS, RESUMABLE_KEYS
 from depthattn.training.guard import Guard
 from depthattn.run.retention import (best_checkpoint, best_leaves_the_newest, checkpoints_to_prune,
                                           read_val_loss)
-from depthattn.training.runs import checkpoint_val_losses, read_divergence
+from depthattn.run.checkpoints import checkpoint_val_losses
+from depthattn.run.record import read_divergence
 
 from release_fixtures import copy_release_fixture
 

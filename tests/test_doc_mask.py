@@ -369,7 +369,7 @@ def test_doc_mask_must_be_a_bool():
     with pytest.raises(ValueError, match="TrainConfig.doc_mask='yes' is invalid"):
         TrainConfig(doc_mask="yes")
     # a run recorded without the key (release 97f8652): today's behaviour, so it resumes with a new config's default
-    from depthattn.training.runs import config_differences
+    from depthattn.training.resume import config_differences
 
     from depthattn import ModelConfig
 

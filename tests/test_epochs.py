@@ -26,7 +26,7 @@ from depthattn.data.shards import TokenBatches
 from depthattn.training import TrainConfig, read_metrics, resolve_model_config, train
 from depthattn.training import config as config_module
 from depthattn.training.loop import _training_batches
-from depthattn.training.runs import keep_tokens_per_step
+from depthattn.training.resume import keep_tokens_per_step
 
 
 # ---------------------------------------------------------------------------------------------------- permutation

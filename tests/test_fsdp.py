@@ -23,8 +23,8 @@ import torch
 from depthattn import checkpoint as ckpt
 from depthattn.checkpoint import checkpoint_dirs
 from depthattn.training import TrainConfig, read_metrics, read_summary
-from depthattn.training.dcp import export_checkpoint, load_sharded
-from depthattn.training.runs import keep_tokens_per_step
+from depthattn.run.dcp import export_checkpoint, load_sharded
+from depthattn.training.resume import keep_tokens_per_step
 
 from test_dist import torchrun as dist_torchrun
 from test_train import make_data

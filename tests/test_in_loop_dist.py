@@ -22,7 +22,7 @@ from depthattn.data import load_prepared, load_tokenizer
 from depthattn.eval import zero_shot as zs
 from depthattn.eval.perplexity import validation_windows
 from depthattn.training import read_metrics
-from depthattn.training.dcp import load_sharded
+from depthattn.run.dcp import load_sharded
 from depthattn.training.depth_stats import probe_batch
 
 from test_dist import torchrun

@@ -1,7 +1,7 @@
 """Preemption, one command for first launch and requeue, time-based checkpoints (docs/reliability.md, "Preemption and
 time-based checkpoints").
 
-A signal is delivered at a named phase with ``DEPTHATTN_FAULT_SIGNAL=SIG@PHASE:N`` (``preemption
+A signal is delivered at a named phase with ``DEPTHATTN_FAULT_SIGNAL=SIG@PHASE:N`` (``run.faults
 .deliver_fault_signal``): mid-step (between micro-batches), between two steps, inside an evaluation, inside a save,
 and a second one inside the preemption save. Each preempted run is resumed and compared bit for bit with an
 uninterrupted one (weights, AdamW moments, RNG, metrics curve). The one-process cases run in this process (the
@@ -29,10 +29,12 @@ from depthattn.config import ModelConfig
 from depthattn.data import load_prepared
 from depthattn.training import TrainConfig, read_metrics, read_run, resolve_model_config, train
 from depthattn.training import loop as loop_module
-from depthattn.training import preemption, runs
+from depthattn.run import faults
+from depthattn.training import preemption
 from depthattn.training.config import LEGACY_DEFAULTS, with_legacy_defaults
-from depthattn.training.preemption import FAULT_SIGNAL_ENV, TrainingPreempted, stop_signals
-from depthattn.training.runs import config_differences
+from depthattn.run.faults import FAULT_SIGNAL_ENV
+from depthattn.training.preemption import TrainingPreempted, stop_signals
+from depthattn.training.resume import config_differences
 
 from release_fixtures import copy_release_fixture, reference_losses
 from test_reliability_train import assert_checkpoints_complete, curve
@@ -60,8 +62,8 @@ def fresh_fault_counts(monkeypatch):
     """The fault hooks count phases per process: start each test at zero. SIGINT gets Python's default handler for
     the test: a suite started in the background by a shell without job control (`cmd &`) inherits SIGINT ignored,
     which the trainer rightly leaves ignored (the launcher's choice), and the SIGINT cases would then not stop."""
-    monkeypatch.setattr(preemption, "_signal_counts", {})
-    monkeypatch.setattr(runs, "_fault_counts", {})
+    monkeypatch.setattr(faults, "_signal_counts", {})
+    monkeypatch.setattr(faults, "_fault_counts", {})
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
@@ -332,7 +334,7 @@ def _weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
     """A checkpoint's full weights (DCP shards gathered in this process)."""
     from depthattn import DecoderLM
     from depthattn import checkpoint as ckpt
-    from depthattn.training.dcp import is_sharded, load_sharded
+    from depthattn.run.dcp import is_sharded, load_sharded
 
     if not is_sharded(checkpoint_dir):
         return ckpt.load_state(checkpoint_dir)

@@ -436,7 +436,7 @@ def test_hostile_config_json_is_refused_before_allocation(run_dir, tmp_path, no_
         with pytest.raises(ValueError) as e:
             load(bad)
         _one_line(e, str(bad / "config.json"), field)
-    from depthattn.training.dcp import export_checkpoint
+    from depthattn.run.dcp import export_checkpoint
 
     with pytest.raises(ValueError) as e:
         export_checkpoint(bad, tmp_path / "out")

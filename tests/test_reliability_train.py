@@ -26,7 +26,7 @@ from depthattn.training import NonFiniteError, TrainConfig, read_metrics, train
 from depthattn.training import loop as loop_module
 from depthattn.training import metrics as metrics_module
 from depthattn.training.metrics import MEASURED_KEYS
-from depthattn.training.runs import FAULT_ENV
+from depthattn.run.faults import FAULT_ENV
 
 
 STEPS = 8
@@ -174,7 +174,7 @@ def test_prune_moves_a_folder_away_before_deleting_it(tmp_path, model_cfg, data_
         seen.append(Path(path).name)
         return real_rmtree(path, *a, **kw)
 
-    from depthattn.training import runs
+    from depthattn.run import checkpoints as runs
     monkeypatch.setattr(runs.shutil, "rmtree", watching_rmtree)
     train_quiet(tmp_path / "run", model_cfg, data_dir, steps=6, eval_every=0)
     pruned = [name for name in seen if "step_00000002" in name]
@@ -238,7 +238,7 @@ def test_disk_full_mid_metrics_append_leaves_a_torn_line_that_resume_drops(tmp_p
 
 def test_disk_full_while_pruning_keeps_every_checkpoint_whole(tmp_path, reference, model_cfg, data_dir,
                                                               monkeypatch):
-    from depthattn.training import runs
+    from depthattn.run import checkpoints as runs
 
     real_replace = os.replace
 
@@ -426,7 +426,8 @@ def test_resume_with_lost_tail_rows_says_so(tmp_path, reference, model_cfg, data
 
 
 def test_checkpoint_is_written_after_its_metrics_rows_are_durable(tmp_path, monkeypatch, model_cfg, data_dir):
-    from depthattn.training import checkpointer, metrics as metrics_mod
+    from depthattn.run import checkpointer
+    from depthattn.training import metrics as metrics_mod
 
     events: list[str] = []
     real_sync, real_save = metrics_mod.MetricsLogger.sync, checkpointer.save_checkpoint

@@ -27,7 +27,7 @@ from depthattn.data import load_prepared
 from depthattn.training import RunFolder, RunFolderLocked, RunLock, TrainConfig, read_summary, resolve_model_config
 from depthattn.training import loop as loop_module
 from depthattn.training import train
-from depthattn.training.runs import prune_checkpoints
+from depthattn.run.checkpoints import prune_checkpoints
 
 
 STEPS = 6

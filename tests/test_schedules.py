@@ -228,7 +228,7 @@ def test_run_json_records_the_implementation_and_resume_keeps_it(decay_runs):
     root, _, _ = decay_runs
     expected = resolve_adamw_impl("auto", torch.device("cpu"))
     assert read_run(root / "a")["adamw_impl"] == expected and read_run(root / "a")["train"]["adamw_impl"] == "auto"
-    from depthattn.training.runs import recorded_adamw_impl
+    from depthattn.training.resume import recorded_adamw_impl
 
     run = json.loads((root / "a" / "run.json").read_text())
     run["adamw_impl"] = "foreach"  # as if resolved elsewhere: a resumed "auto" run keeps it

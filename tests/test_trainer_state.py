@@ -1,4 +1,4 @@
-"""``trainer_state.pt`` (``depthattn.run.state.TrainerState``) and how the trainer saves (``training.checkpointer``).
+"""``trainer_state.pt`` (``depthattn.run.state.TrainerState``) and how the trainer saves (``run.checkpointer``).
 
 * Each shape is written byte for byte as the trainer wrote it before ``TrainerState`` (the dicts of the full and the
   sharded save, spelled out here), and read back unchanged; a record of an older release (the 97f8652 fixture)
@@ -22,8 +22,8 @@ import torch
 
 from depthattn.run.state import FULL_KEYS, SHARDED_KEYS, STATE_FILE, TrainerState, rng_state, upgraded
 from depthattn.training import TrainConfig, train
-from depthattn.training import checkpointer as checkpointer_module
-from depthattn.training.checkpointer import Checkpointer
+from depthattn.run import checkpointer as checkpointer_module
+from depthattn.run.checkpointer import Checkpointer
 from depthattn.training.optim import build_optimizer, build_scheduler
 
 from conftest import make_model

@@ -45,6 +45,7 @@ from safetensors.torch import save_file
 from . import checkpoint_files as files
 from .accounting import check_model_fits
 from .config import ModelConfig
+from .cross_layer import names as method_names
 from .fileio import IntegrityError, write_folder_atomically
 from .folders import open_model
 from .folders.base import ModelFolder, expected_shapes
@@ -340,3 +341,41 @@ def open_checkpoint(path: str | os.PathLike) -> Iterator[Path]:
         return
     raise FileNotFoundError(f"{path}: its newest checkpoint kept disappearing while being opened (pruned by a "
                             f"running trainer); try again")
+
+
+# ---------------------------------------------------------------------------------------------------- --init-from
+def init_from_checkpoint(model: DecoderLM, path: str | os.PathLike) -> list[str]:
+    """Load a checkpoint's weights into ``model`` through ``checkpoint.load_state`` / ``load_weights_into``.
+
+    The checkpoint may use another ``cross_layer``: keys under ``cross_layer`` that one side lacks keep the new
+    model's initialisation (missing) or are dropped (unexpected). Every other key and every shape must match.
+    Returns the keys that kept their initialisation. Raises ``ValueError`` naming the file otherwise; for another
+    vocabulary size, one line naming both and the ``vocab_size`` setting that fits (a padded vocabulary, larger
+    than the data's tokenizer, is allowed: ``config.check_vocab_size``).
+    """
+    source = os.path.join(os.fspath(path), WEIGHTS_NAME)
+    state = load_state(path)
+    embed = state.get("model.embed_tokens.weight")
+    if embed is not None and embed.ndim == 2 and embed.shape[0] != model.config.vocab_size:
+        raise ValueError(f"{source} has vocab_size={embed.shape[0]} (model.embed_tokens.weight {tuple(embed.shape)}), "
+                         f"the new model {model.config.vocab_size} (the data's tokenizer unless set); give --set "
+                         f"vocab_size={embed.shape[0]} to start from it")
+    return load_weights_into(model, state, source, kind="init_from")
+
+
+def init_from_changes(path: str | os.PathLike, cfg: ModelConfig) -> list[str]:
+    """The fields of the checkpoint ``path``'s ``config.json`` that ``cfg`` (the model ``--init-from`` loads it
+    into) sets otherwise, as ``"name 'new' (checkpoint: 'old')"``: the backbone's (``qk_norm_position``,
+    ``rope_theta``, ...), and the method's knobs when both use the same ``cross_layer`` (a new method starts from
+    its own knobs). ``initializer_range`` is left out (the weights are loaded). Empty when the config cannot be
+    read (the weights loaded, which is what counts)."""
+    try:
+        old = load_config(path).to_dict()
+    except (ValueError, FileNotFoundError):
+        return []
+    new = cfg.to_dict()
+    knob = tuple(f"{m}_" for m in method_names())
+    same_method = old.get("cross_layer") == new["cross_layer"]
+    return [f"{k} {new[k]!r} (checkpoint: {old.get(k)!r})" for k in new
+            if k not in ("cross_layer", "initializer_range") and old.get(k) != new[k]
+            and (same_method or not k.startswith(knob))]

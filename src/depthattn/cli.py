@@ -24,7 +24,7 @@ the system refused (``OSError``: disk full, read-only       1          ``depthat
 file system, no permission; also what safetensors,                     <file, else the command's output flag>``;
 ``torch.save``, DCP and TensorBoard's writer thread                    for ENOSPC / EDQUOT also ``(N free of M on
 report as other types: ``checkpoint.save_safetensors``,                the file system of DIR)``
-``save_torch``, ``training.dcp.write_failure``,
+``save_torch``, ``run.dcp.write_failure``,
 ``quiet_thread_os_errors``)
 preempted: SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 while        128 + n:   ``depthattn CMD: preempted at step N
 training (``TrainingPreempted``: the checkpoint of that     143, 130,  (SIGTERM); checkpoint PATH; resume with:

@@ -41,7 +41,7 @@ from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_mode
 from .run.folder import RunFolder
 from .run.lock import RunLock
 from .training.resume import keep_recorded_behaviour, plan_run  # noqa: F401 (keep_recorded_behaviour: compare API)
-from .training.runs import recorded_precision
+from .run.record import recorded_precision
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"

@@ -438,7 +438,7 @@ def rewrite_manifest_entries(folder: str | os.PathLike, before: dict[str, tuple]
 
 #: The random part ``tempfile`` puts in the temporary names above (8 of ``[a-z0-9_]``; any length is matched).
 _RANDOM = r"[a-z0-9_]+"
-#: ``.tmp-<name>-<random>`` (:func:`write_folder_atomically`; ``training.dcp``'s ``.tmp-<name>-dcp``) and
+#: ``.tmp-<name>-<random>`` (:func:`write_folder_atomically`; ``run.dcp``'s ``.tmp-<name>-dcp``) and
 #: ``.old-<name>-<random>`` (:func:`replace_folder`): folders of any name.
 _FOLDER_TEMPORARY = re.compile(rf"^\.(?:tmp|old)-.+-{_RANDOM}$")
 

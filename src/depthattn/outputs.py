@@ -13,7 +13,7 @@
 :data:`RUN_FOLDER` / :data:`COMPARE_FOLDER`: a missing or empty folder, or one holding only what the command's own
 writers put there (an earlier start of the run, a compare's results and runs, and the leftovers of their interrupted
 writes, ``run.folder.is_debris``), is written; anything else is refused with one line listing the files it did not
-write. Whether an existing run may be started again is the trainer's (``training.runs.resume_point``).
+write. Whether an existing run may be started again is the trainer's (``training.resume.resume_point``).
 
 ``eval --out FILE`` (one result file, no ``--overwrite``) goes through :func:`check_result_file`: it replaces only
 an earlier result file, never a file of what it reads or a folder, and writes nothing inside a run or checkpoint

@@ -13,7 +13,8 @@ from ..compat import Side, check_pairing
 from ..eval.inference import load_for_inference
 from ..fileio import atomic_write_text, read_json
 from ..outputs import WRITTEN_BY, check_result_file, is_written_by, written_by
-from ..training.runs import TOKENIZER_FILE, TRAIN_CONFIG_FILE, run_of_checkpoint
+from ..layout import TOKENIZER_FILE, TRAIN_CONFIG_FILE
+from ..run.record import run_of_checkpoint
 from ..devices import autocast_dtype
 
 

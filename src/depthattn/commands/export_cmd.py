@@ -11,7 +11,7 @@ def run(args: argparse.Namespace) -> int:
     RUN_OR_CKPT is a checkpoint folder or a run folder (its newest checkpoint). One process, no torchrun. OUT may not
     be, contain or lie inside RUN_OR_CKPT; an existing OUT is replaced only with --overwrite and only when it is a
     model folder depthattn wrote (checksums.json listing every file)."""
-    from ..training.dcp import export_checkpoint
+    from ..run.dcp import export_checkpoint
 
     source = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
     print(f"exported {source} to {args.out}")

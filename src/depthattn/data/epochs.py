@@ -16,7 +16,7 @@ computed per index (a Feistel network on ``2h`` bits, ``4**h >= n``, with cycle 
 window exactly once and a billion-window corpus costs nothing to shuffle. Step ``s``'s samples are the ``G``
 indices ``[s * G, (s + 1) * G)``; micro-step ``m`` of rank ``r`` takes ``s * G + m * W * B + r * B + [0, B)``. The
 order of global samples thus depends only on the seed and the global index: a run at another world size or
-``grad_accum`` with the same global batch (``runs.keep_tokens_per_step`` keeps it on resume) sees the same windows
+``grad_accum`` with the same global batch (``resume.keep_tokens_per_step`` keeps it on resume) sees the same windows
 at the same steps, and the resume state is the step alone (``data_position``; the next sample is ``step * G``).
 """
 

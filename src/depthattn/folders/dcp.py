@@ -1,5 +1,5 @@
 """Reader of sharded FSDP checkpoints: ``config.json`` beside ``dcp/`` (``torch.distributed.checkpoint`` shards,
-written by ``depthattn.training.dcp``), no safetensors weights.
+written by ``depthattn.run.dcp``), no safetensors weights.
 
 DCP reshards on load, so one process reads the full weights: a plain ``DecoderLM`` of the folder's config is
 built and ``dcp.load`` fills its state dict (:func:`dcp_load`, no process group). That happens on the first tensor

@@ -27,9 +27,9 @@ from .shards import SINGLE_NAME, read_tensor, stored_shapes, weight_files
 
 WEIGHTS_NAME = SINGLE_NAME
 CONFIG_NAME = layout.CONFIG_FILE
-#: The folder of an FSDP run's sharded (DCP) weights inside a checkpoint folder (``depthattn.training.dcp``).
+#: The folder of an FSDP run's sharded (DCP) weights inside a checkpoint folder (``depthattn.run.dcp``).
 SHARDED_DIR = layout.SHARDED_DIR
-#: Files of a checkpoint folder only ``--resume`` reads, and verifies when it reads them (``training.runs``);
+#: Files of a checkpoint folder only ``--resume`` reads, and verifies when it reads them (``run.checkpoints``);
 #: :func:`verify_folder` leaves them out, so eval and export do not hash the optimizer state.
 RESUME_ONLY_FILES = (layout.TRAINER_STATE_FILE,)
 

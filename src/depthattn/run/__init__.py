@@ -1,6 +1,9 @@
-"""The mechanism of a run on disk: its folder (``folder``: ``RunFolder``), the folder's lock (``lock``), what a
-checkpoint's trainer state holds (``state``) and which checkpoints pruning keeps (``retention``).
+"""The mechanism of a run on disk, below ``depthattn.training`` (which never imports back: the training loop decides
+when to save and what a resume may change; the modules here say what is written and how it is read).
 
-This package sits below ``depthattn.training`` and never imports it: the training loop decides when to save and what
-a resume may change; the modules here only say what is written and read.
+``folder`` (``RunFolder``: the files of a run folder), ``lock`` (``RunLock``), ``state`` (``TrainerState``: what
+``trainer_state.pt`` holds), ``checkpoints`` (writing a checkpoint, reading one back, pruning), ``dcp`` (an FSDP
+run's sharded checkpoints), ``checkpointer`` (``Checkpointer``: the trainer's saves), ``retention`` (which
+checkpoints pruning keeps), ``record`` (what ``run.json`` records of the machine; the upgrade of older records) and
+``faults`` (the tests' fault-injection hooks). The names of every file are ``depthattn.layout``'s.
 """

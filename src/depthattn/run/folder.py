@@ -11,14 +11,14 @@ A run folder holds (the names: ``depthattn.layout``)::
     depthattn.lock      the exclusive lock of the trainer that runs in it: host, pid, start time, command, heartbeat
     tensorboard/        TensorBoard event files (``TrainConfig.tensorboard``)
     checkpoints/step_XXXXXXXX/   a Hugging Face model folder plus train_config.json and trainer_state.pt
-                                 (``training.runs``; an FSDP run's: dcp/ shards instead, ``training.dcp``)
+                                 (``run.checkpoints``; an FSDP run's: dcp/ shards instead, ``run.dcp``)
 
 **The lock** is ``depthattn.run.lock.RunLock``.
 
 **Readers** (eval, generate, inspect, analyze, export of a run) take no lock on the run folder: they hold a shared
 ``flock`` on the checkpoint folder they read (``checkpoint.open_checkpoint``), and ``delete_checkpoints`` leaves a
 checkpoint so held in place (one line), to be deleted at the next prune. Checkpoints are assembled under a
-temporary name and renamed into place (``fileio.write_folder_atomically``; DCP: ``training.dcp``), so a reader never
+temporary name and renamed into place (``fileio.write_folder_atomically``; DCP: ``run.dcp``), so a reader never
 sees a half-written one.
 
 **Crash consistency** (docs/reliability.md, "Training runs"): a torn last line of ``metrics.jsonl`` is dropped with a
@@ -241,7 +241,7 @@ class RunFolder:
 
     def delete_checkpoints(self, dirs: list[Path], log: Callable[[str], None] = print,
                            after_trash: Callable[[], None] | None = None) -> list[Path]:
-        """Delete checkpoint folders (which ones is the caller's policy: ``runs.prune_checkpoints``). Each is
+        """Delete checkpoint folders (which ones is the caller's policy: ``checkpoints.prune_checkpoints``). Each is
         renamed to ``.trash-step_XXXXXXXX`` first, then deleted, so no half-deleted folder keeps a checkpoint's
         name. One that a reader holds (a shared ``flock``: ``checkpoint.open_checkpoint``) is left in place, said in
         one line, and deleted at the next prune. ``after_trash`` runs after each rename (a test's fault point).

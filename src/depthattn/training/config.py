@@ -311,7 +311,7 @@ class TrainConfig:
 TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 #: Train keys that may change on ``--resume`` without changing the trajectory (``adamw_impl``: only its rounding; a
-#: resumed run keeps its recorded implementation unless one is asked for, ``runs.recorded_adamw_impl``).
+#: resumed run keeps its recorded implementation unless one is asked for, ``resume.recorded_adamw_impl``).
 RESUMABLE_KEYS = frozenset({"eval_batch_size", "save_every", "save_every_minutes", "async_save", "keep_last",
                             "log_every", "device", "compile", "activation_checkpointing", "fsdp_replicate",
                             "dist_timeout_s", "peak_flops", "tensorboard", "wandb_project", "verify_data",

@@ -24,7 +24,8 @@ from ..checkpoint import latest_checkpoint
 from .config import TrainConfig
 from .optim import schedule_factor
 from ..run.folder import RunFolder
-from .runs import STATE_FILE, load_trainer_state, run_of_checkpoint
+from ..run.record import run_of_checkpoint
+from ..run.state import STATE_FILE, load_trainer_state
 
 def source_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """(checkpoint folder, its run's ``run.json``) of ``--decay-from PATH``: a checkpoint folder inside a run

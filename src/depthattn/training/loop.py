@@ -44,30 +44,33 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import data
-from ..checkpoint import latest_checkpoint
+from ..checkpoint import init_from_changes, init_from_checkpoint, latest_checkpoint
 from ..checks import check_token_array
-from ..data.boundaries import document_boundary_token
 from ..config import ModelConfig
+from ..data.boundaries import document_boundary_token
 from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
+from ..layout import TOKENIZER_FILE
 from ..model import DecoderLM
-from .config import TrainConfig, check_vocab_size
-from .optim import build_optimizer, build_scheduler, decay_rule
+from ..run.checkpointer import Checkpointer
+from ..run.checkpoints import (ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, read_resume_checkpoint,
+                               set_aside)
+from ..run.dcp import is_sharded
+from ..run.faults import fault_point
+from ..run.folder import RunFolder
+from ..run.record import git_revision, versions
+from ..run.retention import best_checkpoint
 from .build import build_on_meta, materialize
-from .checkpointer import Checkpointer
-from .depth_stats import DepthProbe
-from .in_loop_tasks import TaskSuite
+from .config import TrainConfig, check_vocab_size
 from .decay import decay_source
-from .dcp import is_sharded
+from .depth_stats import DepthProbe
 from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
-from .metrics import MetricsLogger, Throughput, progress_postfix
+from .in_loop_tasks import TaskSuite
+from .metrics import MetricsLogger, Throughput, progress_postfix, run_tokens_per_s
+from .optim import build_optimizer, build_scheduler, decay_rule
 from .parallelize import parallelize
 from .periodic import Periodic, Validation
 from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
-from ..run.retention import best_checkpoint
-from ..run.folder import RunFolder
-from .runs import (TOKENIZER_FILE, ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, environment,
-                   fault_point, init_from_changes, init_from_checkpoint, keep_tokens_per_step, read_resume_checkpoint,
-                   recorded_adamw_impl, resume_point, run_tokens_per_s, set_aside)
+from .resume import keep_tokens_per_step, recorded_adamw_impl, resume_point
 from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, seed_everything,
                       start_distributed)
 
@@ -147,7 +150,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
     """Train ``model_cfg`` on the prepared data folder ``data_dir`` into ``run_dir``.
 
     ``resume``: continue from the newest checkpoint of ``run_dir`` (configs must match the recorded ones, except
-    ``RESUMABLE_KEYS``; ``grad_accum`` and ``data_parallel`` as ``runs.resume_point`` says). ``init_from``: start
+    ``RESUMABLE_KEYS``; ``grad_accum`` and ``data_parallel`` as ``resume.resume_point`` says). ``init_from``: start
     from a checkpoint's weights (``init_from_checkpoint``), or a run folder's newest checkpoint.
     ``stop_after``: return after this global step (as if interrupted; the last checkpoint stays resumable).
     ``log``: one-line messages (on ``resume``: "resuming RUN from step N of M", or that the run already finished;
@@ -269,7 +272,7 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     if rank == 0:
         if found is not None:
             set_aside(found.unreadable, log)
-        record.update(environment(train_cfg, device, amp))
+        record.update(_environment(train_cfg, device, amp))
         rule = decay_rule(train_cfg.weight_decay_method_params)
         folder.start(record, {**groups, "rule": rule}, resume, step, finished=step == train_cfg.total_steps(), log=log)
     batches = _training_batches(prepared.train, train_cfg, rank, say)
@@ -311,7 +314,7 @@ def _distributed() -> bool:
 
 def _read_resume(run_dir: Path, newest: Path | None, model_cfg: ModelConfig,
                  log: Callable[[str], None]) -> ResumeCheckpoint | None:
-    """The checkpoint to resume from, read (``runs.read_resume_checkpoint``: the newest readable one up to
+    """The checkpoint to resume from, read (``checkpoints.read_resume_checkpoint``: the newest readable one up to
     ``newest``). Under torchrun rank 0 chooses and the other ranks read its choice (an error there: on every rank)."""
     if newest is None:
         return None
@@ -573,7 +576,7 @@ def _periodic(t: _Trainer, row: dict[str, Any]) -> None:
 
 def _stop_agreed(t: _Trainer, phase: str | None = None) -> bool:
     """Whether a stop signal reached any rank (a one-float all-reduce under torchrun). ``phase``: the fault-injection
-    point passed first (``runs.fault_point``)."""
+    point passed first (``faults.fault_point``)."""
     if phase is not None:
         fault_point(phase)
     return _any_rank(t.stop is not None and t.stop.requested, t.device)
@@ -713,3 +716,10 @@ def _final_val_loss(t: _Trainer) -> float:
         if row.get("step") == t.step and row.get("val_loss") is not None:
             return float(row["val_loss"])
     return t.validation.measure(t.model)
+
+
+def _environment(cfg: TrainConfig, device: torch.device, amp: torch.dtype | None) -> dict[str, Any]:
+    """The machine-dependent part of ``run.json``."""
+    return dict(versions=versions(), git_revision=git_revision(), world_size=cfg.world_size(), device=str(device),
+                autocast=str(amp) if amp else "float32", tokens_per_step=cfg.tokens_per_step(),
+                warmup_steps=cfg.warmup_steps())

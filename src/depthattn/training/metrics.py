@@ -228,3 +228,15 @@ def progress_postfix(row: Mapping[str, Any], val_loss: float | None) -> dict[str
         out["val"] = f"{val_loss:.3f}"
     return out
 
+
+def run_tokens_per_s(rows: list[Mapping[str, Any]]) -> float | None:
+    """Whole-run training throughput from the metrics log: tokens / Σ step time (rows skipped by ``log_every``
+    count at the rate of the next logged row); None without timed rows."""
+    prev, seconds, tokens = 0, 0.0, 0
+    for r in rows:
+        if not r.get("tokens_per_s"):
+            continue
+        seconds += (r["tokens"] - prev) / r["tokens_per_s"]
+        tokens += r["tokens"] - prev
+        prev = r["tokens"]
+    return tokens / seconds if seconds > 0 else None

@@ -9,9 +9,7 @@ nothing: the handler never raises, and the checkpoint is written atomically anyw
 ``train()`` returns. A signal the process was started with ignored (``SIG_IGN``: ``nohup``, a non-interactive
 shell's ``&`` for SIGINT) stays ignored, as POSIX launchers expect.
 
-``DEPTHATTN_FAULT_SIGNAL=SIG@PHASE:N[>parent],...`` (tests only, read by ``runs.fault_point``) sends ``SIG`` (TERM,
-INT, USR1, ...) to this process, or with ``>parent`` from global rank 0 to its parent (torchrun), the N-th time
-``PHASE`` is reached, so a test delivers a signal at a named point of the loop.
+``DEPTHATTN_FAULT_SIGNAL`` (tests only, ``depthattn.run.faults``) delivers a signal at a named point of the loop.
 
 Exit status (``TrainingPreempted.exit_status``, the CLI's table): 128 + the signal's number (SIGTERM 143, SIGINT 130,
 SIGUSR1 138): what a shell reports for a process that the signal ended, so a batch script, SLURM's accounting and a
@@ -29,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from ..run import faults
+
 #: The signals that ask a run to stop (what schedulers send; SIGUSR1 is SLURM's customary advance warning).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-FAULT_SIGNAL_ENV = "DEPTHATTN_FAULT_SIGNAL"
 
 
 def clock() -> float:
@@ -61,7 +60,6 @@ class StopRequest:
 def stop_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[StopRequest]:
     """Record ``signals`` in a ``StopRequest`` inside the ``with``; restore the previous handlers after it. Outside
     the main thread (where Python cannot install handlers) the request is never set."""
-    global _active
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request
@@ -70,11 +68,11 @@ def stop_signals(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[StopReques
     for s in signals:
         if signal.getsignal(s) is not signal.SIG_IGN:
             old[s] = signal.signal(s, request)
-    _active = request
+    faults.watch(request)
     try:
         yield request
     finally:
-        _active = None
+        faults.watch(None)
         for s, handler in old.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
@@ -105,38 +103,3 @@ class TrainingPreempted(BaseException):
         resume = resume or f"depthattn train --resume {self.run_dir}"
         return (f"preempted at step {self.step} ({signal_name(self.signum)}); checkpoint {self.checkpoint}; "
                 f"resume with: {resume}")
-
-
-# ---------------------------------------------------------------------------------------------------- test hook
-_signal_counts: dict[str, int] = {}
-_active: StopRequest | None = None  # the request of the ``stop_signals`` block in force (the test hook waits on it)
-
-
-def deliver_fault_signal(phase: str) -> None:
-    """Test hook (``runs.fault_point``): with ``DEPTHATTN_FAULT_SIGNAL=SIG@PHASE:N[>parent],...`` set, send each
-    spec's signal the N-th time ``phase`` is reached (``>parent``: from global rank 0 to the parent process, i.e.
-    torchrun). Does nothing when the variable is unset. ``ValueError`` naming the variable for a bad spec."""
-    spec = os.environ.get(FAULT_SIGNAL_ENV)
-    if not spec:
-        return
-    for item in spec.split(","):
-        sig, at, rest = item.strip().partition("@")
-        where, _, target = rest.partition(">")
-        name, _, nth = where.partition(":")
-        if not at or not name or target not in ("", "parent") or not (nth or "1").isdigit():
-            raise ValueError(f"{FAULT_SIGNAL_ENV}={spec!r}: {item!r} is not SIG@PHASE:N[>parent]")
-        if name != phase:
-            continue
-        _signal_counts[item] = _signal_counts.get(item, 0) + 1
-        if _signal_counts[item] != int(nth or 1):
-            continue
-        signum = getattr(signal, f"SIG{sig.upper().removeprefix('SIG')}", None)
-        if not isinstance(signum, signal.Signals):
-            raise ValueError(f"{FAULT_SIGNAL_ENV}={spec!r}: {sig!r} is not a signal name (TERM, INT, USR1, ...)")
-        if target != "parent":
-            os.kill(os.getpid(), signum)
-        elif int(os.environ.get("RANK", "0")) == 0:
-            os.kill(os.getppid(), signum)
-            deadline = clock() + 30  # until torchrun's forwarded signal is here: the phase decides the step
-            while clock() < deadline and not (_active is not None and _active.requested):
-                time.sleep(0.005)

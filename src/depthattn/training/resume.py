@@ -8,7 +8,7 @@ the same settings, else start it). Each returns a ``RunPlan``: what to load (the
 weights, a checkpoint to decay from, or nothing), the settings and data to run with, and the lines to print.
 
 What may differ when a run continues: the ``RESUMABLE_KEYS`` (``config_differences``), ``grad_accum`` at another world
-size with the same tokens per step (``runs.keep_tokens_per_step``), ``data_parallel`` (``runs.resumed_data_parallel``)
+size with the same tokens per step (``resume.keep_tokens_per_step``), ``data_parallel`` (``resume.resumed_data_parallel``)
 and the data folder's path (the same tokenizer and data fingerprint at another path: said in one line, recorded).
 Whether weights and data belong together (tokenizer, data fingerprint) is ``compat.check_pairing``'s, the check
 ``eval`` makes too; a new run from another tokenizer's weights needs ``allow_tokenizer_change`` (recorded).
@@ -21,16 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import torch
+
 from ..checkpoint import latest_checkpoint
 from ..compat import Side, check_pairing, tokenizer_differs
 from ..config import ModelConfig
 from ..fileio import read_json
 from ..layout import RUN_FILE
 from ..outputs import RUN_FOLDER, check_new_output, run_folder_foreign_entries
-from .config import LEGACY_DEFAULTS, RESUMABLE_KEYS, TrainConfig
-from .decay import check_world, checkpoint_step, decay_config, source_checkpoint
 from ..run.folder import RunFolder
-from .runs import config_differences, resumed_data_parallel
+from ..run.record import field_differences, recorded_precision, with_model_defaults
+from .config import LEGACY_DEFAULTS, RESUMABLE_KEYS, TrainConfig, with_legacy_defaults
+from .decay import check_world, checkpoint_step, decay_config, source_checkpoint
 
 MODES = ("fresh", "init_from", "resume", "resume_if_exists", "decay_from", "reuse")
 
@@ -114,7 +116,7 @@ def decay_sets(items: list[str], parse: Callable[[str, str], Any]) -> dict[str, 
 def continued_data_parallel(recorded: str | None, sets: Mapping[str, Any], lines: list[str],
                             environ: Mapping[str, str] = os.environ) -> str | None:
     """``data_parallel`` of a continued run: the one in ``sets`` when given, else the recorded one adapted to the
-    launch (``runs.resumed_data_parallel``; the change appended to ``lines``)."""
+    launch (``resume.resumed_data_parallel``; the change appended to ``lines``)."""
     if "data_parallel" in sets:
         return sets["data_parallel"]
     value, line = resumed_data_parallel(recorded, environ)
@@ -197,7 +199,7 @@ def recorded_settings(out: Path, run: Mapping[str, Any], model_cfg: ModelConfig,
                       given: Mapping[str, Any], world: int) -> TrainConfig:
     """``--resume-if-exists`` on an existing run: its recorded train config, with the resumable settings the command
     gave (``RESUMABLE_KEYS``: device, compile, save cadence, ...). ``ValueError`` in one line listing every other
-    setting (``runs.config_differences``) where the command differs from the record. A budget given in tokens is
+    setting (``resume.config_differences``) where the command differs from the record. A budget given in tokens is
     compared as tokens; a ``grad_accum`` that a resume at another world size rescaled (same tokens per step) is not
     a difference."""
     recorded = TrainConfig.from_recorded(run["train"])
@@ -337,3 +339,115 @@ def _continued(mode: str, run_dir: Path, run: Mapping[str, Any], model_cfg: Mode
                    init_from=Path(init_from) if init_from else None,
                    decay_from=Path(decay_from) if decay_from else None,
                    allow_tokenizer_change=bool(run.get(ALLOW_TOKENIZER_CHANGE, False)), lines=lines)
+
+
+# ---------------------------------------------------------------------------------------------------- the rules
+def config_differences(recorded: Mapping[str, Any], model: Mapping[str, Any], train: Mapping[str, Any]) -> list[str]:
+    """``"key: recorded vs requested"`` for every field where a run's ``run.json`` differs from a requested model
+    and train config (as dicts), ignoring ``RESUMABLE_KEYS``; a key the recorded train config lacks compares as its
+    ``config.LEGACY_DEFAULTS`` value, else its ``TrainConfig`` default (as ``TrainConfig.from_recorded`` reads it),
+    and a key the recorded model config lacks as its ``ModelConfig`` default (a field added later defaults to what
+    older releases computed). Empty when the run may be resumed with them."""
+    return (field_differences(with_model_defaults(recorded["model"]), model)
+            + field_differences(with_legacy_defaults(recorded["train"]), train, RESUMABLE_KEYS))
+
+
+def keep_tokens_per_step(run_dir: Path, train_cfg: TrainConfig, log) -> TrainConfig:
+    """On resume under another world size than the run's: ``grad_accum`` rescaled so one step keeps the recorded
+    tokens per step, or ``ValueError`` when no whole ``grad_accum`` does. Never a silent change of the global batch,
+    nor of the data: one line through ``log`` says the world-size change, the rescale, and what happens to the
+    batches. ``data_order="epochs"``: they are the uninterrupted run's (``data.EpochBatches`` orders the windows by
+    the global sample index alone, and each rank takes its slice of each step's global batch), so the run continues
+    it up to the order of floating-point reductions. ``"random"``: they differ (``data.TokenBatches`` draws each
+    micro-step's windows by ``(seed, step, micro_step)`` and splits them among the ranks, so another ``grad_accum``
+    × world size draws other windows: the same number of tokens per step, not the same tokens). Same world size:
+    nothing said."""
+    folder = RunFolder(run_dir)
+    if not folder.is_run():
+        return train_cfg
+    old = folder.read_run()
+    was, world = int(old.get("world_size", 1)), train_cfg.world_size()
+    if was == world:
+        return train_cfg
+    recorded = old.get("tokens_per_step")
+    differ = (f"the batches of the remaining steps differ from the uninterrupted run's (windows are drawn per rank "
+              f"and micro-step), so its curve and weights will not repeat it exactly; resume on {was} rank(s) for a "
+              f"bit-exact continuation")
+    if train_cfg.data_order == "epochs":
+        differ = (f"the batches of the remaining steps are the same as the uninterrupted run's (data_order=epochs: "
+                  f"the window order depends only on the seed and the global sample index), so it continues it up "
+                  f"to the order of floating-point sums; resume on {was} rank(s) for a bit-exact continuation")
+    if recorded is None or train_cfg.tokens_per_step() == recorded:
+        log(f"resuming on {world} rank(s) instead of {was}: {differ}")
+        return train_cfg
+    per_accum = train_cfg.batch_size * train_cfg.seq_len * world
+    if recorded % per_accum:
+        raise ValueError(f"cannot resume {run_dir} on {world} rank(s): it trained {recorded} tokens per step on {was}, "
+                         f"not a multiple of batch_size {train_cfg.batch_size} × seq_len {train_cfg.seq_len} × "
+                         f"{world} ranks = {per_accum}; resume on {was} rank(s) or a world size that divides it")
+    accum = recorded // per_accum
+    log(f"resuming on {world} rank(s) instead of {was}: grad_accum {train_cfg.grad_accum} -> {accum} keeps "
+        f"{recorded} tokens per step; {differ}")
+    return train_cfg.replace(grad_accum=accum)
+
+
+def resumed_data_parallel(recorded: str | None, environ: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
+    """The ``data_parallel`` a resumed run takes when none is requested (``depthattn train --resume`` without
+    ``--set data_parallel=...``), and a line saying the change (empty: none). The rule: the recorded value, except
+    that a one-process run (``null``) launched by torchrun with several ranks (``WORLD_SIZE`` > 1 in ``environ``)
+    takes ``"ddp"``, and a ``"ddp"`` run launched without torchrun (no ``WORLD_SIZE``) takes ``null``: both write
+    full checkpoints, so either reads the other's. An ``"fsdp"`` run stays ``"fsdp"`` (its checkpoints are sharded:
+    it needs torchrun, on any number of ranks)."""
+    world = int(environ.get("WORLD_SIZE", "0") or 0)
+    if recorded is None and world > 1:
+        return "ddp", (f"the run trained in one process (data_parallel null); launched on {world} ranks it resumes "
+                       f"with data_parallel=ddp (--set data_parallel=... chooses)")
+    if recorded == "ddp" and "WORLD_SIZE" not in environ:
+        return None, ("the run trained with data_parallel=ddp; launched as one process (no torchrun) it resumes with "
+                      "data_parallel null")
+    return recorded, ""
+
+
+def recorded_adamw_impl(run_dir: Path, request: str, device: torch.device, resume: bool) -> str:
+    """The AdamW implementation of this session (``optim.resolve_adamw_impl``): on ``resume`` of a run whose
+    ``run.json`` recorded the one it resolved to (``adamw_impl``) and whose ``request`` is still ``"auto"``, that
+    one (a run keeps its implementation wherever it resumes); else ``request`` resolved on ``device``. Raises
+    ``ValueError`` when the implementation is not available on ``device``."""
+    from .optim import resolve_adamw_impl
+
+    folder = RunFolder(run_dir)
+    recorded = folder.read_run().get("adamw_impl") if resume and folder.is_run() else None
+    return resolve_adamw_impl(recorded if recorded and request == "auto" else request, device)
+
+
+def resume_point(run_dir: Path, record: dict[str, Any], data_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint to resume from (None: start afresh). Refuses a config, tokenizer, data (fingerprint) or resolved
+    precision that differs from the recorded run, and, without ``resume``, a run folder that already holds
+    checkpoints. ``grad_accum`` (rescaled by ``keep_tokens_per_step``) and ``data_parallel`` (``check_checkpoint_kind``
+    refuses one that cannot read the checkpoint) may differ."""
+    folder = RunFolder(run_dir)
+    if not resume:
+        if folder.checkpoints():
+            raise ValueError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue it or "
+                             f"choose another --out")
+        return None
+    old = folder.read_run()
+    train = dict(record["train"])
+    if old.get("world_size", 1) != record.get("world_size", 1) and old.get("tokens_per_step") == record.get(
+            "tokens_per_step"):
+        train["grad_accum"] = old["train"].get("grad_accum")  # rescaled by keep_tokens_per_step
+    # data_parallel may change (resumed_data_parallel); whether it reads the checkpoint is check_checkpoint_kind's
+    train["data_parallel"] = old["train"].get("data_parallel")
+    problems = config_differences(old, record["model"], train)
+    if problems:
+        raise ValueError(f"cannot resume {run_dir}: the requested config differs from the recorded one "
+                         f"({'; '.join(problems)})")
+    check_pairing(f"cannot resume {run_dir}", Side.of_run(f"the run trained on ({old.get('data')})", old),
+                  Side.of_run(str(data_dir), record), "resume with the run's data folder")
+    was = recorded_precision(old)
+    if was is not None and was != record["resolved_precision"]:
+        raise ValueError(f"cannot resume {run_dir}: it trained in {was} (device {old.get('device')}, precision "
+                         f"{old['train'].get('precision')!r}), but on device {record['device']} this session would "
+                         f"train in {record['resolved_precision']}; resume with --device set to the run's device "
+                         f"type so the precision stays {was}")
+    return folder.newest_checkpoint()

@@ -7,7 +7,7 @@ states live under ``dcp/`` (DCP's ``.metadata`` plus one ``.distcp`` file per ra
 DCP) sit beside it. Every rank writes into ``.tmp-step_XXXXXXXX-dcp``; DCP writes its ``.metadata`` only after
 every rank finished its shard, then rank 0 adds its files and renames the folder into place after a barrier, so a
 checkpoint is visible only once complete (the caller has checked that every rank's weights are finite); older
-ones are pruned through ``runs.prune_checkpoints``. ``export_checkpoint`` reads under a shared lock
+ones are pruned through ``checkpoints.prune_checkpoints``. ``export_checkpoint`` reads under a shared lock
 (``checkpoint.open_checkpoint``), so a running trainer's pruning leaves the folder until the export is done.
 ``start_async_save`` / ``finish_async_save`` save with the shards written in the background
 (``TrainConfig.async_save``). DCP reshards on load: a run resumes on any world size, and
@@ -35,9 +35,12 @@ from ..folders import open_model
 from ..folders.dcp import dcp_load
 from ..model import DecoderLM
 from ..outputs import MODEL_FOLDER, check_output
-from ..run.retention import VAL_LOSS_FILE, val_loss_record
-from ..run.folder import RunFolder
-from .runs import STATE_FILE, TOKENIZER_FILE, TRAIN_CONFIG_FILE, fault_point, prune_checkpoints
+from ..layout import TOKENIZER_FILE, TRAIN_CONFIG_FILE
+from .checkpoints import prune_checkpoints
+from .faults import fault_point
+from .folder import RunFolder
+from .retention import VAL_LOSS_FILE, val_loss_record
+from .state import STATE_FILE
 
 DCP_DIR = ckpt.SHARDED_DIR
 
@@ -60,7 +63,7 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
                  state: dict[str, Any], log: Any = None) -> Path:
     """Collective: every rank writes its shards of the model and optimizer; rank 0 writes the rest (with
     ``val_loss.json`` from ``state["val_loss"]``) and makes the folder visible; the newest ``keep_last`` and the best
-    are kept (``runs.prune_checkpoints``, saying so through ``log``). Returns the checkpoint folder (on every rank)."""
+    are kept (``checkpoints.prune_checkpoints``, saying so through ``log``). Returns the checkpoint folder (on every rank)."""
     import torch.distributed.checkpoint as dcp
 
     from torch.distributed.checkpoint.api import CheckpointException

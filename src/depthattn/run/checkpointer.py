@@ -2,7 +2,7 @@
 
 The training loop decides *when* to save (``save_every`` steps, ``save_every_minutes``, a stop signal, the last
 step), checks the weights and measures the validation loss first; the ``Checkpointer`` does the rest: the trainer
-state of the step (``depthattn.run.state.TrainerState``, full or sharded), the write (``runs.save_checkpoint`` by
+state of the step (``depthattn.run.state.TrainerState``, full or sharded), the write (``checkpoints.save_checkpoint`` by
 rank 0; an FSDP run's ``dcp.save_sharded`` on every rank, or ``dcp.start_async_save`` in the background with
 ``TrainConfig.async_save``), and what it knows of its saves: the newest checkpoint (``saved``), the save in flight
 (``pending``), whether rank 0's part of it is on disk (``on_disk``) and when the last save ended (``last_save``,
@@ -16,24 +16,25 @@ from typing import Any, Callable
 
 import torch
 
+import time
+
 from ..model import DecoderLM
-from ..run.state import STATE_FILE, TrainerState
-from .config import TrainConfig
+from .checkpoints import ResumeCheckpoint, load_resume_weights, save_checkpoint
 from .dcp import PendingSave, finish_async_save, is_sharded, load_sharded, save_sharded, start_async_save
-from .preemption import clock as monotonic_clock
-from .runs import ResumeCheckpoint, load_resume_weights, save_checkpoint
+from .state import STATE_FILE, TrainerState
 
 
 class Checkpointer:
     """The checkpoints of the run in ``run_dir``: ``model``, ``optimizer`` and ``scheduler`` trained with ``cfg`` on
     the prepared data ``data_dir`` (its tokenizer goes into each checkpoint). ``saved``: the newest checkpoint of
     the run so far (the one resumed from), None before the first save. ``is_main``: rank 0 (the writer of full
-    checkpoints). ``log``: where pruning says what it kept. ``clock``: seconds of a monotonic clock (rank 0's times
+    checkpoints). ``cfg``: the run's ``TrainConfig`` (``data_parallel``, ``async_save``, ``keep_last``, the world size).
+    ``log``: where pruning says what it kept. ``clock``: seconds of a monotonic clock (rank 0's times
     the saves: ``since_save``)."""
 
     def __init__(self, run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimizer, scheduler: Any,
-                 cfg: TrainConfig, data_dir: Path, *, saved: Path | None = None, is_main: bool = True,
-                 log: Callable[[str], None] | None = None, clock: Callable[[], float] = monotonic_clock):
+                 cfg: Any, data_dir: Path, *, saved: Path | None = None, is_main: bool = True,
+                 log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.run_dir, self.model, self.optimizer, self.scheduler = run_dir, model, optimizer, scheduler
         self.cfg, self.data_dir, self.is_main, self.log, self.clock = cfg, data_dir, is_main, log, clock
         self.sharded = cfg.data_parallel == "fsdp"  # DCP shards on every rank, else rank 0's full checkpoint
@@ -43,7 +44,7 @@ class Checkpointer:
         self.last_save: float | None = None  # ``clock()`` when the loop started (``start_timer``) or a save ended
 
     def restore(self, found: ResumeCheckpoint) -> TrainerState:
-        """Load the checkpoint read for resume (``runs.read_resume_checkpoint``) into the model (a sharded one's
+        """Load the checkpoint read for resume (``checkpoints.read_resume_checkpoint``) into the model (a sharded one's
         shards into the model and the optimizer), the optimizer, the scheduler and the RNGs; return its trainer
         state. Raises ``ValueError`` naming the folder or file for another model config, or a state that does not
         fit."""
