@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthattn import layout
-from depthattn.run import lock as run_lock
+from depthattn import layout, locking
 from depthattn.checkpoint import checkpoint_dirs, open_checkpoint
 from depthattn.cli import main
 from depthattn.data import load_prepared
@@ -134,7 +133,7 @@ def no_flock(monkeypatch) -> None:
     def refuse(fd, op):
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
 
-    monkeypatch.setattr(run_lock.fcntl, "flock", refuse)
+    monkeypatch.setattr(locking.fcntl, "flock", refuse)
 
 
 def dead_pid() -> int:
@@ -231,7 +230,7 @@ def test_a_reader_of_a_run_folder_takes_the_newest_checkpoint_that_survives_prun
     resolves again."""
     folder = tmp_path / "run"
     first, second = fake_checkpoint(folder, 2), fake_checkpoint(folder, 4)
-    real = run_lock.lock_folder
+    real = locking.lock_folder
     calls = []
 
     def prune_first(path, exclusive, wait):

@@ -53,10 +53,9 @@ from .folders.native import (CONFIG_NAME, RESUME_ONLY_FILES, SHARDED_DIR, WEIGHT
                              check_folder_shapes, load_config, load_state, read_safetensors, refuse_sharded,
                              verify_file, verify_folder)
 from .folders.shards import DEFAULT_SHARD_BYTES, write_shards
+from .layout import CHECKPOINT_DIR, STEP_DIR
+from .locking import lock_folder
 from .model import DecoderLM
-from .run.lock import lock_folder
-from .layout import CHECKPOINT_DIR
-from .run.folder import checkpoint_dirs
 
 __all__ = [
     "CONFIG_NAME", "IntegrityError", "LOADABLE_FORMATS", "ModelFolder", "RESUME_ONLY_FILES", "SHARDED_DIR",
@@ -298,6 +297,14 @@ def save_folder_files(folder: ModelFolder, out: str | os.PathLike, dtype: torch.
 
 
 # ---------------------------------------------------------------------------------------------------- run folders
+def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
+    """The run's checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name))
+
+
 # A run folder keeps its checkpoints under ``CHECKPOINT_DIR/step_XXXXXXXX/`` (the names: ``depthattn.layout``;
 # the folder's life: ``depthattn.run.folder``).
 

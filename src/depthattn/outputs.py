@@ -12,7 +12,7 @@
 ``train --out`` (a new run, ``--decay-from`` included) and ``compare --out`` call :func:`check_new_output` with
 :data:`RUN_FOLDER` / :data:`COMPARE_FOLDER`: a missing or empty folder, or one holding only what the command's own
 writers put there (an earlier start of the run, a compare's results and runs, and the leftovers of their interrupted
-writes, ``run.folder.is_debris``), is written; anything else is refused with one line listing the files it did not
+writes, ``is_debris``), is written; anything else is refused with one line listing the files it did not
 write. Whether an existing run may be started again is the trainer's (``training.resume.resume_point``).
 
 ``eval --out FILE`` (one result file, no ``--overwrite``) goes through :func:`check_result_file`: it replaces only
@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from .fileio import MANIFEST_NAME, IntegrityError, is_temporary, read_json, read_manifest
-from .layout import (COMPARE_FILES, COMPARE_FOLDER_NAMES, COMPARE_RUNS_DIR, LOCK_FILE, METRICS_FILE, RUN_FILE,
-                     RUN_FOLDER_NAMES, TRAIN_CONFIG_FILE, TRAINER_STATE_FILE)
+from .layout import (COMPARE_FILES, COMPARE_FOLDER_NAMES, COMPARE_RUNS_DIR, DEBRIS_PREFIXES, LOCK_FILE, METRICS_FILE,
+                     RUN_FILE, RUN_FILES, RUN_FOLDER_NAMES, TRAINER_STATE_FILE, TRAIN_CONFIG_FILE,
+                     TRASHED_STEP_DIR)
 from .layout import RESULTS_FILE as COMPARE_RESULTS_FILE
-from .run.folder import is_debris
 
 #: How many names a refusal lists before "and N more".
 SHOWN_NAMES = 5
@@ -221,11 +221,21 @@ def _is_run_record(file: Path) -> bool:
     return isinstance(doc, dict) and isinstance(doc.get("model"), dict) and isinstance(doc.get("train"), dict)
 
 
+def is_debris(name: str) -> bool:
+    """Whether ``name``, an entry of a run folder or of its ``checkpoints/``, is a leftover of an interrupted write or
+    prune of the project's own writers: a ``fileio`` temporary of one of ``RUN_FILES`` or of a folder
+    (``.tmp-<random>run.json``, ``.tmp-step_XXXXXXXX-<random>``, ``.old-step_XXXXXXXX-<random>``,
+    ``.tmp-step_XXXXXXXX-dcp``) or a trashed checkpoint (``.trash-step_XXXXXXXX``). Every such name starts with one of
+    ``DEBRIS_PREFIXES``; a user's file that does too (``.tmp-notes.txt``) is not debris."""
+    return name.startswith(DEBRIS_PREFIXES) and (is_temporary(name, RUN_FILES)
+                                                   or bool(TRASHED_STEP_DIR.match(name)))
+
+
 def run_folder_foreign_entries(folder: Path) -> list[str]:
     """The entries of ``folder`` that no depthattn trainer put there, sorted: with a run record (a ``run.json``
     holding ``model`` and ``train``), any name but ``layout.RUN_FOLDER_NAMES``; without one (a first start
     killed before it wrote its record), any name but the lock file and an empty ``metrics.jsonl``. Leftovers of
-    interrupted writes (``run.folder.is_debris``) are the trainer's either way."""
+    interrupted writes (``is_debris``) are the trainer's either way."""
     if _is_run_record(folder / RUN_FILE):
         own = set(RUN_FOLDER_NAMES)
     else:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from depthattn.fileio import read_json
-from depthattn.run.lock import flock, pid_alive
+from depthattn.locking import flock, pid_alive
 
 WRITER_FILE = "writer.json"
 CONTENT_DIR = "folder"
@@ -78,7 +78,7 @@ def writer_state(partial: Path) -> tuple[str, dict | None]:
     try:
         if flock(fd, exclusive=True, wait=False):
             return "gone", record  # nobody holds it: its writer is dead (released at once: the fd is closed below)
-        # no flock on this file system (run.lock.NO_FLOCK_ERRNOS): the writer's pid decides
+        # no flock on this file system (locking.NO_FLOCK_ERRNOS): the writer's pid decides
         return ("alive" if pid_alive(record["pid"]) and record["pid"] != os.getpid() else "gone"), record
     except BlockingIOError:
         return "alive", record

@@ -24,7 +24,7 @@ sees a half-written one.
 **Crash consistency** (docs/reliability.md, "Training runs"): a torn last line of ``metrics.jsonl`` is dropped with a
 note; pruned checkpoints are renamed to ``.trash-step_XXXXXXXX`` before they are deleted; leftovers of interrupted
 writes (the temporaries the project's writers name: ``.tmp-<random>run.json``, ``.tmp-step_XXXXXXXX-<random>``,
-``.old-…``, ``.trash-step_XXXXXXXX``; ``is_debris``) are removed when the lock holder starts
+``.old-…``, ``.trash-step_XXXXXXXX``; ``outputs.is_debris``) are removed when the lock holder starts
 (``remove_debris``); other files, a user's ``.tmp-notes.txt`` included, are left alone.
 """
 
@@ -38,26 +38,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import layout
-from ..fileio import atomic_write_text, finite_or_none, is_temporary, json_line, loads_json, read_json
-from .lock import RunLock, _NoLock, lock_folder
-
-
-def is_debris(name: str) -> bool:
-    """Whether ``name``, an entry of a run folder or of its ``checkpoints/``, is a leftover of an interrupted write or
-    prune of the project's own writers: a ``fileio`` temporary of one of ``layout.RUN_FILES`` or of a folder
-    (``.tmp-<random>run.json``, ``.tmp-step_XXXXXXXX-<random>``, ``.old-step_XXXXXXXX-<random>``,
-    ``.tmp-step_XXXXXXXX-dcp``) or a trashed checkpoint (``.trash-step_XXXXXXXX``). Every such name starts with one of
-    ``layout.DEBRIS_PREFIXES``; a user's file that does too (``.tmp-notes.txt``) is not debris."""
-    return name.startswith(layout.DEBRIS_PREFIXES) and (is_temporary(name, layout.RUN_FILES)
-                                                   or bool(layout.TRASHED_STEP_DIR.match(name)))
-
-
-def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
-    """The run's checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
-    root = Path(run_dir) / layout.CHECKPOINT_DIR
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and layout.STEP_DIR.match(p.name))
+from ..checkpoint import checkpoint_dirs
+from ..fileio import atomic_write_text, finite_or_none, json_line, loads_json, read_json
+from ..locking import lock_folder
+from ..outputs import is_debris
+from .lock import RunLock, _NoLock
 
 
 # ---------------------------------------------------------------------------------------------------- the folder
@@ -273,7 +258,7 @@ class RunFolder:
     # -- start-up
     def remove_debris(self, log: Callable[[str], None]) -> list[str]:
         """Delete leftovers of interrupted writes in the folder and its ``checkpoints/`` (the names the project's
-        writers give their temporaries: ``is_debris``; a user's ``.tmp-notes.txt`` stays), saying what was
+        writers give their temporaries: ``outputs.is_debris``; a user's ``.tmp-notes.txt`` stays), saying what was
         removed in one line; returns their names. Only the lock holder calls it (another trainer's temporary files
         are its own)."""
         removed = []

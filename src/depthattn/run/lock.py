@@ -1,10 +1,10 @@
-"""The exclusive lock of a run (or compare) folder (``RunLock``), and the ``flock`` primitives readers use.
+"""The exclusive lock of a run (or compare) folder (``RunLock``).
 
 A trainer (fresh or resumed; under torchrun global rank 0, the other ranks wait for its verdict) and
 ``compare`` (on its ``--out``) take ``RunLock`` before they write anything, start-up cleanup included. The lock is
 an ``fcntl.flock`` on ``depthattn.lock``: the kernel drops it when the process dies, so a kill -9 leaves no stale
 lock (the file stays, with the dead holder's details, and the next trainer takes it). Where the file system refuses
-``flock`` (``NO_FLOCK_ERRNOS``: Lustre mounted ``noflock``) the lock is the file itself, created
+``flock`` (``locking.NO_FLOCK_ERRNOS``: Lustre mounted ``noflock``) the lock is the file itself, created
 exclusively (``O_EXCL``), with a heartbeat the holder refreshes every ``HEARTBEAT_S`` seconds; ``depthattn unlock
 RUN`` removes one whose heartbeat is older than ``STALE_S`` on the file system's own clock (the file's mtime against
 a file created beside it: no host's clock enters) and whose holder, when on this host, is gone. ``unlock`` never
@@ -13,9 +13,8 @@ lasts until its lease expires) (docs/training-at-scale.md, "The run folder's loc
 ``RunFolderLocked`` (a ``ValueError``: exit 2 at the CLI) naming the holder, and writes nothing; it is told of
 ``depthattn unlock`` only where the lock is the heartbeat file.
 
-Readers hold a shared ``flock`` on the checkpoint folder they read (``lock_folder``); pruning tries an exclusive
-non-blocking one on the same folder and leaves a folder someone reads for the next prune. Where the file system has
-no ``flock`` both sides go on without it.
+Readers hold a shared ``flock`` on the checkpoint folder they read (``locking.lock_folder``); pruning tries an
+exclusive non-blocking one on the same folder and leaves a folder someone reads for the next prune.
 """
 
 from __future__ import annotations
@@ -33,65 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: no flock, every lock is the fallback
-    fcntl = None  # type: ignore[assignment]
-
 from ..fileio import read_json
 from ..layout import LOCK_FILE
-
-#: ``errno`` values with which a file system refuses ``flock`` (Lustre mounted ``noflock``: ENOSYS; some FUSE and
-#: network file systems: EOPNOTSUPP / ENOLCK / EINVAL; a directory on an NFS emulation: EBADF).
-NO_FLOCK_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.EBADF,
-                             getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (one owned by another user counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, owned by someone else
-        return True
-    return True
-
-
-def flock(fd: int, exclusive: bool, wait: bool) -> bool:
-    """``fcntl.flock`` on ``fd``: True when held, False when the file system has no ``flock`` (``NO_FLOCK_ERRNOS``).
-    Raises ``BlockingIOError`` when ``wait`` is False and another process holds a conflicting lock."""
-    if fcntl is None:
-        return False
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))
-        return True
-    except BlockingIOError:
-        raise
-    except OSError as e:
-        if e.errno in NO_FLOCK_ERRNOS:
-            return False
-        raise
-
-
-def lock_folder(folder: str | os.PathLike, exclusive: bool, wait: bool) -> int | None:
-    """Open ``folder`` and ``flock`` it (shared: a reader; exclusive: pruning). Returns the descriptor (close it to
-    release), or None when the file system refuses ``flock`` (then nothing is held: callers go on without it).
-
-    Raises ``FileNotFoundError`` when the folder is gone or was renamed away (pruned) while we waited for the lock,
-    ``BlockingIOError`` when another process holds a conflicting lock and not ``wait``."""
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        if not flock(fd, exclusive, wait):
-            os.close(fd)
-            return None
-        if os.stat(folder).st_ino != os.fstat(fd).st_ino:
-            raise FileNotFoundError(errno.ENOENT, "renamed away while waiting for its lock", os.fspath(folder))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
+from ..locking import flock, pid_alive
 
 class RunFolderLocked(ValueError):
     """Another process holds the run (or compare) folder's lock, or ``unlock`` refused to break a live one. The
