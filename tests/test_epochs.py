@@ -249,7 +249,7 @@ def test_resumed_on_two_ranks_it_continues_the_uninterrupted_runs_windows(uninte
 
 
 def test_a_compare_folder_of_an_older_release_keeps_random_unless_the_command_sets_the_order(tmp_path):
-    from depthattn.compare import keep_recorded_behaviour
+    from depthattn.training.resume import keep_recorded_behaviour
 
     cfg = TrainConfig(steps=4)
     said: list[str] = []

@@ -470,7 +470,8 @@ def test_unreadable_newest_checkpoint_resumes_from_the_previous_one(tmp_path, re
 
 
 def test_metrics_writer_is_strict_json(tmp_path):
-    from depthattn.training.metrics import MetricsLogger, json_line
+    from depthattn.fileio import json_line
+    from depthattn.training.metrics import MetricsLogger
 
     assert json_line({"step": 1, "loss": float("nan"), "grad_norm": float("inf")}) == \
         '{"step": 1, "loss": null, "grad_norm": null}\n'

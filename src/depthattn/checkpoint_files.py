@@ -127,7 +127,7 @@ def write_hf_files(folder: str | os.PathLike, cfg: ModelConfig, dtype: str,
     """``config.json``, ``generation_config.json`` and the ``trust_remote_code`` modules into ``folder``."""
     folder = os.fspath(folder)
     token_ids = {k: v for k, v in (token_ids or {}).items() if k in SPECIAL_TOKEN_KEYS and v is not None}
-    atomic_write_json(os.path.join(folder, "config.json"), hf_config_dict(cfg, dtype, token_ids))
+    atomic_write_json(os.path.join(folder, layout.CONFIG_FILE), hf_config_dict(cfg, dtype, token_ids))
     generation = {"_from_model_config": True, **token_ids, "output_attentions": False, "output_hidden_states": False,
                   "use_cache": True}
     version = _transformers_version()

@@ -35,13 +35,14 @@ from .accounting import kv_cache_bytes_per_token, num_flops, num_params
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text, read_json
+from .layout import COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, REPORT_FILE, RESULTS_FILE, TOKENIZER_FILE, ZERO_SHOT_DIR
 from .outputs import COMPARE_FOLDER, check_new_output
-from .stats import binomial_se, paired_difference, tokens_to_target, verdict
-from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
 from .run.folder import RunFolder
 from .run.lock import RunLock
-from .training.resume import keep_recorded_behaviour, plan_run  # noqa: F401 (keep_recorded_behaviour: compare API)
 from .run.record import recorded_precision
+from .stats import binomial_se, paired_difference, tokens_to_target, verdict
+from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
+from .training.resume import plan_run
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
@@ -219,7 +220,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     seq_len = run["train"]["seq_len"]
     model, tokenizer, folder, dev = load_for_inference(run_dir, run["train"].get("device", "auto"),
                                                        "TrainConfig.device")
-    cache = run_dir / "eval.json"
+    cache = run_dir / EVAL_CACHE_FILE
     data = load_prepared(run["data"])
     # the precision the run trained in (run.json's resolved one; else its setting), not "auto" on this device
     amp = autocast_dtype(recorded_precision(run) or run["train"].get("precision", "auto"), dev)
@@ -259,7 +260,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
         out["task_curve"] = in_loop
     if tasks:
         zs = run_zero_shot(model, tokenizer, tasks=tasks, limit=limit, batch_size=eval_batch_size, harness=harness,
-                           out_dir=str(run_dir / "zero_shot"), progress=progress)
+                           out_dir=str(run_dir / ZERO_SHOT_DIR), progress=progress)
         out["zero_shot"] = {k: v for k, v in zs.items() if k != "items"}  # per-item predictions stay in the run
         out["task_accuracy"] = _task_accuracies(zs, tasks)
         out["task_n"] = {t: int(m["n"]) for t, m in zs.get("tasks", {}).items() if "n" in m}
@@ -352,7 +353,7 @@ def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: st
         overrides = {**settings.model_overrides, "cross_layer": m}
         if settings.loops != 1:
             overrides["num_loops"] = settings.loops
-        cfgs[m] = resolve_model_config(settings.preset, overrides, data.vocab_size, str(data_dir / "tokenizer.json"))
+        cfgs[m] = resolve_model_config(settings.preset, overrides, data.vocab_size, str(data_dir / TOKENIZER_FILE))
     runs: dict[str, list[dict]] = {m: [] for m in settings.methods}
     diverged: dict[str, list[dict]] = {m: [] for m in settings.methods}
     invocation: dict[str, Any] = {"started_utc": _utc_now(), "runs": {}}
@@ -360,7 +361,7 @@ def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: st
     for seed in settings.seeds:
         tcfg = settings.train.replace(seed=seed)
         for m in settings.methods:
-            run_dir = out / "runs" / run_name(m, settings.loops, seed)
+            run_dir = out / COMPARE_RUNS_DIR / run_name(m, settings.loops, seed)
             log(f"== {m} (seed {seed}) -> {run_dir}")
             t_run = time.perf_counter()
             estimate.next_run()
@@ -380,14 +381,14 @@ def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: st
                      "tasks": settings.tasks or [], "sample_prompt": SAMPLE_PROMPT},
         "methods": {m: {"runs": runs[m], "diverged": diverged[m], **aggregate(runs[m])} for m in settings.methods},
         "wall_seconds": invocation["wall_seconds"],
-        "history": _previous_history(out / "results.json") + [invocation],
+        "history": _previous_history(out / RESULTS_FILE) + [invocation],
     }
     results["paired"] = paired_stats(results)
     results["conclusion"] = conclusions(results)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
-    plot_curves(results, out / "loss_curves.png")
-    atomic_write_text(out / "report.md", render_report(results))
+    atomic_write_text(out / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+    plot_curves(results, out / PLOT_FILE)
+    atomic_write_text(out / REPORT_FILE, render_report(results))
     return results
 
 

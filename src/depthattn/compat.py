@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .fileio import sha256_file
-
-TOKENIZER_FILE = "tokenizer.json"
+from .layout import TOKENIZER_FILE
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,10 @@ VAL_LOSS_FILE = "val_loss.json"
 #: The folder of an FSDP run's sharded (DCP) model and optimizer inside a checkpoint folder.
 SHARDED_DIR = "dcp"
 
+# --------------------------------------------------------------------------------------------- prepared data folder
+#: A prepared data folder (``depthattn data prepare``) holds ``meta.json``, the tokenizer's two files and the shards.
+PREPARED_META_FILE = "meta.json"
+
 # -------------------------------------------------------------------------------------------------- compare folder
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..compare import CompareSettings, parse_methods, render_table, run_compare
-from ..layout import LOCK_FILE
+from ..layout import COMPARE_DATA_DIR, LOCK_FILE, PREPARED_META_FILE
 from ..outputs import COMPARE_FOLDER, check_new_output
 from ..training.resume import keep_recorded_behaviour
 from ..training import TrainConfig
@@ -34,8 +34,8 @@ def prepare_default_data(out: Path, progress: bool) -> Path:
     """``OUT/data``: the embedded corpus, prepared (default settings) if it has no meta.json yet."""
     from ..data import load_prepared, prepare_corpus
 
-    folder = out / "data"
-    if not (folder / "meta.json").is_file():
+    folder = out / COMPARE_DATA_DIR
+    if not (folder / PREPARED_META_FILE).is_file():
         print(f"preparing the embedded corpus into {folder}")
         prepare_corpus(folder, None, progress=progress, overwrite=True, if_missing=True)
     load_prepared(folder)

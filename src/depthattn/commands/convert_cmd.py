@@ -7,6 +7,7 @@ import argparse
 
 from ..config import QK_NORM_POSITIONS
 from ..cross_layer import names as method_names
+from ..layout import TOKENIZER_FILE
 
 #: Plain-text ``--help`` description (argparse prints it verbatim).
 DESCRIPTION = """\
@@ -32,7 +33,7 @@ OUT is written atomically and an existing OUT is refused unless --overwrite is g
 
 
 def _tokenizer_note(copied: list[str], source: str, out: str) -> str:
-    if "tokenizer.json" in copied:
+    if TOKENIZER_FILE in copied:
         return f"tokenizer: {', '.join(copied)}"
     return (f"note: {source} has no tokenizer.json, so {out} has no tokenizer; to add one, copy a tokenizer.json "
             f"into {out} (the prepared data folder's, or what transformers' "

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..devices import resolve_device
+from ..layout import PREPARED_META_FILE, TOKENIZER_FILE
 from ..training import TrainConfig, load_toml, resolve_model_config, train
 from ..training.config import parse_value, split_overrides
 from ..training.optim import schedule_factor
@@ -42,14 +43,14 @@ def ensure_data(path: str | os.PathLike | None, progress: bool = True, log=print
         load_prepared(path)  # validates; ValueError naming the file if it is not prepared
         return Path(path)
     folder = default_data_dir()
-    if (folder / "meta.json").is_file():
+    if (folder / PREPARED_META_FILE).is_file():
         return folder
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         log(f"preparing the embedded corpus into {folder} (once)")
         prepare_corpus(folder, None, progress=progress, overwrite=True, wait_s=timeout_s, if_missing=True)
         return folder
     deadline = time.monotonic() + timeout_s
-    while not (folder / "meta.json").is_file():
+    while not (folder / PREPARED_META_FILE).is_file():
         if time.monotonic() > deadline:
             raise ValueError(f"{folder}: waited {timeout_s:g} s (dist_timeout_s) for LOCAL_RANK 0 to prepare the "
                              f"embedded corpus there; see its error, or prepare it once before launching "
@@ -192,7 +193,7 @@ def run_train(args: argparse.Namespace) -> int:
 
         data_dir = ensure_data(data, progress=not args.no_progress, timeout_s=train_cfg.dist_timeout_s)
         prepared = load_prepared(data_dir, verify=False)  # the trainer verifies the shards (rank 0, once)
-        model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / "tokenizer.json"))
+        model_cfg = resolve_model_config(preset, model_kw, prepared.vocab_size, str(data_dir / TOKENIZER_FILE))
         out = args.out or os.path.join("runs", f"{preset}-{model_cfg.cross_layer}")
         mode = "resume_if_exists" if args.resume_if_exists else "init_from" if args.init_from else "fresh"
         plan = plan_run(mode, out, model_cfg=model_cfg, train_cfg=train_cfg, given=train_kw, data_dir=data_dir,
@@ -264,7 +265,7 @@ def run_dry_run(args: argparse.Namespace) -> int:
         from ..data import load_prepared
 
         model_cfg = resolve_model_config(preset, model_kw, load_prepared(data).vocab_size,
-                                         str(Path(data) / "tokenizer.json"))
+                                         str(Path(data) / TOKENIZER_FILE))
     else:
         model_cfg = ModelConfig.from_preset(preset, **model_kw)
     if args.target_hours <= 0:

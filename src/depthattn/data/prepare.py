@@ -52,6 +52,7 @@ from depthattn.data.tokenizer import (EOS_TOKEN, MIN_VOCAB_SIZE, add_special_tok
                                       unicode_normalization)
 from depthattn.fileio import read_json, sha256_bytes, write_folder_atomically
 from depthattn.outputs import OutputKind, check_output, describe_entries
+from depthattn.layout import PREPARED_META_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
 UINT16_MAX_VOCAB = 1 << 16
 #: The staging folder of releases before the ``.partial`` moved beside the folder (a prepared folder may hold one).
@@ -353,7 +354,7 @@ def _byte_mismatch(tokenizer: str | Path | None, split: str, doc_id: str) -> str
 
 
 #: Names a prepared data folder may hold besides the shards (format 1: ``train.bin``; 2: ``train-00000.bin``).
-DATA_NAMES = frozenset({"meta.json", "tokenizer.json", "tokenizer_config.json", VERIFY_CACHE, LEGACY_STAGING})
+DATA_NAMES = frozenset({PREPARED_META_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, VERIFY_CACHE, LEGACY_STAGING})
 SHARD_NAME = re.compile(rf"({'|'.join(SPLITS)})(-\d+)?\.bin")
 
 
@@ -361,7 +362,7 @@ def data_folder_foreign(folder: Path) -> str | None:
     """Why ``folder`` is not a prepared data folder (None: it is one, complete or left half-installed by an older
     release): every entry is a name :func:`prepare_corpus` writes, and there is a ``meta.json`` of ours or else a
     shard or the old ``.partial`` (a tokenizer folder alone is not one)."""
-    meta = folder / "meta.json"
+    meta = folder / PREPARED_META_FILE
     if meta.is_file():
         try:
             ok = read_json(meta, "data meta.json").get("format") == META_FORMAT
@@ -393,11 +394,11 @@ def _write_meta(staging: Path, tok: Tokenizer, tokenizer: str | Path | None, dty
                 val_fraction: float, records: list[dict], splits: dict, val_ids: list[str],
                 mixture: dict | None = None) -> dict:
     tok_bytes = tokenizer_bytes(tok)
-    (staging / "tokenizer.json").write_bytes(tok_bytes)
-    (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok), indent=2) + "\n")
+    (staging / TOKENIZER_FILE).write_bytes(tok_bytes)
+    (staging / TOKENIZER_CONFIG_FILE).write_text(json.dumps(tokenizer_config(tok), indent=2) + "\n")
     meta = {
         "format": META_FORMAT, "format_version": 2, "package_version": _package_version(),
-        "tokenizer_file": "tokenizer.json", "tokenizer_sha256": sha256_bytes(tok_bytes),
+        "tokenizer_file": TOKENIZER_FILE, "tokenizer_sha256": sha256_bytes(tok_bytes),
         "tokenizer_source": str(tokenizer) if tokenizer is not None else "trained",
         "vocab_size": tok.get_vocab_size(with_added_tokens=True), "eos_token": EOS_TOKEN,
         "eos_token_id": tok.token_to_id(EOS_TOKEN), "special_tokens": special_tokens_of(tok), "dtype": dtype,
@@ -409,7 +410,7 @@ def _write_meta(staging: Path, tok: Tokenizer, tokenizer: str | Path | None, dty
     form = unicode_normalization(tok)
     if form:  # absent: the text as read (every trained tokenizer; every folder before this field)
         meta["text_normalization"] = form
-    (staging / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (staging / PREPARED_META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return meta
 
 
@@ -458,8 +459,8 @@ def prepare_corpus(out_dir: str | Path, inputs: list[str] | None = None, *, voca
     sources = resolve_inputs(inputs, text_column, txt_piece_chars, log)
     out_dir = check_output(out_dir, _input_paths(sources, inputs, tokenizer), DATA_FOLDER, overwrite)
     with claimed(out_dir, log, wait_s) as staging:
-        if if_missing and (out_dir / "meta.json").is_file():
-            return read_json(out_dir / "meta.json", "data meta.json")
+        if if_missing and (out_dir / PREPARED_META_FILE).is_file():
+            return read_json(out_dir / PREPARED_META_FILE, "data meta.json")
         check_output(out_dir, (), DATA_FOLDER, overwrite)  # again: it may have changed while this one waited
         lengths, records = _scan(sources)
         is_val = split_by_lengths(lengths, val_fraction, seed)

@@ -41,6 +41,7 @@ from depthattn.data.integrity import verify_files
 from depthattn.data.tokenizer import load_tokenizer
 from depthattn.data.tokenstream import ShardedTokens
 from depthattn.fileio import read_json, sha256_bytes
+from depthattn.layout import PREPARED_META_FILE, TOKENIZER_FILE
 
 META_FORMAT = "depthattn-prepared"
 SPLITS = ("train", "val")
@@ -143,7 +144,7 @@ def load_prepared(path: str | Path, verify: bool = True, recheck: bool = False) 
     file size, mtime, ctime and inode, so only the first load of a folder hashes it; ``recheck``: hash every shard
     again regardless). Sizes and the tokenizer's sha256 are always checked. ``train`` / ``val`` are a ``numpy.memmap`` for a one-shard split, else a :class:`ShardedTokens`."""
     path = Path(path)
-    meta_path = path / "meta.json"
+    meta_path = path / PREPARED_META_FILE
     if not meta_path.is_file():
         if path.is_dir() and any(path.iterdir()):  # e.g. a folder of raw text: do not suggest writing into it
             raise ValueError(f"{path} is not a prepared data folder (no meta.json); if it holds text, prepare it "
@@ -160,7 +161,7 @@ def load_prepared(path: str | Path, verify: bool = True, recheck: bool = False) 
         raise ValueError(f"{meta_path}: not a {META_FORMAT} meta.json (missing keys: {', '.join(missing) or 'format'})")
     if meta["dtype"] not in DTYPES:
         raise ValueError(f"{meta_path}: unknown dtype {meta['dtype']!r}")
-    tok_path = path / meta.get("tokenizer_file", "tokenizer.json")
+    tok_path = path / meta.get("tokenizer_file", TOKENIZER_FILE)
     if not tok_path.is_file():
         raise ValueError(f"{tok_path}: not found")
     if sha256_bytes(tok_path.read_bytes()) != meta["tokenizer_sha256"]:

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from depthattn.layout import TOKENIZER_FILE
+
 #: The end-of-document token, the only special token (defined here only; hf/, eval/ and generate import it).
 EOS_TOKEN = "<|endoftext|>"
 MIN_VOCAB_SIZE = 257  # 256 byte symbols + EOS (+1 per extra special token)
@@ -174,11 +176,11 @@ def load_tokenizer(path: str | Path, vocab_size: int | None = None) -> Tokenizer
     :func:`check_tokenizer_file` (``vocab_size``: the model's, when one will use it) or has no EOS."""
     path = Path(path)
     if path.is_dir():
-        if not (path / "tokenizer.json").is_file():
+        if not (path / TOKENIZER_FILE).is_file():
             found = ", ".join(sorted(p.name for p in path.iterdir())[:6]) or "nothing"
             raise ValueError(f"{path}: tokenizer folder has no tokenizer.json (found: {found}); only fast "
                              f"tokenizers saved as tokenizer.json can be used")
-        path = path / "tokenizer.json"
+        path = path / TOKENIZER_FILE
     if not path.is_file() and not path.is_symlink():
         raise ValueError(f"{path}: tokenizer file not found")
     tok = read_tokenizer(path, vocab_size)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..layout import CONFIG_FILE
+
 FORMATS = ("depthattn", "qwen3", "authors", "dcp")
 
 
@@ -31,7 +33,7 @@ def folder_format(path: str | os.PathLike) -> str:
     from .authors_config import looks_like_authors
     from .dcp import is_dcp_folder
 
-    file = os.path.join(os.fspath(path), "config.json")
+    file = os.path.join(os.fspath(path), CONFIG_FILE)
     if not os.path.isfile(file):
         return "depthattn"
     values = read_json_object(file, "model config")

@@ -36,6 +36,7 @@ from ..checkpoint_files import check_header_fields
 from ..config import ModelConfig, read_json_object
 from .authors_config import authors_model_config
 from .base import LazyTensors, ModelFolder, expected_shapes, hf_token_ids
+from ..layout import CONFIG_FILE
 from .shards import read_tensor, stored_shapes, weight_files
 
 _DROPPED = re.compile(r"(^|\.)(lm_head_layernorm\.weight|rotary_emb\.inv_freq)$")
@@ -146,7 +147,7 @@ def open_authors(path: str | os.PathLike, qk_norm_position: str | None = None,
     config resolved (:func:`~depthattn.folders.authors_config.authors_model_config`), every tensor and shape
     checked from the headers, nothing read yet. ``notes`` say which q/k-norm order was chosen and why."""
     path = os.fspath(path)
-    file = os.path.join(path, "config.json")
+    file = os.path.join(path, CONFIG_FILE)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} not found: not a Hugging Face checkpoint folder")
     values = read_json_object(file, "Hugging Face config")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig, read_json_object
+from ..layout import CONFIG_FILE, GENERATION_CONFIG_FILE
 
 SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -80,7 +81,7 @@ def hf_token_ids(path: str | os.PathLike) -> dict[str, int | None] | None:
     (``generate`` stops at the former's); None when neither names any (the tokenizer's EOS is used then). A missing
     ``pad_token_id`` is the EOS id."""
     ids: dict[str, int | None] = {}
-    for name in ("config.json", "generation_config.json"):
+    for name in (CONFIG_FILE, GENERATION_CONFIG_FILE):
         file = os.path.join(os.fspath(path), name)
         if os.path.isfile(file):
             values = read_json_object(file, "Hugging Face config")

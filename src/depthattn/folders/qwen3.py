@@ -17,6 +17,7 @@ from ..config import MAX_LAYERS, ModelConfig, read_json_object
 from ..fileio import read_manifest, verify_manifest
 from .authors_config import looks_like_authors
 from .base import LazyTensors, ModelFolder, expected_shapes, hf_token_ids
+from ..layout import CONFIG_FILE
 from .native import read_safetensors
 from .shards import read_tensor, stored_shapes, weight_files
 
@@ -35,7 +36,7 @@ def read_hf_config(path: str) -> dict[str, Any]:
 
 def is_qwen3_folder(path: str | os.PathLike) -> bool:
     """True when ``path/config.json`` exists and declares ``"model_type": "qwen3"``."""
-    file = os.path.join(os.fspath(path), "config.json")
+    file = os.path.join(os.fspath(path), CONFIG_FILE)
     if not os.path.isfile(file):
         return False
     try:
@@ -140,7 +141,7 @@ def open_qwen3(path: str | os.PathLike, **overrides: Any) -> ModelFolder:
     the headers (before ``Qwen3Config`` builds a list of ``num_hidden_layers`` layer types), then every shape
     against a meta-device model, before anything is allocated. ``overrides`` select the method and its knobs."""
     path = os.fspath(path)
-    file = os.path.join(path, "config.json")
+    file = os.path.join(path, CONFIG_FILE)
     verify_manifest(path)  # a folder we wrote (convert --to-qwen3): every file before any header is parsed
     values = read_hf_config(file)
     if not is_qwen3_config(values):

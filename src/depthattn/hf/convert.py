@@ -41,6 +41,7 @@ from depthattn.folders import open_model
 from depthattn.folders.base import hf_token_ids as qwen3_token_ids
 from depthattn.folders.qwen3 import (SHARED_FIELDS, is_qwen3_folder, open_qwen3,
                                      qwen3_to_model_config, read_qwen3_state)
+from depthattn.layout import CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from depthattn.model import DecoderLM
 from depthattn.outputs import MODEL_FOLDER, check_output
 
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 #: Tokenizer files carried over by ``convert_from_qwen3`` / ``convert_to_qwen3`` when the source has them.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, "special_tokens_map.json")
 
 
 def model_config_to_qwen3(cfg: ModelConfig) -> dict[str, Any]:
@@ -121,14 +122,14 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
 
     def fill(tmp: str) -> None:
         save_safetensors(state, os.path.join(tmp, "model.safetensors"))
-        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+        with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
             json.dump(values, f, indent=2, sort_keys=True)
             f.write("\n")
         if tokenizer_dir is not None:
             written[:] = copy_tokenizer_files(tokenizer_dir, tmp)
-            if "tokenizer.json" in written and "tokenizer_config.json" not in written:
+            if TOKENIZER_FILE in written and TOKENIZER_CONFIG_FILE not in written:
                 write_tokenizer_config(tmp)
-                written.append("tokenizer_config.json")
+                written.append(TOKENIZER_CONFIG_FILE)
 
     write_folder_atomically(path, fill)
     return written
@@ -149,7 +150,7 @@ def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list
 
 
 def _check_tokenizer_file(file: str) -> None:
-    if os.path.basename(file) != "tokenizer.json":
+    if os.path.basename(file) != TOKENIZER_FILE:
         read_json_object(file, "tokenizer file")
         return
     from depthattn.data.tokenizer import read_tokenizer
@@ -214,7 +215,7 @@ def _tokenizer_file(path: str | os.PathLike, vocab_size: int) -> Path:
     tokens (``data.tokenizer.read_tokenizer``); ``ValueError`` naming it."""
     from depthattn.data.tokenizer import read_tokenizer
 
-    file = Path(path) / "tokenizer.json" if Path(path).is_dir() else Path(path)
+    file = Path(path) / TOKENIZER_FILE if Path(path).is_dir() else Path(path)
     if not file.is_file():
         raise ValueError(f"--tokenizer {os.fspath(path)}: no tokenizer.json there")
     read_tokenizer(file, vocab_size)
@@ -249,7 +250,7 @@ def convert_from_authors(src: str | os.PathLike, out: str | os.PathLike, tokeniz
             written[:] = copy_tokenizer_files(src, tmp)
         save_folder_files(folder, tmp, dtype, tok, shard_bytes or DEFAULT_SHARD_BYTES)
         if tok is not None:
-            written[:] = [n for n in ("tokenizer.json", "tokenizer_config.json")
+            written[:] = [n for n in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)
                           if os.path.isfile(os.path.join(tmp, n))]
 
     write_folder_atomically(out, fill)

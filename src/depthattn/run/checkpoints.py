@@ -24,7 +24,7 @@ from .. import checkpoint as ckpt
 from ..checkpoint import SHARDED_DIR
 from ..config import ModelConfig
 from ..fileio import atomic_write_text, write_folder_atomically
-from ..layout import TOKENIZER_FILE, TRAIN_CONFIG_FILE
+from ..layout import CONFIG_FILE, TOKENIZER_FILE, TRAIN_CONFIG_FILE
 from ..model import DecoderLM
 from .faults import fault_point
 from .folder import RunFolder
@@ -120,7 +120,7 @@ def read_resume_checkpoint(dirs: list[Path], model_cfg: ModelConfig, log: Callab
     said: list[str] = []
     for d in reversed(dirs):
         try:
-            ckpt.verify_file(d, "config.json")  # a flipped bit is damage (fall back), not another config
+            ckpt.verify_file(d, CONFIG_FILE)  # a flipped bit is damage (fall back), not another config
             recorded = ckpt.load_config(d).to_dict()
         except UNREADABLE_ERRORS as e:
             recorded, error = None, e

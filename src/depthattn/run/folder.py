@@ -42,7 +42,7 @@ from ..checkpoint import checkpoint_dirs
 from ..fileio import atomic_write_text, finite_or_none, json_line, loads_json, read_json
 from ..locking import lock_folder
 from ..outputs import is_debris
-from .lock import RunLock, _NoLock
+from .lock import RunFolderLocked, RunLock, _NoLock
 
 
 # ---------------------------------------------------------------------------------------------------- the folder

@@ -48,6 +48,7 @@ from ..checkpoint import init_from_changes, init_from_checkpoint, latest_checkpo
 from ..checks import check_token_array
 from ..config import ModelConfig
 from ..data.boundaries import document_boundary_token
+from ..devices import autocast_dtype, resolve_device, resolved_precision
 from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
 from ..layout import TOKENIZER_FILE
 from ..model import DecoderLM
@@ -71,8 +72,7 @@ from .parallelize import parallelize
 from .periodic import Periodic, Validation
 from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
 from .resume import keep_tokens_per_step, recorded_adamw_impl, resume_point
-from .runtime import (autocast_dtype, rank as process_rank, resolve_device, resolved_precision, seed_everything,
-                      start_distributed)
+from .runtime import rank as process_rank, seed_everything, start_distributed
 
 
 class NonFiniteError(FloatingPointError):

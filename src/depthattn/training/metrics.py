@@ -22,7 +22,7 @@ import torch
 from ..accounting import num_flops
 from ..config import ModelConfig
 from ..fileio import atomic_write_text
-from ..fileio import finite_or_none, json_line  # noqa: F401  (re-exported)
+from ..fileio import json_line
 from ..layout import WANDB_FILE
 
 #: Peak dense (no sparsity) bf16 tensor-core FLOP/s per device, from the vendors' data sheets, matched in order

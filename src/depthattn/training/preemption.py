@@ -20,7 +20,6 @@ not as finished (0, which would mark a Kubernetes Job complete).
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time

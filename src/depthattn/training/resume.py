@@ -239,7 +239,7 @@ def keep_recorded_behaviour(out: Path, train_cfg: TrainConfig, explicit: set[str
     if results.is_file():
         recorded.append(read_json(results, "compare results.json").get("settings", {}).get("train", {}))
     for run in sorted((out / "runs").glob("*/run.json")) if (out / "runs").is_dir() else ():
-        recorded.append(read_json(run, "run.json").get("train", {}))
+        recorded.append(read_json(run, RUN_FILE).get("train", {}))
     old = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in RESUMABLE_KEYS and k not in explicit
            and any(k not in r for r in recorded) and getattr(train_cfg, k) != v}
     if not old:

@@ -1,5 +1,5 @@
-"""The process a run trains in: seeding, the torchrun process group (device and precision: ``depthattn.devices``,
-re-exported here; the RNG states a checkpoint keeps: ``depthattn.run.state``)."""
+"""The process a run trains in: seeding and the torchrun process group (device and precision:
+``depthattn.devices``; the RNG states a checkpoint keeps: ``depthattn.run.state``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import random
 import numpy as np
 import torch
 
-from ..devices import autocast_dtype, resolve_device, resolved_precision  # noqa: F401  (re-exported)
 from .config import TrainConfig
 
 
