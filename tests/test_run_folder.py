@@ -99,7 +99,7 @@ def test_second_trainer_fresh_or_resume_exits_2_naming_the_holder_then_kill_9_le
     folder = tmp_path / "run"
     pid, _ = paused_trainer(folder, model_cfg, data_dir, pause_at=3)  # after the checkpoint of step 2
     try:
-        (folder / ".tmp-in-flight").write_text("the holder's temporary file")  # must survive the 2nd start-up
+        (folder / ".tmp-inflightmetrics.jsonl").write_text("the holder's temporary file")  # survives the 2nd start
         before = snapshot(folder)
         holder = json.loads((folder / layout.LOCK_FILE).read_text())
         assert holder["pid"] == pid and holder["host"] == socket.gethostname()
@@ -119,7 +119,7 @@ def test_second_trainer_fresh_or_resume_exits_2_naming_the_holder_then_kill_9_le
     train(folder, model_cfg, TrainConfig(**CFG), data_dir, resume=True, progress=False, log=lines.append)
     assert any(line.startswith(f"resuming {folder} from step 2") for line in lines), lines
     assert read_summary(folder)["steps"] == STEPS
-    assert not (folder / layout.LOCK_FILE).exists() and not (folder / ".tmp-in-flight").exists()
+    assert not (folder / layout.LOCK_FILE).exists() and not (folder / ".tmp-inflightmetrics.jsonl").exists()
 
 
 def test_a_failed_fresh_start_leaves_no_folder_and_a_held_lock_is_released_on_error(tmp_path, model_cfg, data_dir):

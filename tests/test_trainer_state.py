@@ -66,7 +66,7 @@ def test_a_full_record_is_the_dict_the_trainer_wrote_byte_for_byte():
     _, optimizer, scheduler = _stepped()
     old = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
            "step": 7, "tokens_seen": 448, "data_position": 7, "nonfinite_skips": 1, "val_loss": 5.75,
-           "guard": dict(GUARD)}  # runs.trainer_state before TrainerState
+           "guard": dict(GUARD)}  # the dict the trainer wrote before TrainerState
     new = TrainerState.capture(7, 448, scheduler, optimizer, nonfinite_skips=1, val_loss=5.75, guard=dict(GUARD))
     assert list(new.to_dict()) == list(FULL_KEYS) == list(old) and not new.sharded
     assert _bytes(new.to_dict()) == _bytes(old)

@@ -103,10 +103,13 @@ def test_a_users_tmp_file_in_a_run_folder_survives_a_resume(run, data_dir, tmp_p
     shutil.rmtree(folder / "checkpoints" / "step_00000004")
     (folder / ".tmp-notes.txt").write_text("my notes on this run\n")  # the user's
     (folder / "checkpoints" / ".tmp-notes.txt").write_text("more notes\n")
+    (folder / ".tmp-my-notes").write_text("shaped like a temporary folder's name\n")
+    (folder / ".old-draft-v2").mkdir()
+    (folder / ".old-draft-v2" / "notes.txt").write_text("a user's folder\n")
     (folder / ".tmp-qz1_8ab2metrics.jsonl").write_text('{"step": 1}\n')  # a killed atomic_write_text
     (folder / "checkpoints" / ".tmp-step_00000004-a1b2c3d4").mkdir()  # a killed checkpoint write
     (folder / "checkpoints" / ".trash-step_00000000").mkdir()  # a killed prune
-    mine = {k: v for k, v in hashes(folder).items() if k.endswith(".tmp-notes.txt")}
+    mine = {k: v for k, v in hashes(folder).items() if k.endswith((".tmp-notes.txt", ".tmp-my-notes", "notes.txt"))}
     capsys.readouterr()
     assert main(["train", "--resume", str(folder), "--no-progress"]) == 0
     out = capsys.readouterr().out
@@ -114,13 +117,15 @@ def test_a_users_tmp_file_in_a_run_folder_survives_a_resume(run, data_dir, tmp_p
     removed = [line for line in out.splitlines() if line.startswith("removed leftovers of an interrupted write")]
     assert removed == [f"removed leftovers of an interrupted write in {folder}: .tmp-qz1_8ab2metrics.jsonl, "
                        f"checkpoints/.tmp-step_00000004-a1b2c3d4, checkpoints/.trash-step_00000000"]
-    assert {k: v for k, v in hashes(folder).items() if k.endswith(".tmp-notes.txt")} == mine and len(mine) == 2
+    assert {k: v for k, v in hashes(folder).items()
+            if k.endswith((".tmp-notes.txt", ".tmp-my-notes", "notes.txt"))} == mine and len(mine) == 4
     assert json.loads((folder / "summary.json").read_text())["steps"] == STEPS
     # --resume-if-exists on its own finished run keeps working (and keeps the user's file)
     assert main(["train", *TRAIN, "--steps", str(STEPS), "--cross-layer", "depth_attention", "--data", str(data_dir),
                  "--out", str(folder), "--resume-if-exists"]) == 0
     assert f"{folder} already finished at step {STEPS}" in capsys.readouterr().out
-    assert {k: v for k, v in hashes(folder).items() if k.endswith(".tmp-notes.txt")} == mine
+    assert {k: v for k, v in hashes(folder).items()
+            if k.endswith((".tmp-notes.txt", ".tmp-my-notes", "notes.txt"))} == mine
 
 
 # ---------------------------------------------------------------------------------------------------- compare

@@ -35,7 +35,8 @@ from .accounting import kv_cache_bytes_per_token, num_flops, num_params
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text, read_json
-from .layout import COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, REPORT_FILE, RESULTS_FILE, TOKENIZER_FILE, ZERO_SHOT_DIR
+from .layout import (COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, REPORT_FILE, RESULTS_FILE, TOKENIZER_FILE,
+                     ZERO_SHOT_DIR)
 from .outputs import COMPARE_FOLDER, check_new_output
 from .run.folder import RunFolder
 from .run.lock import RunLock
@@ -157,6 +158,8 @@ def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfi
     earlier session's verdict, from the run's ``diverged.json``, reused)."""
     folder = RunFolder(run_dir)
     plan = plan_run("reuse", run_dir, model_cfg=model_cfg, train_cfg=train_cfg, data_dir=data_dir)
+    for line in plan.lines:
+        log(line)
     if plan.resume:
         verdict = folder.read_divergence()
         setting = "on_nonfinite=skip" if verdict and verdict.get("reason") == "nonfinite" else "on_divergence=warn"
@@ -201,11 +204,12 @@ def _why(d: dict) -> str:
 
 
 def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, tasks: list[str], limit: int | None,
-                 harness: str, progress: bool) -> dict[str, Any]:
+                 harness: str, progress: bool, data_dir: Path | None = None) -> dict[str, Any]:
     """Numbers of one finished run: accounting, median per-step throughput, validation perplexity / bits per byte
     (in the precision the run trained and validated in, as its run.json records it, so a float32 run on CUDA is
     evaluated in float32 and a CPU run evaluated where CUDA is present is not put in bf16; cached in RUN/eval.json,
-    ``_reusable_eval``), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when ``tasks``."""
+    ``_reusable_eval``), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when ``tasks``. ``data_dir``:
+    where the run's data is now (default: the folder its run.json records)."""
     from .data import load_prepared
     from .eval.inference import load_for_inference
     from .eval.perplexity import evaluate_perplexity
@@ -221,7 +225,7 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     model, tokenizer, folder, dev = load_for_inference(run_dir, run["train"].get("device", "auto"),
                                                        "TrainConfig.device")
     cache = run_dir / EVAL_CACHE_FILE
-    data = load_prepared(run["data"])
+    data = load_prepared(data_dir or run["data"])  # the run's data (``_ensure_trained`` checked it), where it is
     # the precision the run trained in (run.json's resolved one; else its setting), not "auto" on this device
     amp = autocast_dtype(recorded_precision(run) or run["train"].get("precision", "auto"), dev)
     key = {"checkpoint": str(folder), "eval_tokens": eval_tokens, "seq_len": seq_len,
@@ -331,7 +335,7 @@ class CompareSettings:
 def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike,
                 progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train and evaluate every (method, seed); write ``results.json``, ``report.md``, ``loss_curves.png`` under
-    ``out`` and return the results. Holds ``out``'s lock throughout (``run_folder.RunLock``; each run's trainer locks
+    ``out`` and return the results. Holds ``out``'s lock throughout (``run.lock.RunLock``; each run's trainer locks
     its own folder too). Raises ``ValueError`` for bad settings before any training, for an ``out`` holding files
     no compare wrote (``outputs.COMPARE_FOLDER``, checked under the lock), and ``RunFolderLocked`` (a
     ``ValueError``) when another compare holds ``out``: nothing is written then."""
@@ -370,7 +374,8 @@ def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: st
                 diverged[m].append(diverged_run(run_dir, cfgs[m], seed))
             else:
                 runs[m].append(evaluate_run(run_dir, settings.eval_tokens, tcfg.eval_batch_size,
-                                            settings.tasks or [], settings.limit, settings.harness, progress))
+                                            settings.tasks or [], settings.limit, settings.harness, progress,
+                                            data_dir))
             invocation["runs"][run_dir.name] = {"action": action, "seconds": time.perf_counter() - t_run}
     invocation["wall_seconds"] = time.perf_counter() - t_start
     results = {

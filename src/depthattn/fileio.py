@@ -6,8 +6,8 @@ temporary file or folder is removed and the target is left as it was. Writes are
 before its rename and the folder that holds the new name is fsync'd after it, so after a power cut the target is
 either the old content or the complete new one. Files get the mode the umask gives ordinary files
 (``0o666 & ~umask``), folders ``0o777 & ~umask`` (``mkstemp`` / ``mkdtemp`` alone would make them 0600 / 0700,
-unreadable to the rest of a shared group). This module imports only ``depthattn.layout`` (the names; it is the bottom of the
-import graph).
+unreadable to the rest of a shared group). This module imports only ``depthattn.layout`` (the names; it is the
+bottom of the import graph).
 
 - :func:`atomic_write_text` -- one text file (configs, run records, results).
 - :func:`atomic_paths` / :func:`atomic_path` -- temporary paths to fill, renamed onto their targets in order
@@ -438,18 +438,16 @@ def rewrite_manifest_entries(folder: str | os.PathLike, before: dict[str, tuple]
 
 #: The random part ``tempfile`` puts in the temporary names above (8 of ``[a-z0-9_]``; any length is matched).
 _RANDOM = r"[a-z0-9_]+"
-#: ``.tmp-<name>-<random>`` (:func:`write_folder_atomically`; ``run.dcp``'s ``.tmp-<name>-dcp``) and
-#: ``.old-<name>-<random>`` (:func:`replace_folder`): folders of any name.
-_FOLDER_TEMPORARY = re.compile(rf"^\.(?:tmp|old)-.+-{_RANDOM}$")
 
 
-def is_temporary(name: str, files: Iterable[str] = ()) -> bool:
+def is_temporary(name: str, files: Iterable[str] = (), folders: Iterable[str] = ()) -> bool:
     """Whether ``name`` (an entry of a folder) is what one of this module's writers leaves when it is killed
-    mid-write: ``.tmp-<random><file>`` (:func:`atomic_write_text`) or ``.<file>.<random>.tmp`` (:func:`atomic_paths`)
-    for one of ``files`` (the names the folder's writers write), or ``.tmp-<name>-<random>`` /
-    ``.old-<name>-<random>`` (:func:`write_folder_atomically`, :func:`replace_folder`) for a folder of any name. A
-    name a user chose (``.tmp-notes.txt``, ``.old-draft``) is none of these."""
-    if _FOLDER_TEMPORARY.match(name):
+    mid-write, for one of the names the folder's writers write: ``.tmp-<random><file>`` (:func:`atomic_write_text`)
+    or ``.<file>.<random>.tmp`` (:func:`atomic_paths`) for one of ``files``; ``.tmp-<folder>-<random>`` /
+    ``.old-<folder>-<random>`` (:func:`write_folder_atomically`, :func:`replace_folder`) for a folder whose name
+    matches one of the regular expressions ``folders``. A name a user chose (``.tmp-notes.txt``, ``.old-draft-v2``)
+    is none of these."""
+    if any(re.fullmatch(rf"\.(?:tmp|old)-(?:{f})-{_RANDOM}", name) for f in folders):
         return True
     return any(re.fullmatch(rf"\.tmp-{_RANDOM}{re.escape(f)}|\.{re.escape(f)}\.{_RANDOM}\.tmp", name) for f in files)
 

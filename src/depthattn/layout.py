@@ -69,6 +69,12 @@ VAL_LOSS_FILE = "val_loss.json"
 #: The folder of an FSDP run's sharded (DCP) model and optimizer inside a checkpoint folder.
 SHARDED_DIR = "dcp"
 
+# -------------------------------------------------------------------------------------- what eval and analyze write
+#: ``eval --tasks`` (and ``compare``'s zero-shot evaluation, in a run's ``zero_shot/``): results and a table.
+ZERO_SHOT_FILES = ("zero_shot.json", "zero_shot.md")
+#: ``analyze --out OUT``: the depth weights and their heat map.
+DEPTH_WEIGHTS_FILES = ("depth_weights.json", "depth_weights.png")
+
 # --------------------------------------------------------------------------------------------- prepared data folder
 #: A prepared data folder (``depthattn data prepare``) holds ``meta.json``, the tokenizer's two files and the shards.
 PREPARED_META_FILE = "meta.json"

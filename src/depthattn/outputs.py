@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from .fileio import MANIFEST_NAME, IntegrityError, is_temporary, read_json, read_manifest
-from .layout import (COMPARE_FILES, COMPARE_FOLDER_NAMES, COMPARE_RUNS_DIR, DEBRIS_PREFIXES, LOCK_FILE, METRICS_FILE,
-                     RUN_FILE, RUN_FILES, RUN_FOLDER_NAMES, TRAINER_STATE_FILE, TRAIN_CONFIG_FILE,
-                     TRASHED_STEP_DIR)
+from .layout import (COMPARE_DATA_DIR, COMPARE_FILES, COMPARE_FOLDER_NAMES, COMPARE_RUNS_DIR, DEBRIS_PREFIXES,
+                     LOCK_FILE, METRICS_FILE, RUN_FILE, RUN_FILES, RUN_FOLDER_NAMES, STEP_DIR,
+                     TRAINER_STATE_FILE, TRAIN_CONFIG_FILE, TRASHED_STEP_DIR)
 from .layout import RESULTS_FILE as COMPARE_RESULTS_FILE
 
 #: How many names a refusal lists before "and N more".
@@ -223,12 +224,18 @@ def _is_run_record(file: Path) -> bool:
 
 def is_debris(name: str) -> bool:
     """Whether ``name``, an entry of a run folder or of its ``checkpoints/``, is a leftover of an interrupted write or
-    prune of the project's own writers: a ``fileio`` temporary of one of ``RUN_FILES`` or of a folder
-    (``.tmp-<random>run.json``, ``.tmp-step_XXXXXXXX-<random>``, ``.old-step_XXXXXXXX-<random>``,
-    ``.tmp-step_XXXXXXXX-dcp``) or a trashed checkpoint (``.trash-step_XXXXXXXX``). Every such name starts with one of
-    ``DEBRIS_PREFIXES``; a user's file that does too (``.tmp-notes.txt``) is not debris."""
-    return name.startswith(DEBRIS_PREFIXES) and (is_temporary(name, RUN_FILES)
-                                                   or bool(TRASHED_STEP_DIR.match(name)))
+    prune of the run's own writers: a ``fileio`` temporary of one of ``RUN_FILES`` (``.tmp-<random>run.json``), of
+    a checkpoint folder (``.tmp-step_XXXXXXXX-<random>``, ``.old-step_XXXXXXXX-<random>``, DCP's
+    ``.tmp-step_XXXXXXXX-dcp``), a trashed checkpoint (``.trash-step_XXXXXXXX``) or the lock's clock probe
+    (``.tmp-depthattn.lock-clock-<random>``). A user's file or folder is not debris, whatever its name starts with
+    (``.tmp-notes.txt``, ``.old-draft-v2/``)."""
+    return name.startswith(DEBRIS_PREFIXES) and (
+        is_temporary(name, RUN_FILES, folders=(STEP_DIR.pattern.strip("^$"),))
+        or bool(TRASHED_STEP_DIR.match(name)) or bool(_LOCK_PROBE.fullmatch(name)))
+
+
+#: ``run.lock``'s probe of the file system's clock, beside the lock file (removed at once; a kill may leave it).
+_LOCK_PROBE = re.compile(rf"\.tmp-{re.escape(LOCK_FILE)}-clock-[a-z0-9_]+")
 
 
 def run_folder_foreign_entries(folder: Path) -> list[str]:
@@ -250,7 +257,8 @@ def compare_folder_foreign_entries(folder: Path) -> list[str]:
     compare's (a JSON object with ``settings`` and ``methods``), and ``report.md`` / ``loss_curves.png`` beside
     none; under ``runs/``, anything but a run folder of the trainer's (:func:`run_folder_foreign_entries`)."""
     names = sorted(os.listdir(folder))
-    foreign = [n for n in names if n not in COMPARE_FOLDER_NAMES and not is_temporary(n, COMPARE_FILES)]
+    foreign = [n for n in names if n not in COMPARE_FOLDER_NAMES
+               and not is_temporary(n, COMPARE_FILES, folders=(re.escape(COMPARE_DATA_DIR),))]
     try:
         results = read_json(folder / COMPARE_RESULTS_FILE, "compare results")
         own_results = isinstance(results, dict) and "settings" in results and "methods" in results

@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from ..layout import DEPTH_WEIGHTS_FILES
 from ..outputs import check_result_folder, is_written_by, written_by
 
 #: Plain-text ``--help`` description (argparse prints it verbatim).
@@ -24,7 +25,7 @@ the checkpoint's tokenizer.json (or --tokenizer PATH); --data reads the validati
 
 
 #: What ``analyze`` writes into ``--out``: the JSON first, the heat map beside it.
-OUTPUT_FILES = ("depth_weights.json", "depth_weights.png")
+OUTPUT_FILES = DEPTH_WEIGHTS_FILES
 
 
 def _is_result(doc: object) -> bool:

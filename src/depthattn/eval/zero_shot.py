@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..checks import check_token_array
 from ..data.tokenizer import EOS_TOKEN
 from ..fileio import atomic_write_text
+from ..layout import ZERO_SHOT_FILES
 from .tasks import TASKS, Item, load_task, parse_tasks
 
 
@@ -224,6 +225,6 @@ def run_zero_shot(model, tokenizer, tasks, limit: int | None = None, batch_size:
                   markdown=markdown_table(metrics, average), items={n: r["items"] for n, r in per_task.items()})
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
-        atomic_write_text(os.path.join(out_dir, "zero_shot.json"), json.dumps(result, indent=1) + "\n")
-        atomic_write_text(os.path.join(out_dir, "zero_shot.md"), result["markdown"] + "\n")
+        atomic_write_text(os.path.join(out_dir, ZERO_SHOT_FILES[0]), json.dumps(result, indent=1) + "\n")
+        atomic_write_text(os.path.join(out_dir, ZERO_SHOT_FILES[1]), result["markdown"] + "\n")
     return result

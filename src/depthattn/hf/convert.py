@@ -41,7 +41,7 @@ from depthattn.folders import open_model
 from depthattn.folders.base import hf_token_ids as qwen3_token_ids
 from depthattn.folders.qwen3 import (SHARED_FIELDS, is_qwen3_folder, open_qwen3,
                                      qwen3_to_model_config, read_qwen3_state)
-from depthattn.layout import CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from depthattn.layout import CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from depthattn.model import DecoderLM
 from depthattn.outputs import MODEL_FOLDER, check_output
 
@@ -121,7 +121,7 @@ def save_qwen3(model: DecoderLM, path: str | os.PathLike,
     written: list[str] = []
 
     def fill(tmp: str) -> None:
-        save_safetensors(state, os.path.join(tmp, "model.safetensors"))
+        save_safetensors(state, os.path.join(tmp, WEIGHTS_FILE))
         with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
             json.dump(values, f, indent=2, sort_keys=True)
             f.write("\n")

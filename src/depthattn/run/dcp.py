@@ -63,7 +63,8 @@ def save_sharded(run_dir: Path, model: DecoderLM, optimizer: torch.optim.Optimiz
                  state: dict[str, Any], log: Any = None) -> Path:
     """Collective: every rank writes its shards of the model and optimizer; rank 0 writes the rest (with
     ``val_loss.json`` from ``state["val_loss"]``) and makes the folder visible; the newest ``keep_last`` and the best
-    are kept (``checkpoints.prune_checkpoints``, saying so through ``log``). Returns the checkpoint folder (on every rank)."""
+    are kept (``checkpoints.prune_checkpoints``, saying so through ``log``). Returns the
+    checkpoint folder (on every rank)."""
     import torch.distributed.checkpoint as dcp
 
     from torch.distributed.checkpoint.api import CheckpointException

@@ -250,37 +250,51 @@ class RunLock:
             return False
         holder = _read_holder(file)
         who = holder.describe() if holder else "an unreadable lock file"
-        state = cls._flock_state(file)
-        if state == "held":
-            raise RunFolderLocked(f"refusing to unlock {folder}: a running process holds its lock (flock): {who}; "
-                                  f"wait for it to finish or stop it")
-        if state != "free":
-            if holder is not None and holder.alive_here():
-                raise RunFolderLocked(f"refusing to unlock {folder}: its holder is running on this host: {who}")
-            age = _heartbeat_age(file)
-            who = holder.describe(age=age) if holder else who
-            if age < cls.STALE_S:
-                raise RunFolderLocked(f"refusing to unlock {folder}: the heartbeat is fresh (under {cls.STALE_S:.0f} "
-                                      f"s): {who}; if the holder is gone, try again after the heartbeat is stale")
-        file.unlink(missing_ok=True)
+        state, probe = cls._flock_state(file)
+        try:  # our probe lock (when "free") is held until the file is gone: no trainer can take it meanwhile
+            if state == "held":
+                raise RunFolderLocked(f"refusing to unlock {folder}: a running process holds its lock (flock): "
+                                      f"{who}; wait for it to finish or stop it")
+            if state != "free":
+                if holder is not None and holder.alive_here():
+                    raise RunFolderLocked(f"refusing to unlock {folder}: its holder is running on this host: {who}")
+                age = _heartbeat_age(file)
+                who = holder.describe(age=age) if holder else who
+                if age < cls.STALE_S:
+                    raise RunFolderLocked(f"refusing to unlock {folder}: the heartbeat is fresh (under "
+                                          f"{cls.STALE_S:.0f} s): {who}; if the holder is gone, try again after the "
+                                          f"heartbeat is stale")
+            file.unlink(missing_ok=True)
+        finally:
+            if probe is not None:
+                os.close(probe)
         log(f"removed the stale lock of {folder}: {who}")
         return True
 
     @staticmethod
-    def _flock_state(file: Path) -> str:
-        """``"held"`` (another process holds ``file``'s ``flock``), ``"free"``, or ``"none"`` (the file system
-        refuses ``flock``, or ``file`` cannot be opened to try). The probe is a shared lock on a read-only
+    def _flock_state(file: Path) -> tuple[str, int | None]:
+        """``("held", None)`` (another process holds ``file``'s ``flock``, or replaced the file meanwhile),
+        ``("free", fd)`` with our shared lock held on ``fd`` (close it to drop it), or ``("none", None)`` (the file
+        system refuses ``flock``, or ``file`` cannot be opened to try). The probe is a shared lock on a read-only
         descriptor: it conflicts with a holder's exclusive lock and needs no write permission on the file."""
         try:
             fd = os.open(file, os.O_RDONLY)
         except OSError:
-            return "none"
+            return "none", None
         try:
-            return "free" if flock(fd, exclusive=False, wait=False) else "none"
+            if not flock(fd, exclusive=False, wait=False):
+                os.close(fd)
+                return "none", None
+            if os.stat(file).st_ino != os.fstat(fd).st_ino:  # a trainer took over a new file since we opened it
+                os.close(fd)
+                return "held", None
+            return "free", fd
         except BlockingIOError:
-            return "held"
-        finally:
-            os.close(fd)  # drops our probe lock
+            os.close(fd)
+            return "held", None
+        except OSError:
+            os.close(fd)
+            raise
 
 
 def _heartbeat_age(file: Path) -> float:

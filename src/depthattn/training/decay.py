@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..checkpoint import latest_checkpoint
-from .config import TrainConfig
-from .optim import schedule_factor
-from ..run.folder import RunFolder
 from ..run.record import run_of_checkpoint
 from ..run.state import STATE_FILE, load_trainer_state
+from .config import TrainConfig
+from .optim import schedule_factor
+
 
 def source_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """(checkpoint folder, its run's ``run.json``) of ``--decay-from PATH``: a checkpoint folder inside a run
@@ -88,15 +88,3 @@ def check_world(recorded: Mapping[str, Any], cfg: TrainConfig, world: int) -> No
         raise ValueError(f"--decay-from: the source run trained {recorded['tokens_per_step']} tokens per step on "
                          f"{recorded.get('world_size', 1)} rank(s), this launch would train {tokens} on {world}; "
                          f"launch on {recorded.get('world_size', 1)} rank(s)")
-
-
-def decay_source(run_dir: Path, decay_from: str | os.PathLike | None, resume: bool) -> Path | None:
-    """The checkpoint a run decays from: ``decay_from`` when given; on ``resume``, the one its ``run.json``
-    records (``decay_from``); else None."""
-    if decay_from is not None:
-        return Path(decay_from)
-    folder = RunFolder(run_dir)
-    if resume and folder.is_run():
-        recorded = folder.read_run().get("decay_from")
-        return Path(recorded) if recorded else None
-    return None

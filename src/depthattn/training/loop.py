@@ -3,12 +3,12 @@ followed by validation, logging and a checkpoint when due, and writes the run's 
 
 Legend: B micro-batch rows, T sequence length, V vocab.
 
-The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`` parsing), ``runtime`` (device,
-precision, seeding, the torchrun process group), ``run_folder`` (the run folder's files and its lock), ``runs`` (its
-checkpoints, the resume policy), ``checkpointer`` (how a checkpoint is written and restored: the loop decides when),
-``periodic`` (validation, in-loop tasks and depth statistics: the jobs that add keys to a metrics row), ``optim``
-(AdamW and the schedule), ``parallelize`` (activation checkpointing, compile, DDP); the loss and the validation loss
-are ``depthattn.eval.perplexity``'s, the trainer state ``depthattn.run.state``'s. Training windows
+The pieces live beside this file: ``config`` (``TrainConfig``, TOML and ``--set`` parsing), ``resume`` (what a run
+starts from and what may continue it), ``runtime`` (seeding, the torchrun process group), ``periodic`` (validation,
+in-loop tasks and depth statistics: the jobs that add keys to a metrics row), ``optim`` (AdamW and the schedule),
+``parallelize`` (activation checkpointing, compile, DDP). The run on disk is ``depthattn.run``'s: its folder and
+lock, its checkpoints and how the ``Checkpointer`` writes and restores them (the loop decides when), the trainer
+state. The loss and the validation loss are ``depthattn.eval.perplexity``'s. Training windows
 come from ``data.EpochBatches`` (or ``data.TokenBatches``: ``TrainConfig.data_order``), a pure function of ``(seed,
 step, micro_step)``; with the RNG, optimizer and scheduler states restored, a resumed run repeats an uninterrupted
 one bit for bit on float32 CPU.
@@ -44,7 +44,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import data
-from ..checkpoint import init_from_changes, init_from_checkpoint, latest_checkpoint
+from ..checkpoint import init_from_changes, init_from_checkpoint
+from ..compat import Side
 from ..checks import check_token_array
 from ..config import ModelConfig
 from ..data.boundaries import document_boundary_token
@@ -58,11 +59,10 @@ from ..run.checkpoints import (ResumeCheckpoint, check_checkpoint_kind, checkpoi
 from ..run.dcp import is_sharded
 from ..run.faults import fault_point
 from ..run.folder import RunFolder
-from ..run.record import git_revision, versions
+from ..run.record import git_revision, run_of_checkpoint, versions
 from ..run.retention import best_checkpoint
 from .build import build_on_meta, materialize
 from .config import TrainConfig, check_vocab_size
-from .decay import decay_source
 from .depth_stats import DepthProbe
 from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
 from .in_loop_tasks import TaskSuite
@@ -71,7 +71,8 @@ from .optim import build_optimizer, build_scheduler, decay_rule
 from .parallelize import parallelize
 from .periodic import Periodic, Validation
 from .preemption import StopRequest, TrainingPreempted, clock, stop_signals
-from .resume import keep_tokens_per_step, recorded_adamw_impl, resume_point
+from .resume import (check_start_pairing, init_source, keep_tokens_per_step, recorded_adamw_impl, resume_point,
+                     start_sources)
 from .runtime import rank as process_rank, seed_everything, start_distributed
 
 
@@ -177,7 +178,7 @@ def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainCo
         ValueError: vocabulary mismatch with the data's tokenizer, a budget shorter than one step, a run folder that
             already holds checkpoints (without ``resume``), a config that differs from the checkpoint's on resume,
             a truncated checkpoint file (named), or any invalid setting. Nothing already written is modified.
-        RunFolderLocked: (a ``ValueError``) another trainer holds ``run_dir``'s lock (``run_folder.RunLock``);
+        RunFolderLocked: (a ``ValueError``) another trainer holds ``run_dir``'s lock (``run.lock.RunLock``);
             nothing was written.
     """
     run_dir, data_dir = Path(run_dir), Path(data_dir).resolve()
@@ -237,25 +238,30 @@ def _set_up(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_
     say = log if rank == 0 else lambda _: None
     adamw = recorded_adamw_impl(run_dir, train_cfg.adamw_impl, device, resume)
     record["adamw_impl"] = adamw
-    source = decay_source(run_dir, decay_from, resume)
+    init_from, source, allow = start_sources(run_dir, init_from, decay_from, allow_tokenizer_change, resume)
     if source is not None:
         record["decay_from"] = str(source.resolve())
     if init_from is not None:  # resumed before its first checkpoint, the run starts from it again
-        record["init_from"] = str(Path(init_from).resolve())
-    if allow_tokenizer_change:
+        record["init_from"] = str(init_from.resolve())
+    if allow:
         record["allow_tokenizer_change"] = True
     found = _read_resume(run_dir, resume_point(run_dir, record, data_dir, resume), model_cfg, say)
     decaying = found is None and source is not None
     if decaying:  # the source checkpoint's weights, optimizer, RNG states and step
+        source_run = run_of_checkpoint(source) or {}
+        check_start_pairing("--decay-from", source, Side.of_run(f"the source run ({source_run.get('data')} when it "
+                                                                f"trained)", source_run),
+                            Side.of_data(str(data_dir), prepared.meta, prepared.fingerprint), allow, say)
         found = read_resume_checkpoint([source], model_cfg, say, fall_back=False)
     resume_from = found.path if found else None
     run_dir.mkdir(parents=True, exist_ok=True)
-    sharded = resume_from is not None and is_sharded(resume_from)
     if resume_from is not None:
         check_checkpoint_kind(resume_from, train_cfg.data_parallel)
     model = _build_model(model_cfg, train_cfg, device, amp)
-    if init_from is not None and (resume_from is None or sharded):  # run.json records the checkpoint taken
-        record["init_from"] = str(_init_from(model, init_from, train_cfg.data_parallel == "fsdp", say).resolve())
+    if init_from is not None and resume_from is None:  # run.json records the checkpoint taken
+        data = Side.of_data(str(data_dir), prepared.meta, "")
+        record["init_from"] = str(_init_from(model, init_from, train_cfg.data_parallel == "fsdp", data, allow,
+                                             say).resolve())
     optimizer, scheduler, groups = _build_optimizer(model, train_cfg, adamw)
     ckpt = Checkpointer(run_dir, model, optimizer, scheduler, train_cfg, data_dir,
                         saved=None if decaying else resume_from, is_main=rank == 0, log=say, clock=clock)
@@ -382,14 +388,16 @@ def _build_model(model_cfg: ModelConfig, train_cfg: TrainConfig, device: torch.d
     return materialize(model, device)
 
 
-def _init_from(model: DecoderLM, path: str | os.PathLike, fsdp: bool, log: Callable[[str], None]) -> Path:
+def _init_from(model: DecoderLM, path: Path, fsdp: bool, data: Side, allow_tokenizer_change: bool,
+               log: Callable[[str], None]) -> Path:
     """``--init-from``: a checkpoint's weights (``init_from_checkpoint``); a run folder means its newest checkpoint
-    (``checkpoint.latest_checkpoint``, as eval/generate/export take it; the log line names the one taken, and it is
-    returned). An FSDP model goes through a full CPU copy on every rank (gathered, loaded, scattered back)."""
-    try:
-        source = latest_checkpoint(path)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"--init-from: {e}") from None
+    (``resume.init_source``, as eval/generate/export take it; the log line names the one taken, and it is
+    returned). Its tokenizer must be the data's (``data``), unless ``allow_tokenizer_change``
+    (``resume.check_start_pairing``). An FSDP model goes through a full CPU copy on every rank (gathered, loaded,
+    scattered back)."""
+    source = init_source(path)
+    check_start_pairing("--init-from", path, Side.of_folder(f"the checkpoint {source}", source), data,
+                        allow_tokenizer_change, log)
     which = f"{source}" if source == Path(path) else f"{source} (the newest checkpoint of run {path})"
     if is_sharded(source):
         raise ValueError(f"--init-from {which} is a sharded (FSDP) checkpoint; gather it first with depthattn export "

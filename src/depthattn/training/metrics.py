@@ -23,7 +23,7 @@ from ..accounting import num_flops
 from ..config import ModelConfig
 from ..fileio import atomic_write_text
 from ..fileio import json_line
-from ..layout import WANDB_FILE
+from ..layout import TENSORBOARD_DIR, WANDB_FILE
 
 #: Peak dense (no sparsity) bf16 tensor-core FLOP/s per device, from the vendors' data sheets, matched in order
 #: against ``torch.cuda.get_device_name()`` (first substring that occurs wins).
@@ -160,8 +160,8 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            with named_os_errors(run_dir / "tensorboard"):  # its writer thread's full disk, re-raised here
-                self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
+            with named_os_errors(run_dir / TENSORBOARD_DIR):  # its writer thread's full disk, re-raised here
+                self.tb = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR), purge_step=purge_step)
         if wandb_project is not None:
             run_id = wandb_run_id(run_dir, wandb_resume)
             self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), name=run_dir.name, id=run_id,

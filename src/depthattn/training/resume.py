@@ -8,7 +8,7 @@ the same settings, else start it). Each returns a ``RunPlan``: what to load (the
 weights, a checkpoint to decay from, or nothing), the settings and data to run with, and the lines to print.
 
 What may differ when a run continues: the ``RESUMABLE_KEYS`` (``config_differences``), ``grad_accum`` at another world
-size with the same tokens per step (``resume.keep_tokens_per_step``), ``data_parallel`` (``resume.resumed_data_parallel``)
+size with the same tokens per step (``keep_tokens_per_step``), ``data_parallel`` (``resumed_data_parallel``)
 and the data folder's path (the same tokenizer and data fingerprint at another path: said in one line, recorded).
 Whether weights and data belong together (tokenizer, data fingerprint) is ``compat.check_pairing``'s, the check
 ``eval`` makes too; a new run from another tokenizer's weights needs ``allow_tokenizer_change`` (recorded).
@@ -24,10 +24,10 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..checkpoint import latest_checkpoint
-from ..compat import Side, check_pairing, tokenizer_differs
+from ..compat import Side, check_pairing, data_differs, tokenizer_differs
 from ..config import ModelConfig
 from ..fileio import read_json
-from ..layout import RUN_FILE
+from ..layout import COMPARE_RUNS_DIR, RESULTS_FILE, RUN_FILE
 from ..outputs import RUN_FOLDER, check_new_output, run_folder_foreign_entries
 from ..run.folder import RunFolder
 from ..run.record import field_differences, recorded_precision, with_model_defaults
@@ -178,21 +178,42 @@ def continued_data(run_dir: Path, run: Mapping[str, Any], data_dir: Path | None,
     return data_dir
 
 
-def check_init_source(source: str | os.PathLike, data_dir: Path, allow_tokenizer_change: bool,
-                      lines: list[str]) -> Path:
-    """``--init-from``: the checkpoint folder taken (a run folder's newest), refusing in one line one whose
-    tokenizer is not the data's unless ``allow_tokenizer_change`` (then said in one line)."""
+def init_source(source: str | os.PathLike) -> Path:
+    """``--init-from``: the checkpoint folder it takes (a run folder's newest); ``FileNotFoundError`` naming the
+    flag."""
     try:
-        ckpt = latest_checkpoint(source)
+        return latest_checkpoint(source)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"--init-from: {e}") from None
-    prepared = _prepared(data_dir)
-    model, data = Side.of_folder(f"the checkpoint {ckpt}", ckpt), Side.of_data(str(data_dir), prepared.meta, "")
-    check_pairing(f"--init-from {source}", model, data, TOKENIZER_REMEDY, allow_tokenizer_change, check_data=False)
+
+
+def start_sources(run_dir: Path, init_from: str | os.PathLike | None, decay_from: str | os.PathLike | None,
+                  allow_tokenizer_change: bool, resume: bool) -> tuple[Path | None, Path | None, bool]:
+    """What a run starts from: ``(init_from, decay_from, allow_tokenizer_change)`` as given, or, on ``resume``, as its
+    ``run.json`` recorded them, so a run resumed before its first checkpoint starts from the same weights again."""
+    recorded = RunFolder(run_dir).read_run() if resume and RunFolder(run_dir).is_run() else {}
+    init_from = init_from if init_from is not None else recorded.get("init_from")
+    decay_from = decay_from if decay_from is not None else recorded.get("decay_from")
+    allow = allow_tokenizer_change or bool(recorded.get(ALLOW_TOKENIZER_CHANGE, False))
+    return (None if init_from is None else Path(init_from)), (None if decay_from is None else Path(decay_from)), allow
+
+
+def check_start_pairing(flag: str, source: Path, model: Side, data: Side, allow_tokenizer_change: bool,
+                        log: Callable[[str], None]) -> None:
+    """``--init-from`` / ``--decay-from`` (``flag``) of the checkpoint ``source`` (its tokenizer and, for a decay, its
+    run's data: ``model``) onto the prepared ``data``: refused in one ``ValueError`` line when the tokenizers differ
+    (and, for a decay, the data fingerprints) unless ``allow_tokenizer_change``; a change made on purpose is said
+    through ``log``."""
+    decay = flag == "--decay-from"
+    remedy = ("decay on the data the source run trained on (prepare it again with its tokenizer and settings), or "
+              "give --allow-tokenizer-change to decay on another tokenizer's data on purpose") if decay else (
+        TOKENIZER_REMEDY)
+    check_pairing(f"{flag} {source}", model, data, remedy, allow_tokenizer_change,
+                  check_data=decay and not allow_tokenizer_change)
     if allow_tokenizer_change and tokenizer_differs(model, data):
-        lines.append(f"--allow-tokenizer-change: {ckpt}'s weights train on {data_dir}'s tokenizer ids (another "
-                     f"tokenizer than the checkpoint's); run.json records it")
-    return ckpt
+        log(f"--allow-tokenizer-change: {source}'s weights {'decay' if decay else 'train'} on {data.name}'s "
+            f"tokenizer ids (another tokenizer than the {'source run' if decay else 'checkpoint'}'s); run.json "
+            f"records it")
 
 
 def recorded_settings(out: Path, run: Mapping[str, Any], model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -217,15 +238,24 @@ def recorded_settings(out: Path, run: Mapping[str, Any], model_cfg: ModelConfig,
 
 
 def same_run(run_dir: Path, run: Mapping[str, Any], model_cfg: ModelConfig, train_cfg: TrainConfig,
-             data_dir: Path) -> None:
-    """``compare``: refuse (one line) a run folder recorded with other settings or other data than requested."""
+             data_dir: Path, lines: list[str]) -> None:
+    """``compare``: refuse (one line) a run folder recorded with other settings or other data than requested (the
+    tokenizer and data fingerprint, ``compat``'s rule); the run's data at another path is accepted, said through
+    ``lines``."""
     want_train = train_cfg.replace(steps=train_cfg.total_steps()).to_dict()
     problems = config_differences(run, model_cfg.to_dict(), want_train)
-    if run.get("data_fingerprint") not in (None, _prepared(data_dir).fingerprint):
+    prepared = _prepared(data_dir)
+    model, data = Side.of_run(str(run_dir), run), Side.of_data(str(data_dir), prepared.meta, prepared.fingerprint)
+    if tokenizer_differs(model, data):
+        problems.append(f"data {data_dir}: its tokenizer differs from the run's")
+    if data_differs(model, data):
         problems.append(f"data {data_dir}: fingerprint differs from the run's (the folder was re-prepared)")
-    if problems or Path(run["data"]).resolve() != data_dir.resolve():
-        raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(problems) or 'other data'}); "
-                         f"use another --out or delete that folder")
+    if problems:
+        raise ValueError(f"{run_dir} holds a run with other settings ({'; '.join(problems)}); use another --out or "
+                         f"delete that folder")
+    if Path(run["data"]).resolve() != data_dir.resolve():
+        lines.append(f"the run's data folder moved: {run_dir} goes on with {data_dir} (the same tokenizer and data "
+                     f"fingerprint as {run['data']})")
 
 
 def keep_recorded_behaviour(out: Path, train_cfg: TrainConfig, explicit: set[str],
@@ -235,10 +265,10 @@ def keep_recorded_behaviour(out: Path, train_cfg: TrainConfig, explicit: set[str
     set (``explicit``), takes its ``LEGACY_DEFAULTS`` value, so the folder's runs are reused and new seeds or methods
     train as they did (e.g. ``data_order="random"``); one line says so. A new folder: ``train_cfg`` unchanged."""
     recorded = []
-    results = out / "results.json"
+    results = out / RESULTS_FILE
     if results.is_file():
         recorded.append(read_json(results, "compare results.json").get("settings", {}).get("train", {}))
-    for run in sorted((out / "runs").glob("*/run.json")) if (out / "runs").is_dir() else ():
+    for run in sorted((out / COMPARE_RUNS_DIR).glob(f"*/{RUN_FILE}")) if (out / COMPARE_RUNS_DIR).is_dir() else ():
         recorded.append(read_json(run, RUN_FILE).get("train", {}))
     old = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in RESUMABLE_KEYS and k not in explicit
            and any(k not in r for r in recorded) and getattr(train_cfg, k) != v}
@@ -258,15 +288,6 @@ def _decay_plan(run_dir: Path, source: Any, decay_steps: int | None, sets: Mappi
     ckpt, run = source_checkpoint(source)
     lines: list[str] = []
     data_dir = Path(run["data"])
-    prepared = _prepared(data_dir)
-    model, data = (Side.of_run(f"the source run ({data_dir} when it trained)", run),
-                   Side.of_data(str(data_dir), prepared.meta, prepared.fingerprint))
-    check_pairing(f"--decay-from {ckpt}", model, data, "decay on the data the source run trained on (prepare it "
-                  "again with its tokenizer and settings), or give --allow-tokenizer-change to decay on another "
-                  "tokenizer's data on purpose", allow_tokenizer_change, check_data=not allow_tokenizer_change)
-    if allow_tokenizer_change and tokenizer_differs(model, data):  # its data changed with it: not checked
-        lines.append(f"--allow-tokenizer-change: {ckpt}'s weights decay on {data_dir} as prepared now (another "
-                     f"tokenizer than the source run's); run.json records it")
     data_parallel = continued_data_parallel(run["train"].get("data_parallel"), sets, lines, environ)
     train_cfg = decay_config(run, checkpoint_step(ckpt), decay_steps, ckpt,
                              {**sets, **overrides, "data_parallel": data_parallel})
@@ -318,27 +339,23 @@ def plan_run(mode: str, run_dir: str | os.PathLike, *, model_cfg: ModelConfig | 
         return _continued(mode, run_dir, run, model_cfg, train_cfg, data, lines)
     if mode == "reuse" and folder.is_run():
         run = folder.read_run()
-        same_run(run_dir, run, model_cfg, train_cfg, data)
+        same_run(run_dir, run, model_cfg, train_cfg, data, lines)
         return _continued(mode, run_dir, run, model_cfg, train_cfg, data, lines)
     if mode == "init_from" and source is None:
         raise ValueError("--init-from needs a checkpoint or run folder")
     if mode != "reuse":  # a new run writes only into a new or empty folder, or one of its own runs
         check_new_output(run_dir, RUN_FOLDER)
     if source is not None:
-        check_init_source(source, data, allow_tokenizer_change, lines)
+        init_source(source)  # a missing one is refused before anything is written
     return RunPlan(mode, run_dir, model_cfg, train_cfg, data, init_from=None if source is None else Path(source),
                    allow_tokenizer_change=allow_tokenizer_change, lines=lines)
 
 
 def _continued(mode: str, run_dir: Path, run: Mapping[str, Any], model_cfg: ModelConfig, train_cfg: TrainConfig,
                data: Path, lines: list[str]) -> RunPlan:
-    """A run that continues: its own checkpoints, else how it started (its recorded ``init_from`` or
-    ``decay_from``), with its recorded acceptance of a tokenizer change."""
-    init_from, decay_from = run.get("init_from"), run.get("decay_from")
-    return RunPlan(mode, run_dir, model_cfg, train_cfg, data, resume=True,
-                   init_from=Path(init_from) if init_from else None,
-                   decay_from=Path(decay_from) if decay_from else None,
-                   allow_tokenizer_change=bool(run.get(ALLOW_TOKENIZER_CHANGE, False)), lines=lines)
+    """A run that continues: its own checkpoints, else what it started from (``start_sources``, read by the
+    trainer)."""
+    return RunPlan(mode, run_dir, model_cfg, train_cfg, data, resume=True, lines=lines)
 
 
 # ---------------------------------------------------------------------------------------------------- the rules
