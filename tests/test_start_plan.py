@@ -182,3 +182,59 @@ def test_plan_run_for_each_mode(data_dir, model_cfg, tmp_path):
     assert plan_run("reuse", tmp_path / "c", model_cfg=model_cfg, train_cfg=cfg, data_dir=data_dir).resume is False
     with pytest.raises(ValueError, match="unknown start mode 'restart'"):
         plan_run("restart", tmp_path / "a")
+
+
+# ------------------------------------------------------------------------------------------ the library's own path
+def test_train_itself_resumes_from_the_recorded_init_from_and_checks_the_tokenizer(data_dir, model_cfg,
+                                                                                   other_tokenizer_data, tmp_path):
+    """``training.train`` (the public API, no plan) applies the same rules: a resume before the first checkpoint
+    starts from the recorded ``init_from`` again, and a checkpoint of another tokenizer is refused."""
+    cfg = TrainConfig(steps=2, save_every=2, **CFG)
+    quiet = dict(progress=False, log=lambda _: None)
+    train(tmp_path / "source", model_cfg, cfg, data_dir, **quiet)
+    newest = tmp_path / "source" / "checkpoints" / "step_00000002"
+    train(tmp_path / "fresh", model_cfg, cfg, data_dir, init_from=tmp_path / "source", **quiet)
+    train(tmp_path / "crashed", model_cfg, cfg, data_dir, init_from=tmp_path / "source", **quiet)
+    shutil.rmtree(tmp_path / "crashed" / "checkpoints")
+    (tmp_path / "crashed" / "summary.json").unlink()
+    train(tmp_path / "crashed", model_cfg, cfg, data_dir, resume=True, **quiet)  # no init_from given
+    assert _losses(tmp_path / "crashed") == _losses(tmp_path / "fresh")
+    assert read_run(tmp_path / "crashed")["init_from"] == str(newest.resolve())
+    shutil.rmtree(tmp_path / "source")  # resumed from its own checkpoint, the run no longer reads its init_from
+    (tmp_path / "crashed" / "summary.json").unlink()
+    assert train(tmp_path / "crashed", model_cfg, cfg, data_dir, resume=True, **quiet).steps == 2
+    other = tmp_path / "other"
+    train(other, model_cfg, cfg, other_tokenizer_data, **quiet)
+    with pytest.raises(ValueError, match=rf"--init-from {other}: data folder .* has another tokenizer"):
+        train(tmp_path / "mixed", model_cfg, cfg, data_dir, init_from=other, **quiet)
+    assert not (tmp_path / "mixed").exists()
+
+
+def test_compare_reuses_a_run_whose_data_folder_moved_and_eval_needs_a_tokenizer(data_dir, tmp_path, capsys):
+    """compare's reuse takes the run's data at another path (the same tokenizer and fingerprint), as ``--resume``
+    does; ``eval --data`` of a checkpoint without ``tokenizer.json`` is refused in one line (nothing to pair)."""
+    old = tmp_path / "old"
+    shutil.copytree(data_dir, old)
+    out = tmp_path / "cmp"
+    args = ["compare", "--preset", "tiny", "--no-progress", "--methods", "none", "--steps", "2", "--eval-tokens",
+            "128", "--set", "batch_size=2", "--set", "seq_len=32", "--set", "eval_every=0", "--set",
+            "eval_windows=2", "--set", "eval_batch_size=2", "--set", "save_every=2", "--out", str(out)]
+    assert main([*args, "--data", str(old)]) == 0
+    before = (out / "results.json").read_text()
+    new = tmp_path / "new"
+    shutil.move(old, new)
+    capsys.readouterr()
+    assert main([*args, "--data", str(new)]) == 0
+    said = capsys.readouterr().out
+    assert "the run's data folder moved" in said and "reusing finished run" in said
+    first, again = json.loads(before)["methods"]["none"], json.loads((out / "results.json").read_text())["methods"]
+    assert again["none"]["runs"][0]["val_loss"] == first["runs"][0]["val_loss"]
+    checkpoint = out / "runs" / "none-seed0" / "checkpoints" / "step_00000002"
+    bare = tmp_path / "bare"
+    shutil.copytree(checkpoint, bare)
+    (bare / "tokenizer.json").unlink()  # a model folder without a tokenizer, as a converted one may be
+    manifest = json.loads((bare / "checksums.json").read_text())
+    del manifest["sha256"]["tokenizer.json"]
+    (bare / "checksums.json").write_text(json.dumps(manifest))
+    assert main(["eval", str(bare), "--data", str(new)]) == 2
+    assert f"{bare / 'tokenizer.json'} not found: the checkpoint has no tokenizer" in _one_error(capsys)

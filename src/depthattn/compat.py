@@ -65,15 +65,10 @@ def data_differs(a: Side, b: Side) -> bool:
 
 
 def check_pairing(what: str, model: Side, data: Side, remedy: str, allow_tokenizer_change: bool = False,
-                  check_data: bool = True, require_tokenizer: bool = False) -> None:
+                  check_data: bool = True) -> None:
     """Refuse in one ``ValueError`` line (``"WHAT: ...; REMEDY"``) pairing ``model`` (a checkpoint or a run) with
-    ``data`` when their tokenizers differ (unless ``allow_tokenizer_change``), with ``require_tokenizer`` when either
-    side's tokenizer is unknown, or, with ``check_data``, when their data fingerprints differ. Each message names the
-    two sides and the first 12 hex digits of the two hashes."""
-    if require_tokenizer and None in (model.tokenizer_sha256, data.tokenizer_sha256):
-        unknown = model if model.tokenizer_sha256 is None else data
-        raise ValueError(f"{what}: {unknown.name} has no tokenizer.json, so whether its token ids are "
-                         f"{(data if unknown is model else model).name}'s cannot be checked; {remedy}")
+    ``data`` when their tokenizers differ (unless ``allow_tokenizer_change``) or, with ``check_data``, their data
+    fingerprints differ. Both messages name the two sides and the first 12 hex digits of the two hashes."""
     if tokenizer_differs(model, data) and not allow_tokenizer_change:
         raise ValueError(f"{what}: data folder {data.name} has another tokenizer than {model.name} (tokenizer.json "
                          f"sha256 {_short(data.tokenizer_sha256)} vs {_short(model.tokenizer_sha256)}); {remedy}")
