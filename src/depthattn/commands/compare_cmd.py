@@ -10,8 +10,8 @@ from pathlib import Path
 from ..compare import CompareSettings, parse_methods, render_table, run_compare
 from ..layout import COMPARE_DATA_DIR, LOCK_FILE, PREPARED_META_FILE
 from ..outputs import COMPARE_FOLDER, check_new_output
-from ..training.resume import keep_recorded_behaviour
 from ..training import TrainConfig
+from ..training.resume import keep_recorded_behaviour
 from .eval_cmd import check_task_options
 from .train_cmd import add_model_options, check_model_settings, gather_settings
 

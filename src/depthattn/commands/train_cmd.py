@@ -221,7 +221,7 @@ def run_decay_from(args: argparse.Namespace):
     given = refused_flags(DECAY_FIXED, vars(args))
     if given:
         raise ValueError(f"--decay-from continues the source run's config, data and seed; drop {', '.join(given)}")
-    if args.out is None or args.decay_steps is None:
+    if args.out is None:  # the plan checks --decay-steps
         raise ValueError("--decay-from needs --out NEW_RUN_DIR and --decay-steps N (the steps of the decay)")
     sets = decay_sets(args.set, parse_value)
     return plan_run("decay_from", args.out, source=args.decay_from, decay_steps=args.decay_steps, sets=sets,

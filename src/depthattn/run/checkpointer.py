@@ -11,12 +11,11 @@ rank 0; an FSDP run's ``dcp.save_sharded`` on every rank, or ``dcp.start_async_s
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-
-import time
 
 from ..model import DecoderLM
 from .checkpoints import ResumeCheckpoint, load_resume_weights, save_checkpoint
