@@ -14,9 +14,9 @@ fixed-shape decode step reads so that one compiled graph serves every token). Tw
 - dynamic (``write``): slots ``[start, start + T)`` by Python slicing; attention reads the filled slots only;
 - static (``write_at``, used when ``static`` is True, i.e. by ``generate(..., compile=True)``): ``index_copy_`` at
   device slot indices and attention over all ``S`` slots (unfilled ones are masked out through ``key_mask``), so
-  every decode step has the same shapes and reads no Python number that changes per token. Inside traced code
-  the forward advances only ``slot``; whoever calls the compiled step advances ``length`` (``advance_host``), as
-  ``generate.CompiledDecoder`` does.
+  every decode step has the same shapes and reads no Python number that changes per token. The compiled
+  steps of ``generate.CompiledDecoder`` ask the forward to advance only ``slot`` (``advance_host=False``) and
+  advance ``length`` themselves (``advance_host``), outside the graph; every other forward advances both.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ must not); it writes JSON by hand and a test checks it against ``DepthAttnConfig
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -36,9 +37,6 @@ TOKENIZER_CONFIG_NAME = layout.TOKENIZER_CONFIG_FILE
 #: ``depthattn/hf`` modules copied into each folder for ``trust_remote_code`` (``auto_map`` points at them).
 REMOTE_CODE_FILES = layout.REMOTE_CODE_FILES
 AUTO_MAP = {"AutoConfig": "configuration.DepthAttnConfig", "AutoModelForCausalLM": "modeling.DepthAttnForCausalLM"}
-#: ``config.json`` keys that are Hugging Face bookkeeping, not ``ModelConfig`` fields.
-HF_ONLY_KEYS = frozenset({"model_type", "architectures", "auto_map", "transformers_version", "dtype", "torch_dtype",
-                          "use_cache", "pad_token_id", "bos_token_id", "eos_token_id", "rope_parameters"})
 SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
@@ -72,9 +70,12 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", token_ids: dict[str
 def model_config_from_json(values: dict[str, Any], source: str) -> ModelConfig:
     """The ``ModelConfig`` of a checkpoint's ``config.json`` object (``source`` names the file in errors).
 
-    Accepts the Hugging Face form (``model_type="depthattn"``) and the previous flat form (no ``model_type``).
-    Raises ``ValueError`` naming ``source`` for a Qwen3 folder (with the command that converts it), another
-    ``model_type``, a RoPE type other than default, or an invalid field.
+    Accepts the Hugging Face form (``model_type="depthattn"``) and the previous flat form (no ``model_type``). In
+    the Hugging Face form only the ``ModelConfig`` fields are read (and validated); other keys (Hugging Face's
+    ``use_cache``, ``output_hidden_states``, a user's own) are not the native model's and are skipped, except that
+    a key that looks like a misspelt field is refused (``ModelConfig.check_extra_keys``). The flat form takes fields
+    only. Raises ``ValueError`` naming ``source`` for a Qwen3 folder (with the command that converts it), another
+    ``model_type``, a RoPE type other than default, a misspelt field or an invalid field.
     """
     model_type = values.get("model_type")
     if model_type == "qwen3":
@@ -89,7 +90,9 @@ def model_config_from_json(values: dict[str, Any], source: str) -> ModelConfig:
             return ModelConfig.from_dict(values)
         except (ValueError, TypeError) as e:
             raise ValueError(f"{source}: {e}") from e
-    fields = {k: v for k, v in values.items() if k not in HF_ONLY_KEYS}
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    ModelConfig.check_extra_keys(values, source)  # other keys are Hugging Face's or a user's: left to DepthAttnConfig
+    fields = {k: v for k, v in values.items() if k in names}
     rope = values.get("rope_parameters") or {}
     if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default" or set(rope) - {
             "rope_theta", "rope_type"}:

@@ -12,6 +12,7 @@ default.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -246,6 +247,19 @@ class ModelConfig:
         check_keys(values, "ModelConfig")
         return cls(**dict(values))
 
+    @staticmethod
+    def check_extra_keys(keys, source: str) -> None:
+        """Refuse a key that is not a field but looks like a misspelt one (``cross_layers``, ``num_hidden_layer``):
+        ``ValueError`` naming ``source``, the key and the field it resembles. Keys that resemble no field pass (a
+        Hugging Face ``config.json`` keeps foreign keys, e.g. ``output_hidden_states`` or a user's own, as
+        attributes); ``depthattn.hf.DepthAttnConfig`` and the native ``config.json`` reader both call this."""
+        names = [f.name for f in dataclasses.fields(ModelConfig)]
+        for key in sorted(set(keys) - set(names)):
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=MISSPELT_CUTOFF)
+            if close:
+                raise ValueError(f"{source}: unknown key {key!r} looks like a misspelt ModelConfig field "
+                                 f"{close[0]!r}; rename it")
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
@@ -257,6 +271,11 @@ class ModelConfig:
     def load_json(cls, path: str | os.PathLike) -> "ModelConfig":
         """Read a config written by ``save_json``. Raises ``ValueError`` naming the file if it is not valid."""
         return cls.from_dict(read_json_object(path, "model config"))
+
+
+#: ``difflib`` similarity at which ``ModelConfig.check_extra_keys`` reads a foreign key as a misspelt field; the
+#: keys of ``PreTrainedConfig``, ``Qwen3Config``, ``LlamaConfig`` and ``GPT2Config`` all stay below it (at most 0.75).
+MISSPELT_CUTOFF = 0.8
 
 
 def check_keys(values: Mapping[str, Any], what: str) -> None:

@@ -71,9 +71,10 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
 
 
 def _last_logits(model: DecoderLM, input_ids_BT: Tensor, attention_mask_BT: Tensor | None,
-                 cache: KVCache) -> Tensor:
-    """Logits ``[B, V]`` of the last position only (the LM head runs on one position per row)."""
-    h = model.model(input_ids_BT, attention_mask_BT, None, cache, validate=False)
+                 cache: KVCache, advance_host: bool = True) -> Tensor:
+    """Logits ``[B, V]`` of the last position only (the LM head runs on one position per row). ``advance_host``:
+    see ``Backbone.forward``."""
+    h = model.model(input_ids_BT, attention_mask_BT, None, cache, validate=False, advance_host=advance_host)
     return model.lm_head(h[:, -1])
 
 
@@ -133,13 +134,14 @@ def check_compile_works(device: torch.device | str, backend=None) -> None:
 
 # Two distinct functions (code objects), so that the decode graph (static shapes) and the prefill graph (dynamic
 # prompt length) are cached separately by dynamo.
+# Both leave ``cache.length`` to ``CompiledDecoder`` (``advance_host=False``).
 def _static_decode(model: DecoderLM, token_B: Tensor, cache: KVCache) -> Tensor:
-    return _last_logits(model, token_B[:, None], None, cache)
+    return _last_logits(model, token_B[:, None], None, cache, advance_host=False)
 
 
 def _static_prefill(model: DecoderLM, input_ids_BT: Tensor, attention_mask_BT: Tensor | None,
                     cache: KVCache) -> Tensor:
-    return _last_logits(model, input_ids_BT, attention_mask_BT, cache)
+    return _last_logits(model, input_ids_BT, attention_mask_BT, cache, advance_host=False)
 
 
 class CompiledDecoder:
@@ -219,10 +221,10 @@ class CompiledDecoder:
                 f"{cfg.accumulated_recompile_limit}): this process compiled the {phase} for too many model "
                 f"structures or shapes; raise the limit, or {remedy}") from None
 
-    def _advance_host(self, cache: KVCache, T: int) -> None:
-        """The host half of ``cache.advance``, which a compiled graph leaves out (``Backbone.forward``)."""
-        if self.backend is not None:
-            cache.advance_host(T)
+    @staticmethod
+    def _advance_host(cache: KVCache, T: int) -> None:
+        """The host half of ``cache.advance``, which the static steps leave out (``advance_host=False``)."""
+        cache.advance_host(T)
 
     @staticmethod
     def prepare(cache: KVCache) -> None:

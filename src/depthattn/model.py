@@ -92,9 +92,13 @@ class Backbone(nn.Module):
         self.activation_checkpointing = False
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                cache: KVCache | None = None, *, validate: bool = True, document_ids: Tensor | None = None) -> Tensor:
+                cache: KVCache | None = None, *, validate: bool = True, document_ids: Tensor | None = None,
+                advance_host: bool = True) -> Tensor:
         """Final hidden states for ``input_ids``; with a ``cache``, the tokens continue the cached ones at slot
-        ``cache.length``. ``validate=False`` skips ``check_forward_shapes`` for a caller that ran the checks
+        ``cache.length``, and the call advances the cache by T (``cache.advance``). ``advance_host=False`` advances
+        only the device half (``cache.slot``) and leaves ``cache.length`` to the caller: a compiled static step
+        (``generate.CompiledDecoder``) does so, so that its graph never reads a Python number that changes per
+        token. ``validate=False`` skips ``check_forward_shapes`` for a caller that ran the checks
         already. Values are not checked here (``check_forward_inputs`` at the boundary): the forward never waits
         for the device, and makes no Python branch on tensor data. ``document_ids``: see ``DecoderLM.forward``."""
         if validate:
@@ -113,8 +117,8 @@ class Backbone(nn.Module):
         h = self._layers(h, LayerContext(cos=cos, sin=sin, **ctx))
         if cache is not None:
             cache.advance_device(T)
-            if not torch.compiler.is_compiling():  # traced: the compiled step's caller (CompiledDecoder) does it,
-                cache.advance_host(T)              # so the graph never reads the per-token Python length
+            if advance_host:
+                cache.advance_host(T)
         return self.norm(h)
 
     def _dynamic_context(self, new_mask, position_ids, cache, T: int, dtype, device):

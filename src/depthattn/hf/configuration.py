@@ -18,12 +18,21 @@ from depthattn.config import ModelConfig
 from depthattn.fileio import file_states, rewrite_manifest_entries
 
 
+#: Qwen3 config keys whose value is fixed in the core (read-only properties here).
+FIXED = {"hidden_act": "silu", "attention_bias": False}
+
+
 @strict
 class DepthAttnConfig(PreTrainedConfig):
     """Configuration of ``DepthAttnForCausalLM``; field meanings are those of ``depthattn.ModelConfig``.
 
     ``rope_parameters`` must be ``{"rope_theta": float, "rope_type": "default"}``; any other RoPE type raises
     ``ValueError`` (only default RoPE exists in the core). ``use_cache`` (default True) is the v5 generation switch.
+    Keys that are not fields (``output_hidden_states``, ``quantization_config``, a user's own) are kept as
+    attributes and saved, as ``Qwen3Config`` keeps them, unless one looks like a misspelt field
+    (``ModelConfig.check_extra_keys``: ``ValueError``); ``hidden_act`` / ``attention_bias`` are accepted only with
+    the core's fixed values (``"silu"``, ``False``). The fields are validated by ``ModelConfig`` (``ValueError``
+    naming the field).
     """
 
     model_type = "depthattn"
@@ -65,6 +74,11 @@ class DepthAttnConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         rope_theta = kwargs.pop("rope_theta", None)
+        for name, fixed in FIXED.items():  # written by Qwen3 tools: accepted when they state the core's value
+            value = kwargs.pop(name, fixed)
+            if value != fixed:
+                raise ValueError(f"DepthAttnConfig.{name}={value!r} is not supported: depthattn fixes it to {fixed!r}")
+        ModelConfig.check_extra_keys(kwargs, "DepthAttnConfig")  # any other key is kept as an attribute
         if self.rope_parameters is None:
             self.rope_parameters = {"rope_theta": float(rope_theta if rope_theta is not None else 10000.0),
                                     "rope_type": "default"}

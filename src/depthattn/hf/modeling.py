@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
@@ -212,7 +213,10 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
     convention, as restarting ``position_ids`` without an ``attention_mask`` (``packed_documents``); either with a
     cache (or ``use_cache=True``) is a ``ValueError``, and the cache is not made by default then. ``past_key_values`` is
     accepted as the pre-5.24 name of ``cache``. ``num_items_in_batch`` (passed by the HF ``Trainer``) turns the loss
-    into the summed next-token loss over that count (``summed_over``). Errors are the core's ``ValueError``s (ids
+    into the summed next-token loss over that count (``summed_over``); ``shift_labels`` (already-shifted targets,
+    checked as ``labels`` are) replace the shifted ``labels`` (``causal_lm_loss``); as in transformers, a loss needs
+    ``labels``. ``return_dict=False`` (or ``config.return_dict=False``) returns the output's non-None fields as a
+    tuple, loss first. Errors are the core's ``ValueError``s (ids
     outside the vocabulary, positions beyond ``max_position_embeddings``, bad masks), plus ``ValueError`` for a cache
     that is not a ``DepthAttnCache`` holding tokens (a ``DynamicCache`` cannot hold our depth sources' layout).
     """
@@ -244,6 +248,13 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
 
     def get_input_embeddings(self):
         return self.model.embed_tokens
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        """``PreTrainedModel.resize_token_embeddings`` (grow or shrink; a tied head follows the embedding), then
+        the core config's ``vocab_size`` follows the new embedding, so the forward accepts exactly the new ids."""
+        out = super().resize_token_embeddings(*args, **kwargs)
+        self.model.config = self.model.config.replace(vocab_size=self.model.embed_tokens.num_embeddings)
+        return out
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -288,18 +299,19 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
             B, T = input_ids.shape
             p = self.lm_head.weight
             kv = cache.core_for(cfg, B, T, p.dtype, p.device)
-        check_forward_inputs(cfg, input_ids, attention_mask, position_ids, labels, kv, document_ids)  # as the core
+        shift_labels = kwargs.get("shift_labels")
+        targets = shift_labels if labels is not None and shift_labels is not None else labels
+        check_forward_inputs(cfg, input_ids, attention_mask, position_ids, targets, kv, document_ids)  # as the core
         hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids)
         logits = self.lm_head(hidden)
-        loss = None if labels is None else next_token_loss(logits, labels, attention_mask)
-        num_items = kwargs.get("num_items_in_batch")
-        if loss is not None and num_items is not None:
-            loss = summed_over(loss, target_count(labels, attention_mask), num_items, logits)
+        loss = None if labels is None else causal_lm_loss(logits, labels, attention_mask, shift_labels,
+                                                          kwargs.get("num_items_in_batch"))
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
             logits = logits[:, logits_to_keep]
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+        return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
 
 def packed_documents(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None,
@@ -315,6 +327,26 @@ def packed_documents(input_ids: Tensor, attention_mask: Tensor | None, position_
         return None  # a bad tensor: the shape check names it
     docs = packed_document_ids(position_ids.long())
     return docs if bool(docs[:, -1].any()) else None
+
+
+def causal_lm_loss(logits: Tensor, labels: Tensor, attention_mask: Tensor | None, shift_labels: Tensor | None,
+                   num_items) -> Tensor:
+    """The forward's loss (float32 scalar): the mean next-token loss (``next_token_loss``: ``labels`` shifted
+    inside); with ``shift_labels`` ``[B, T]`` (targets already shifted, e.g. by context-parallel training) each
+    position ``t`` is scored against ``shift_labels[:, t]`` as given, with -100 and padded positions (0 in
+    ``attention_mask``'s last T columns) ignored, and ``labels`` unused. With ``num_items`` (the Trainer's
+    ``num_items_in_batch``), the summed loss over that count (``summed_over``)."""
+    if shift_labels is None:
+        loss, count = next_token_loss(logits, labels, attention_mask), None
+        if num_items is not None:
+            count = target_count(labels, attention_mask)
+    else:
+        targets = shift_labels.to(device=logits.device, dtype=torch.int64)
+        if attention_mask is not None:
+            targets = targets.masked_fill(~attention_mask[:, -targets.shape[1]:].bool(), IGNORE_INDEX)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        count = (targets != IGNORE_INDEX).sum()
+    return loss if num_items is None else summed_over(loss, count, num_items, logits)
 
 
 def target_count(labels: Tensor, attention_mask: Tensor | None) -> Tensor:
