@@ -13,7 +13,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-peft = pytest.importorskip("peft", reason="peft not installed (the test extra: pip install -e '.[test]')")
+pytest.importorskip("peft", reason="peft not installed (the test extra: pip install -e '.[test]')")
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
 
 from depthattn import ModelConfig  # noqa: E402
