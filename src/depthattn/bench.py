@@ -125,12 +125,13 @@ def pool(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One record from several processes' records: each case's per-round times joined in process order (rounds
     stay paired within a process, so every per-round ratio still compares back-to-back timings), ``rounds`` their
     total, ``processes`` their count, ``started`` / ``finished`` the first and last; every other key from the first
-    record. The inputs are not changed. Raises ``ValueError`` for no record or records with other cases."""
+    record. The inputs are not changed. Raises ``ValueError`` for no record or records with other cases (the order
+the cases ran in may differ)."""
     if not records:
         raise ValueError("pool needs at least one record")
     first = records[0]
     for r in records[1:]:
-        if list(r["times"]) != list(first["times"]):
+        if set(r["times"]) != set(first["times"]):
             raise ValueError(f"pool: records with other cases: {list(first['times'])} and {list(r['times'])}")
     out = dict(first)
     out["times"] = {k: [x for r in records for x in r["times"][k]] for k in first["times"]}
