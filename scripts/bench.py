@@ -2,9 +2,11 @@
 
 For each method: training step (forward + backward) tokens/s, decode tokens/s at batch 1 and 8 with a fixed
 context, activation bytes saved for backward (exact, via saved-tensor hooks; plus CUDA peak memory on GPU) and
-KV-cache bytes per token. Rounds alternate methods (A B A B …, reversed every other round) so machine noise hits all
-of them alike; throughput cells are medians over rounds, and each time ratio is the median over rounds of the
-per-round ratio against ``none`` measured back to back (robust to slow drifts of a shared machine).
+KV-cache bytes per token. Each round times every row's train step, then every row's decode step per batch size, in
+one order reversed every other round (``depthattn.bench.interleaved``: A B … | … B A), so machine noise hits all of
+them alike; throughput cells are medians over rounds, and each time ratio is the median over rounds of the per-round
+ratio against ``none`` measured back to back (``depthattn.bench.paired_ratios``; robust to slow drifts of a shared
+machine).
 
 ``--compile`` adds a compiled variant of every method (train step: ``torch.compile`` of the whole model; decode:
 ``generate.CompiledDecoder``, one graph per batch size reused for every token), measured in the same rounds; its
@@ -25,9 +27,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
-import math
-import os
 import statistics
 import subprocess
 import sys
@@ -40,11 +41,10 @@ import torch
 CLOCK = time.perf_counter  # --clock cpu switches to process CPU time (all threads)
 
 from depthattn import DecoderLM, ModelConfig
+from depthattn.bench import across_records, interleaved, paired_ratios, pool, write_record
 from depthattn.config import PRESETS
 from depthattn.cross_layer.registry import names as method_names
-from depthattn.fileio import atomic_write_text
 from depthattn.generate import CompiledDecoder, decode_one_token, prefill
-from depthattn.stats import paired_difference
 
 PEER = "hf_qwen3"
 SPEEDUP = "HF Qwen3 eager decode / our compiled vanilla decode (target >= 2 at B=1)"
@@ -147,9 +147,9 @@ def time_decode(dec: Decoder, steps: int, device) -> float:
     return (CLOCK() - t0) / steps
 
 
-def paired(xs, base) -> float:
-    """Median over rounds of the per-round time ratio ``x / base``."""
-    return statistics.median(x / b for x, b in zip(xs, base))
+def paired(raw: dict, a: str, b: str) -> float:
+    """Median over rounds of the per-round time ratio of ``a`` to ``b`` (``depthattn.bench.paired_ratios``)."""
+    return paired_ratios(raw, a, b)["median"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -168,7 +168,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "them, with each ratio's 95 %% interval across processes (rounds within one process are "
                         "not independent samples of the machine)")
     p.add_argument("--raw-out", type=Path,
-                   help="also write the per-round times here (JSON: a list of one measurement per process)")
+                   help="also write the per-round times here (depthattn.bench.write_record JSON: the command, "
+                        "commit, versions, device and CPU, and under \"processes\" one measurement per process)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="parameter dtype for decode; bfloat16 also turns on autocast for training")
@@ -202,6 +203,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if any(b < 1 for b in batches):
         p.error(f"--decode-batches must be at least 1 each, got {args.decode_batches!r}")
     args.decode_batches = batches
+    if not batches and args.train == "off":
+        p.error("--train off with an empty --decode-batches leaves nothing to time")
     if args.raw_out is not None and (args.raw_out.is_dir() or not args.raw_out.parent.is_dir()):
         p.error(f"--raw-out {str(args.raw_out)!r}: must name a file in an existing folder")
     return args
@@ -213,8 +216,9 @@ def rkey(r: tuple[str, str], b: int | None = None) -> str:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    """One process's interleaved measurement: ``{"meta", "rows", "decode_batches", "train_s", "decode_s", "mem",
-    "kv"}`` with per-round seconds (train step; decode step) keyed by ``rkey``, and exact memory numbers."""
+    """One process's interleaved measurement: a ``depthattn.bench`` record whose ``times`` are the per-round
+    seconds of a train step (``rkey(row)``, when ``train``) and of a decode step (``rkey(row, batch)``), plus
+    ``{"meta", "rows", "decode_batches", "train", "tokens_per_step", "mem", "kv"}`` (exact memory numbers)."""
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.threads:
@@ -248,11 +252,8 @@ def measure(args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(0)
     vocab = models[("none", "eager")].config.vocab_size
     ids = torch.randint(0, vocab, (args.batch_size, args.seq_len), generator=g).to(device)
-    train_s = {rkey(r): [] for r in rows}
-    decode_s = {rkey(r, b): [] for r in rows for b in decode_batches}
-    load_start = os.getloadavg()[0]
-    t_setup = time.perf_counter()
     train = args.train == "on"
+    t_setup = time.perf_counter()
     for r in rows if train else ():  # warm-up (allocator, kernels, compilation)
         for _ in range(2):
             models[r].train()
@@ -267,36 +268,36 @@ def measure(args: argparse.Namespace) -> dict:
                                         args.decode_wrapper == "cpp")
     setup_s = time.perf_counter() - t_setup
     print(f"warm-up and compilation took {setup_s:.0f} s; timing {args.rounds} rounds", file=sys.stderr, flush=True)
-    for k in range(args.rounds):
-        order = rows if k % 2 == 0 else rows[::-1]
-        for r in order if train else ():
+
+    def train_case(r):
+        def case() -> float:
             models[r].train()
-            train_s[rkey(r)].append(time_train_step(train_fn[r], opts[r], ids, device, autocast))
-        for b in decode_batches:
-            for r in order:
-                decode_s[rkey(r, b)].append(time_decode(decoders[(r, b)], args.decode_steps, device))
-        print(f"round {k + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+            return time_train_step(train_fn[r], opts[r], ids, device, autocast)
+        return case
+
+    cases = {rkey(r): train_case(r) for r in rows} if train else {}  # the train steps, then decode per batch size
+    for b in decode_batches:
+        cases.update({rkey(r, b): functools.partial(time_decode, decoders[(r, b)], args.decode_steps, device)
+                      for r in rows})
+    record = interleaved(cases, args.rounds, order="abba", warmup=0,
+                         log=lambda line: print(line, file=sys.stderr, flush=True))
+    load_start, load_end = record["load"]
     meta = (f"preset={args.preset} device={device} ({torch.get_num_threads()} threads) dtype={args.dtype} "
             f"train batch={args.batch_size}x{args.seq_len} decode context={args.context} rounds={args.rounds} "
             f"torch={torch.__version__} compile={args.compile} decode wrapper={args.decode_wrapper} "
             f"peer={args.peer} clock={args.clock} "
             f"warm-up+compile {setup_s:.0f} s train={args.train} "
-            f"load average (1 min) {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
-    return {"meta": meta, "rows": [list(r) for r in rows], "decode_batches": decode_batches,
-            "train_s": train_s if train else {}, "decode_s": decode_s,
-            "tokens_per_step": args.batch_size * args.seq_len,
+            f"load average (1 min) {load_start:.2f} at start, {load_end:.2f} at end")
+    return {**record, "meta": meta, "rows": [list(r) for r in rows], "decode_batches": decode_batches,
+            "train": train, "tokens_per_step": args.batch_size * args.seq_len,
             "mem": {m: saved_activation_bytes(models[(m, "eager")].train(), ids) for m in methods},  # exact, not timed
             "kv": {m: models[(m, "eager")].new_cache(1, 1).bytes_per_token() for m in methods}}
 
 
-def pool(raws: list[dict]) -> dict:
-    """One measurement from several processes' ``measure`` results: their per-round lists joined (rounds stay paired
-    within a process, so every per-round ratio still compares back-to-back timings)."""
+def pooled(raws: list[dict]) -> dict:
+    """``depthattn.bench.pool`` of several processes' ``measure`` results, with every process's meta line."""
     meta = "\n".join(f"process {i + 1}: {raw['meta']}" for i, raw in enumerate(raws))
-    out = dict(raws[0], meta=f"{meta}\npooled over {len(raws)} processes ({len(raws)} × the rounds above)")
-    for field in ("train_s", "decode_s"):
-        out[field] = {k: [x for raw in raws for x in raw[field][k]] for k in raws[0][field]}
-    return out
+    return dict(pool(raws), meta=f"{meta}\npooled over {len(raws)} processes ({len(raws)} × the rounds above)")
 
 
 def comparisons(raw: dict) -> list[tuple[str, str, str]]:
@@ -316,7 +317,7 @@ def comparisons(raw: dict) -> list[tuple[str, str, str]]:
         pairs.append(("compiled vanilla / eager vanilla", cv, van, False))
     out = []
     for label, a, b, decode_only in pairs:
-        if raw["train_s"] and not decode_only:
+        if raw["train"] and not decode_only:
             out.append((label, rkey(a), rkey(b)))
         out += [(label, rkey(a, d), rkey(b, d)) for d in raw["decode_batches"]]
     return out
@@ -338,7 +339,7 @@ def print_report(raw: dict) -> None:
     """The markdown table and the paired median ratios of one measurement (one process's, or ``pool``'s)."""
     print(raw["meta"])
     rows = [tuple(r) for r in raw["rows"]]
-    train_s, decode_s, batches = raw["train_s"], raw["decode_s"], raw["decode_batches"]
+    times, batches = raw["times"], raw["decode_batches"]
     columns = ["method", "variant", "train tok/s", "train time ratio"]
     for b in batches:
         columns += [f"decode tok/s (B={b})", f"decode time ratio (B={b})"]
@@ -350,11 +351,11 @@ def print_report(raw: dict) -> None:
     for r in rows:
         m, variant = r
         base = ("none", "eager") if variant == "peer" else ("none", variant)
-        cells = [m, variant] + ([f"{raw['tokens_per_step'] / statistics.median(train_s[rkey(r)]):,.0f}",
-                                 f"{paired(train_s[rkey(r)], train_s[rkey(base)]):.3f}"] if train_s else ["", ""])
+        cells = [m, variant] + ([f"{raw['tokens_per_step'] / statistics.median(times[rkey(r)]):,.0f}",
+                                 f"{paired(raw, rkey(r), rkey(base)):.3f}"] if raw["train"] else ["", ""])
         for b in batches:
-            d = statistics.median(decode_s[rkey(r, b)])
-            cells += [f"{b / d:,.1f}", f"{paired(decode_s[rkey(r, b)], decode_s[rkey(base, b)]):.3f}"]
+            d = statistics.median(times[rkey(r, b)])
+            cells += [f"{b / d:,.1f}", f"{paired(raw, rkey(r, b), rkey(base, b)):.3f}"]
         if variant == "peer":
             cells += ["", "", "", ""]
         else:
@@ -365,8 +366,7 @@ def print_report(raw: dict) -> None:
     print("Paired median time ratios (per round, then the median over rounds):")
     lines: dict[str, list[str]] = {}
     for label, a, b in comparisons(raw):
-        times = train_s if ratio_name(a) == "train" else decode_s
-        lines.setdefault(label, []).append(f"{ratio_name(a, label)} {fmt_ratio(paired(times[a], times[b]), label)}")
+        lines.setdefault(label, []).append(f"{ratio_name(a, label)} {fmt_ratio(paired(raw, a, b), label)}")
     for label, parts in lines.items():
         print(f"- {label}: " + ", ".join(parts))
 
@@ -375,14 +375,8 @@ def across_processes(raws: list[dict]) -> list[dict]:
     """Every ``comparisons`` ratio per process (its paired median over rounds) and across processes: the median and
     a 95 % t-interval of the geometric mean (t-interval of the mean log ratio, exponentiated; None for one process).
     Returns ``[{"label", "name", "per_process", "median", "geomean", "ci95"}]``."""
-    out = []
-    for label, a, b in comparisons(raws[0]):
-        field = "train_s" if ratio_name(a) == "train" else "decode_s"
-        per = [paired(raw[field][a], raw[field][b]) for raw in raws]
-        d = paired_difference([math.log(x) for x in per], [0.0] * len(per))  # mean log ratio and its t-interval
-        out.append({"label": label, "name": ratio_name(a, label), "per_process": per, "median": statistics.median(per),
-                    "geomean": math.exp(d["mean"]), "ci95": d["ci95"] and [math.exp(x) for x in d["ci95"]]})
-    return out
+    return [{"label": label, "name": ratio_name(a, label), **across_records(raws, a, b)}
+            for label, a, b in comparisons(raws[0])]
 
 
 def print_across_processes(raws: list[dict]) -> None:
@@ -421,7 +415,7 @@ def run_processes(argv: list[str], n: int) -> list[dict]:
             done = subprocess.run([sys.executable, __file__, *child_argv(argv, path)], stdout=subprocess.DEVNULL)
             if done.returncode:
                 raise SystemExit(f"bench.py: process {i + 1}/{n} failed with exit status {done.returncode}")
-            raws += json.loads(path.read_text())
+            raws += json.loads(path.read_text())["processes"]
     return raws
 
 
@@ -430,15 +424,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.processes > 1:
         raws = run_processes(argv, args.processes)
-        raw = pool(raws)
+        raw = pooled(raws)
     else:
         raws, raw = None, measure(args)
     print_report(raw)
     if raws:
         print_across_processes(raws)
-    if args.raw_out:  # always a list: one measurement per process; written after the report, which is never lost
+    if args.raw_out:  # one measurement per process; written after the report, which is never lost
         try:
-            atomic_write_text(args.raw_out, json.dumps(raws or [raw]))
+            write_record(args.raw_out, {"processes": raws or [raw]}, device=args.device)
         except OSError as e:
             raise SystemExit(f"bench.py: --raw-out {str(args.raw_out)!r}: {e.strerror or e}")
 

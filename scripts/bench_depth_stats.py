@@ -3,27 +3,33 @@
 One process, one model: optimizer steps as the trainer takes them (``next_token_loss`` forward and backward over
 ``grad_accum`` micro-batches, ``clip_grad_norm_``, AdamW, ``zero_grad``) alternate, side by side, between a plain
 step and a step on which the statistics are due (``depth_stats.layer_grad_norms`` before clipping, then the probe
-forward ``DepthProbe.statistics`` after the update), so the machine's changing load hits both alike. With the
-medians t_plain and t_due over ``--pairs`` pairs (after ``--warmup`` pairs), the overhead at an interval of N steps
-is (t_due − t_plain) / (N · t_plain): one due step per N.
+forward ``DepthProbe.statistics`` after the update), in ``depthattn.bench.interleaved`` rounds (plain due | due
+plain | …), so the machine's changing load hits both alike. With the medians t_plain and t_due over ``--pairs``
+pairs (after ``--warmup`` pairs), the overhead at an interval of N steps is (t_due − t_plain) / (N · t_plain): one
+due step per N.
 
     python scripts/bench_depth_stats.py --preset small --method depth_attention --pairs 10
 
-Prints one JSON line: the step times, the extra seconds of a due step, and the overhead at ``--interval``
-(default: ``TrainConfig``'s ``log_depth_every``).
+Prints one JSON line: the step times, the extra seconds of a due step, the paired due / plain time ratio (median
+over pairs, geometric mean and its 95 % interval: ``depthattn.bench.paired_ratios``) and the overhead at
+``--interval`` (default: ``TrainConfig``'s ``log_depth_every``); ``--record PATH`` also writes the per-pair times
+(``depthattn.bench.write_record``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from depthattn import DecoderLM, ModelConfig
+from depthattn.bench import interleaved, paired_ratios, write_record
 from depthattn.data import TokenBatches
 from depthattn.eval.perplexity import next_token_loss, validation_windows
 from depthattn.training import TrainConfig
@@ -42,7 +48,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--interval", type=int, default=TrainConfig().log_depth_every)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--record", type=Path, help="also write the per-pair times here (JSON)")
     args = ap.parse_args()
+    if args.pairs < 1 or args.warmup < 0:
+        ap.error(f"--pairs must be at least 1 and --warmup at least 0, got {args.pairs} and {args.warmup}")
 
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -55,7 +64,10 @@ def main() -> None:
     probe = DepthProbe(args.interval, validation_windows(tokens[:50_000], args.seq_len, 16)[:4, :-1], device)
     amp = torch.bfloat16 if device.type == "cuda" else None
 
-    def step(i: int, due: bool) -> float:
+    steps = itertools.count()  # each optimizer step takes the next batch
+
+    def step(due: bool) -> float:
+        i = next(steps)
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -73,20 +85,23 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    plain, due = [], []
-    for k in range(args.warmup + args.pairs):
-        order = (False, True) if k % 2 == 0 else (True, False)  # alternate which goes first
-        times = {d: step(2 * k + j, d) for j, d in enumerate(order)}
-        if k >= args.warmup:
-            plain.append(times[False])
-            due.append(times[True])
-    t_plain, t_due = statistics.median(plain), statistics.median(due)
+    record = interleaved({"plain": lambda: step(False), "due": lambda: step(True)}, args.pairs, order="abba",
+                         warmup=args.warmup)
+    t_plain, t_due = statistics.median(record["times"]["plain"]), statistics.median(record["times"]["due"])
     extra = t_due - t_plain
-    print(json.dumps({"preset": args.preset, "method": args.method, "device": str(device),
-                      "tokens_per_step": args.batch_size * args.grad_accum * args.seq_len, "pairs": args.pairs,
-                      "t_plain_s": round(t_plain, 5), "t_due_s": round(t_due, 5), "extra_s": round(extra, 5),
-                      "interval": args.interval,
-                      "overhead_at_interval": extra / (args.interval * t_plain) if args.interval else 0.0}))
+    ratio = paired_ratios(record, "due", "plain")
+    result = {"preset": args.preset, "method": args.method, "device": str(device),
+              "tokens_per_step": args.batch_size * args.grad_accum * args.seq_len, "pairs": args.pairs,
+              "t_plain_s": round(t_plain, 5), "t_due_s": round(t_due, 5), "extra_s": round(extra, 5),
+              "due_over_plain": {k: ratio[k] for k in ("median", "geomean", "ci95")},
+              "interval": args.interval,
+              "overhead_at_interval": extra / (args.interval * t_plain) if args.interval else 0.0}
+    print(json.dumps(result))
+    if args.record:
+        try:
+            write_record(args.record, {**record, "result": result}, device=str(device))
+        except OSError as e:
+            raise SystemExit(f"bench_depth_stats.py: --record {str(args.record)!r}: {e.strerror or e}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Depth-Attention adds no parameters, and the plugin's forward depends on ``cross_layer`` only through its depth plan
 (``served_plan``: all-empty for ``none``), so one engine serves both: each worker process loads a random
 Depth-Attention checkpoint of one width and times batches alternately with its own plan and with the empty plan
-(vanilla; set through ``LLM.apply_model``), A B B A ..., each pair on the same prompts. Both methods so share the
+(vanilla; set through ``LLM.apply_model``), A B B A ... (``depthattn.bench.interleaved``; odd-numbered workers
+start with Depth-Attention), each pair on the same prompts. Both methods so share the
 process, its weights, its memory placement and its engine config (float32, ``enforce_eager``, prefix caching off so
 every batch recomputes; the same engine arguments at every width). The width-``C`` model is the ``small`` preset
 (8 layers, vocab 8,192, head_dim 64, Depth-Attention's default stride 4, so the same depth plan at every width: 7 of
@@ -16,8 +17,10 @@ greedy tokens, then times ``--repeats`` pairs of batches of ``--batch`` random p
 with ``--new-tokens`` greedy tokens each (``ignore_eos``). Throughput = (prompt + generated tokens) / time, by wall
 clock and by the worker's CPU time (``--threads 1`` torch thread by default, so CPU time holds no OpenMP
 spin-waiting: the number to quote on a shared machine). The ratio at a width is the median over all its pairs of
-Depth-Attention's time over vanilla's; the report also gives each process's median and the min-max over pairs. Run
-in the vLLM environment (``bash scripts/ci_vllm.sh`` builds it):
+Depth-Attention's time over vanilla's (``depthattn.bench.paired_ratios`` of the workers' pooled records); the
+report also gives each process's median, the min-max over pairs and, under the table, the 95 % intervals of the
+geometric mean over pairs and across processes. ``--record PATH`` writes every worker's per-pair times as JSON
+(``depthattn.bench.write_record``). Run in the vLLM environment (``bash scripts/ci_vllm.sh`` builds it):
 
     .venv-vllm/bin/python scripts/bench_vllm.py --widths 256,1024,2048 --rounds 2 --repeats 4 --batch 8 \
         --prompt-len 64 --new-tokens 16
@@ -34,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from depthattn.bench import across_records, interleaved, paired_ratios, pool, write_record
 
 METHODS = ("none", "depth_attention")
 
@@ -99,6 +104,8 @@ def worker(args) -> None:
         return [TokensPrompt(prompt_token_ids=torch.randint(1, 8000, (args.prompt_len,), generator=g).tolist())
                 for _ in range(args.batch)]
 
+    prompts, wall = [], {m: [] for m in METHODS}
+
     def run(method, prompts):
         llm.apply_model(lambda m: _set_plan(m, plans[method]))
         t0, c0 = time.perf_counter(), time.process_time()
@@ -107,17 +114,22 @@ def worker(args) -> None:
         assert all(len(o.outputs[0].token_ids) == args.new_tokens for o in outs)
         return seconds, [o.outputs[0].token_ids for o in outs]
 
+    def case(method):
+        def timed() -> float:  # CPU seconds; the wall clock goes beside them
+            (w, cpu), _ = run(method, prompts[0])
+            wall[method].append(w)
+            return cpu
+        return timed
+
+    def new_prompts(index: int) -> None:
+        prompts[:] = [batch()]  # the same prompts for both methods of a pair
+
     warm = batch()
     differ = run("none", warm)[1] != run("depth_attention", warm)[1]  # warm-up; the mix must change the tokens
-    times = {m: {"wall": [], "cpu": []} for m in METHODS}
-    for i in range(args.repeats):
-        prompts = batch()  # the same prompts for both methods of a pair
-        for method in (METHODS if (i + args.seed) % 2 == 0 else METHODS[::-1]):
-            (wall, cpu), _ = run(method, prompts)
-            times[method]["wall"].append(wall)
-            times[method]["cpu"].append(cpu)
-    print("RESULT " + json.dumps({"times": times, "threads": torch.get_num_threads(), "tokens_differ": differ}),
-          flush=True)
+    order = METHODS if args.seed % 2 == 0 else METHODS[::-1]
+    cpu = interleaved({m: case(m) for m in order}, args.repeats, order="abba", warmup=0, before_round=new_prompts)
+    print("RESULT " + json.dumps({"cpu": cpu, "wall": dict(cpu, times=wall), "threads": torch.get_num_threads(),
+                                  "tokens_differ": differ}), flush=True)
 
 
 def run_worker(path: str, seed: int, args) -> dict:
@@ -148,8 +160,9 @@ def spread(xs: list[float]) -> str:
     return f"{min(xs):.3f}-{max(xs):.3f}"
 
 
-def report(widths, pairs, args) -> None:
-    """``pairs[w][r]``: round ``r``'s times at width ``w`` (``{method: {"wall" | "cpu": [per batch]}}``)."""
+def report(widths, results, args) -> None:
+    """``results[w][r]``: round ``r``'s worker result at width ``w`` (``{"cpu" | "wall": a depthattn.bench record
+    of seconds per batch keyed by method, …}``)."""
     tokens = args.batch * (args.prompt_len + args.new_tokens)
     print(f"\nbatch {args.batch} x ({args.prompt_len} prompt + {args.new_tokens} generated) tokens, float32, "
           f"enforce_eager, prefix caching off, {args.threads} torch thread(s); {args.rounds} worker processes per "
@@ -158,18 +171,28 @@ def report(widths, pairs, args) -> None:
     print("| width | heads / KV heads | vanilla tok/s wall | DA tok/s wall | vanilla tok per CPU-s | DA tok per CPU-s "
           "| DA/vanilla CPU time | per-process CPU ratios | all pairs min-max | DA/vanilla wall time |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    intervals = []
     for w in widths:
         cfg = width_config(w)
-        flat = {(m, c): [x for rnd in pairs[w] for x in rnd[m][c]] for m in METHODS for c in ("cpu", "wall")}
-        ratio = {c: [d / n for d, n in zip(flat["depth_attention", c], flat["none", c])] for c in ("cpu", "wall")}
-        per_process = [statistics.median(d / n for d, n in zip(rnd["depth_attention"]["cpu"], rnd["none"]["cpu"]))
-                       for rnd in pairs[w]]
-        rate = {k: tokens / statistics.median(v) for k, v in flat.items()}
+        pooled = {c: pool([res[c] for res in results[w]]) for c in ("cpu", "wall")}
+        ratio = {c: paired_ratios(pooled[c], "depth_attention", "none") for c in ("cpu", "wall")}
+        across = across_records([res["cpu"] for res in results[w]], "depth_attention", "none")
+        rate = {(m, c): tokens / statistics.median(pooled[c]["times"][m]) for m in METHODS for c in ("cpu", "wall")}
         print(f"| {w} | {cfg.num_attention_heads} / {cfg.num_key_value_heads} | {rate['none', 'wall']:.0f} | "
               f"{rate['depth_attention', 'wall']:.0f} | {rate['none', 'cpu']:.0f} | "
-              f"{rate['depth_attention', 'cpu']:.0f} | {statistics.median(ratio['cpu']):.3f} | "
-              f"{', '.join(f'{x:.3f}' for x in per_process)} | "
-              f"{spread(ratio['cpu'])} | {statistics.median(ratio['wall']):.3f} |")
+              f"{rate['depth_attention', 'cpu']:.0f} | {ratio['cpu']['median']:.3f} | "
+              f"{', '.join(f'{x:.3f}' for x in across['per_process'])} | "
+              f"{spread(ratio['cpu']['ratios'])} | {ratio['wall']['median']:.3f} |")
+        intervals.append(f"- width {w}: over the {ratio['cpu']['n']} pairs {interval(ratio['cpu'])}; across the "
+                         f"{across['n']} processes {interval(across)}")
+    print("\nDA/vanilla CPU time, geometric mean (95 % t-interval of the mean log ratio):")
+    print("\n".join(intervals))
+
+
+def interval(summary: dict) -> str:
+    """``"1.012 (0.995-1.030)"``: a ``depthattn.bench`` ratio summary's geometric mean and 95 % interval."""
+    ci = "no interval" if summary["ci95"] is None else f"{summary['ci95'][0]:.3f}-{summary['ci95'][1]:.3f}"
+    return f"{summary['geomean']:.3f} ({ci})"
 
 
 def main() -> None:
@@ -183,6 +206,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per worker (default 1: CPU time then counts no OpenMP spin-waiting, so it "
                         "stays a fair measure on a loaded machine)")
+    p.add_argument("--record", help="also write every worker's per-pair times here (JSON)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -195,21 +219,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="depthattn-bench-vllm-") as folder:
         tok = make_tokenizer(folder, width_config(widths[0]).vocab_size)
         ckpts = {w: make_checkpoint(folder, w, tok) for w in widths}
-        pairs: dict[int, list[dict]] = {w: [] for w in widths}
+        results: dict[int, list[dict]] = {w: [] for w in widths}
         for r in range(args.rounds):
             for w in widths:
                 res = run_worker(ckpts[w], r, args)
-                pairs[w].append(res["times"])
-                cpu = res["times"]
+                results[w].append(res)
+                cpu = res["cpu"]["times"]
                 print(f"round {r} width {w} ({res['threads']} torch threads, greedy tokens differ: "
                       f"{res['tokens_differ']}, load average {os.getloadavg()[0]:.2f}): CPU s per batch, vanilla "
-                      f"{', '.join(f'{x:.3f}' for x in cpu['none']['cpu'])}; DA "
-                      f"{', '.join(f'{x:.3f}' for x in cpu['depth_attention']['cpu'])}; "
-                      f"{tokens / statistics.median(cpu['none']['cpu']):.0f} vs "
-                      f"{tokens / statistics.median(cpu['depth_attention']['cpu']):.0f} tok per CPU-second",
+                      f"{', '.join(f'{x:.3f}' for x in cpu['none'])}; DA "
+                      f"{', '.join(f'{x:.3f}' for x in cpu['depth_attention'])}; "
+                      f"{tokens / statistics.median(cpu['none']):.0f} vs "
+                      f"{tokens / statistics.median(cpu['depth_attention']):.0f} tok per CPU-second",
                       flush=True)
-    report(widths, pairs, args)
+    report(widths, results, args)
     print(f"end {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()[0]:.2f}")
+    if args.record:
+        try:
+            write_record(args.record, {"widths": {str(w): results[w] for w in widths}}, device="cpu")
+        except OSError as e:
+            sys.exit(f"bench_vllm.py: --record {args.record!r}: {e.strerror or e}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Where Depth-Attention's serving time goes: the plugin's forward per step kind, vanilla vs Depth-Attention, in vLLM.
 
 One in-process engine on a random Depth-Attention checkpoint of width ``WIDTH`` (``bench_vllm.width_config``) runs
-the same batches with three plans, alternated per batch: ``none`` (the empty plan: vanilla), ``da`` (its own plan)
+the same batches with three plans, alternated per batch (``depthattn.bench.interleaved``, order reversed every other
+batch): ``none`` (the empty plan: vanilla), ``da`` (its own plan)
 and ``contig`` (vanilla with the value made contiguous before vLLM's attention, as the mix's output is). For each
 plan and step kind (prefill: more tokens than sequences; decode) it prints the median thread CPU time of
 ``DepthAttnModel.forward`` and of the ``token_depth_mix`` calls inside it. A diagnostic, not a test; run in the vLLM
@@ -26,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import bench_vllm  # noqa: E402
+from depthattn.bench import interleaved  # noqa: E402
 from depthattn.serving import vllm_model  # noqa: E402
 
 PLANS = ("none", "da", "contig")
@@ -98,10 +100,17 @@ def main() -> None:
         print(f"contig tokens == vanilla tokens: {tokens['contig'] == tokens['none']}; Depth-Attention's differ: "
               f"{tokens['da'] != tokens['none']}")
         samples.clear()
-        for i in range(pairs):
-            p = prompts()
-            for plan in (PLANS if i % 2 == 0 else PLANS[::-1]):
-                run(plan, p)
+        shared = {}  # the batch every plan of a round runs
+
+        def new_batch(index: int) -> None:
+            shared["prompts"] = prompts()
+
+        def case(plan):
+            def go() -> None:  # the forwards time themselves (samples)
+                run(plan, shared["prompts"])
+            return go
+
+        interleaved({plan: case(plan) for plan in PLANS}, pairs, order="abba", warmup=0, before_round=new_batch)
     for kind in ("prefill", "decode"):
         base = statistics.median(samples["none", kind]["forward"])
         for plan in PLANS:

@@ -1,4 +1,5 @@
-"""scripts/bench.py: pooling of several processes' interleaved measurements, and the script run end to end."""
+"""scripts/bench.py: its report and ratios over several processes' interleaved measurements (pooled by
+``depthattn.bench.pool``), and the script run end to end."""
 
 from __future__ import annotations
 
@@ -25,11 +26,10 @@ def bench():
 def raw(train_none, train_da, dec_none, dec_da):
     """A hand-made ``measure`` result: compiled none and depth_attention, decode at B = 1, no peer."""
     return {"meta": "hand-made", "rows": [["none", "eager"], ["none", "compiled"], ["depth_attention", "compiled"]],
-            "decode_batches": [1], "tokens_per_step": 8,
-            "train_s": {"none/eager": [1.0] * len(train_none), "none/compiled": train_none,
-                        "depth_attention/compiled": train_da},
-            "decode_s": {"none/eager/1": [1.0] * len(dec_none), "none/compiled/1": dec_none,
-                         "depth_attention/compiled/1": dec_da},
+            "decode_batches": [1], "tokens_per_step": 8, "train": True,
+            "times": {"none/eager": [1.0] * len(train_none), "none/compiled": train_none,
+                      "depth_attention/compiled": train_da, "none/eager/1": [1.0] * len(dec_none),
+                      "none/compiled/1": dec_none, "depth_attention/compiled/1": dec_da},
             "mem": {"none": 1, "depth_attention": 1}, "kv": {"none": 1, "depth_attention": 1}}
 
 
@@ -37,10 +37,12 @@ def test_processes_pool_their_rounds_and_give_an_interval_across_processes(bench
     # process 1: per-round decode ratios 1.1, 1.3, 1.0 -> median 1.1; process 2: 0.9, 0.95, 1.0 -> 0.95
     a = raw([1.0, 2.0, 4.0], [1.0, 2.0, 4.0], [1.0, 2.0, 4.0], [1.1, 2.6, 4.0])
     b = raw([2.0, 2.0, 2.0], [2.2, 2.2, 2.2], [2.0, 2.0, 2.0], [1.8, 1.9, 2.0])
-    pooled = bench.pool([a, b])
-    assert pooled["decode_s"]["depth_attention/compiled/1"] == [1.1, 2.6, 4.0, 1.8, 1.9, 2.0]
-    assert pooled["train_s"]["none/compiled"] == [1.0, 2.0, 4.0, 2.0, 2.0, 2.0]
-    assert a["decode_s"]["depth_attention/compiled/1"] == [1.1, 2.6, 4.0]  # inputs untouched
+    pooled = bench.pooled([a, b])
+    assert pooled["times"]["depth_attention/compiled/1"] == [1.1, 2.6, 4.0, 1.8, 1.9, 2.0]
+    assert pooled["times"]["none/compiled"] == [1.0, 2.0, 4.0, 2.0, 2.0, 2.0]
+    assert a["times"]["depth_attention/compiled/1"] == [1.1, 2.6, 4.0]  # inputs untouched
+    assert pooled["meta"].splitlines() == ["process 1: hand-made", "process 2: hand-made",
+                                           "pooled over 2 processes (2 × the rounds above)"]
     stats = {(c["label"].split(" (")[0], c["name"]): c for c in bench.across_processes([a, b])}
     dec = stats[("compiled depth_attention / compiled vanilla", "decode B=1")]
     assert dec["per_process"] == pytest.approx([1.1, 0.95])
@@ -59,8 +61,8 @@ def full_raw():
     times = {"none/eager": (1.0, 0.01), "depth_attention/eager": (1.2, 0.012), "none/compiled": (0.8, 0.005),
              "depth_attention/compiled": (0.88, 0.00525), "hf_qwen3/peer": (1.25, 0.01)}
     return {"meta": "hand-made", "rows": [k.split("/") for k in times], "decode_batches": [1], "tokens_per_step": 8,
-            "train_s": {k: [t, t] for k, (t, _) in times.items()},
-            "decode_s": {f"{k}/1": [d, d] for k, (_, d) in times.items()},
+            "train": True, "times": {**{k: [t, t] for k, (t, _) in times.items()},
+                                     **{f"{k}/1": [d, d] for k, (_, d) in times.items()}},
             "mem": {"none": 2**20, "depth_attention": 2**21}, "kv": {"none": 64, "depth_attention": 64}}
 
 
@@ -94,8 +96,10 @@ def test_several_processes_end_to_end(tmp_path):
                            "--batch-size", "1", "--seq-len", "8", "--processes=2", "--raw-out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    raws = json.loads(out.read_text())
-    assert len(raws) == 2 and all(len(r["decode_s"]["depth_attention/eager/2"]) == 1 for r in raws)
+    record = json.loads(out.read_text())
+    raws = record["processes"]
+    assert len(raws) == 2 and all(len(r["times"]["depth_attention/eager/2"]) == 1 for r in raws)
+    assert record["environment"]["command"].endswith("--processes=2 --raw-out " + str(out))
     assert "pooled over 2 processes" in done.stdout
     assert "| depth_attention | eager |" in done.stdout
 
@@ -107,7 +111,8 @@ def test_several_processes_end_to_end(tmp_path):
     (["--decode-batches", "1,x"], "--decode-batches must be comma-separated integers, got '1,x'"),
     (["--methods", "depth_attention"], "--methods must start with none"),
     (["--methods", "none,nosuch"], "--methods: unknown method 'nosuch'"),
-    (["--raw-out", "/nonexistent-folder/x.json"], "must name a file in an existing folder")])
+    (["--raw-out", "/nonexistent-folder/x.json"], "must name a file in an existing folder"),
+    (["--train", "off", "--decode-batches", ""], "--train off with an empty --decode-batches leaves nothing to time")])
 def test_bad_arguments_get_one_line(argv, message):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), *argv], capture_output=True, text=True,
                           timeout=120)

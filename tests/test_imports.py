@@ -178,3 +178,9 @@ def test_import_depthattn_leaves_the_vllm_plugin_out():
     graph = import_graph()
     importers = {m for m, deps in graph.items() if any(d.startswith("depthattn.serving") for d in deps)}
     assert all(m == "depthattn.serving" or m.startswith("depthattn.serving.") for m in importers), importers
+
+
+def test_no_package_module_imports_the_benchmark_harness():
+    """depthattn.bench is research tooling for scripts/bench*.py, in the package only so they can import it."""
+    assert "depthattn.bench" in import_graph()
+    assert [m for m, deps in import_graph().items() if "depthattn.bench" in deps] == []
