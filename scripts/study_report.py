@@ -10,7 +10,6 @@ folders. Run through
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -119,8 +118,8 @@ def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) 
     return lines
 
 
-#: The code the published parts that record no commit were run with: commit 73cecd4d, whose defaults drew training windows
-#: uniformly with replacement (``data_order="random"``) and ran PyTorch's default AdamW (``adamw_impl=
+#: The code the published parts that record no commit were run with: commit 73cecd4d, whose defaults drew training
+#: windows uniformly with replacement (``data_order="random"``) and ran PyTorch's default AdamW (``adamw_impl=
 #: "torch_default"``). Runs of this release's defaults (epochs, fused AdamW) train on other batches; the parts are
 #: regenerated with them by the science issue.
 PUBLISHED_WITH = ("commit 73cecd4d (defaults then: `data_order = \"random\"`, `adamw_impl = \"torch_default\"`; "
@@ -240,9 +239,9 @@ def long_trend(runs: dict) -> list[str]:
 
 def depth_section(published: list[dict], out: Path, runs: dict, groups: list[str]) -> list[str]:
     """Draw Depth-Attention's depth statistics over the 16 × runs (the ``depth`` rows of the ``published`` parts'
-    runs) beside ``out``: the runs of ``groups[0]`` (``mix16`` or its CPU twin ``mix16cpu``), and for a seed they lack, the run of that seed
-    in ``groups[1]`` (a descriptive figure, so a run of the other device's initial weights may stand in; the seeds
-    trained on the CPU are named below the figure)."""
+    runs) beside ``out``: the runs of ``groups[0]`` (``mix16`` or its CPU twin ``mix16cpu``), and for a seed they
+    lack, the run of that seed in ``groups[1]`` (a descriptive figure, so a run of the other device's initial
+    weights may stand in; the seeds trained on the CPU are named below the figure)."""
     by_seed: dict[int, list] = {}
     origin: dict[int, str] = {}
     twin = cpu_twin_group("mix16")
