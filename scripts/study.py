@@ -25,8 +25,9 @@ Groups (all on the embedded corpus, preset ``small``, the default compare budget
 A part of ~5–45 min on an idle 2-core CPU (~4.5 min per default-budget run including the evaluation; a mix16 part
 ~75 min);
 ``compare`` reuses finished runs and resumes interrupted ones from their last checkpoint, so a killed part loses at
-most ``save_every`` steps (the mix parts save every ``MIX_SAVE_MINUTES`` instead). After each part its report.md,
-results.json and loss_curves.png are copied to ``--publish`` (small files, to commit); ``aggregate`` builds
+most ``save_every`` steps (the mix parts save every ``MIX_SAVE_MINUTES`` instead). After each part its results are
+published as one small file, ``--publish``/PART.json (default results/small-scale; ``study_results``: final
+metrics, validation curves, depth statistics, command, commits, hardware; to commit); ``aggregate`` builds
 docs/results.md from the published parts alone. ``run --jobs N`` runs N parts at once (each part's output in
 ROOT/PART/study.log; one that fails is named with its log's last lines and the others go on): for a GPU, which one
 10 M-parameter run leaves mostly idle.
@@ -52,12 +53,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from depthattn.fileio import atomic_write_bytes, atomic_write_text
+from depthattn.fileio import atomic_write_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study_depth  # noqa: E402  (scripts/ is not a package)
 import study_groups  # noqa: E402
 import study_report  # noqa: E402
+import study_results  # noqa: E402
 
 MAIN_METHODS = "none,depth_attention,denseformer,mhc,attnres,value_residual,depth_attention_uniform"
 DEFAULT_STEPS = 400  # the compare default (commands/compare_cmd.py DEFAULT_TRAIN)
@@ -220,8 +222,7 @@ def code_commit() -> str:
 
 
 def status(part: Part, args) -> str:
-    pub = Path(args.publish) / part.name / "results.json"
-    if pub.is_file():
+    if study_results.path(Path(args.publish), part.name).is_file():
         return "done"
     return "partial" if (Path(args.root) / part.name / "runs").is_dir() else "missing"
 
@@ -355,9 +356,8 @@ def run_part(part: Part, args) -> None:
     rc = subprocess.call(compare_argv(part, args))
     if rc != 0:
         raise SystemExit(f"study: part {part.name} failed (exit {rc}); rerun it to resume")
-    publish_part(part, args)
-    print(f"== {part.name} done in {time.perf_counter() - t0:.0f} s; published to {Path(args.publish) / part.name}",
-          flush=True)
+    out = publish_part(part, args)
+    print(f"== {part.name} done in {time.perf_counter() - t0:.0f} s; published to {out}", flush=True)
 
 
 def tail(path: Path, lines: int = 5) -> str:
@@ -395,25 +395,24 @@ def run_parallel(todo: list[Part], args) -> int:
                       file=sys.stderr, flush=True)
                 continue
             try:
-                publish_part(part, args)
+                out = publish_part(part, args)
             except (SystemExit, OSError, ValueError) as e:  # the part trained; its publication did not: say so, go on
                 failed.append(name)
                 print(f"study: part {name} finished but was not published: {e}; rerun `publish {name}`",
                       file=sys.stderr, flush=True)
                 continue
-            print(f"== {name} done in {time.perf_counter() - t0:.0f} s; published to {Path(args.publish) / name}",
-                  flush=True)
+            print(f"== {name} done in {time.perf_counter() - t0:.0f} s; published to {out}", flush=True)
     return len(failed)
 
 
-def publish_part(part: Part, args) -> None:
-    """Copy a finished part's report, results (with the study record: the command its last invocation ran, every
-    commit and machine it ran on), plot and depth statistics from ROOT/PART to PUBLISH/PART, machine paths made
-    portable; results.json last (it marks the part done). Raises ``SystemExit`` if the part has not finished."""
-    folder, pub = Path(args.root) / part.name, Path(args.publish) / part.name
+def publish_part(part: Part, args) -> Path:
+    """Publish a finished part: its results (``study_results.compact``) with the study record (the command its last
+    invocation ran, every commit and machine it ran on) and its runs' depth statistics, machine paths made portable,
+    to PUBLISH/PART.json (which marks the part done); returns that path. Raises ``SystemExit`` if the part has not
+    finished."""
+    folder = Path(args.root) / part.name
     if not (folder / "results.json").is_file():
         raise SystemExit(f"study: {folder} holds no finished compare (no results.json); run the part first")
-    pub.mkdir(parents=True, exist_ok=True)
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     rows = invocations(part, args)
     ran = next((r["command"] for r in reversed(rows) if "command" in r), None)  # as run, not as this call would
@@ -423,18 +422,15 @@ def publish_part(part: Part, args) -> None:
     machines = list(dict.fromkeys(r["hardware"] for r in rows if "hardware" in r))
     if machines:  # every machine an invocation ran on (a part resumed elsewhere names both)
         results["study"] |= {"hardware": "; then ".join(machines), "jobs": max(r.get("jobs", 1) for r in rows)}
-    atomic_write_bytes(pub / "loss_curves.png", (folder / "loss_curves.png").read_bytes())
     depth = {}
     for method, m in results["methods"].items():
         for r in m["runs"]:
-            rows = study_depth.extract(Path(r["run_dir"]))
-            if rows:
-                depth.setdefault(method, {})[str(r["seed"])] = rows
-    if depth:
-        atomic_write_text(pub / "depth_stats.json", json.dumps(depth, indent=1) + "\n")
-    report = (folder / "report.md").read_text(encoding="utf-8")
-    atomic_write_text(pub / "report.md", portable(report, args))
-    atomic_write_text(pub / "results.json", portable(json.dumps(results, indent=2) + "\n", args))
+            found = study_depth.extract(Path(r["run_dir"]))
+            if found:
+                depth.setdefault(method, {})[str(r["seed"])] = found
+    out = study_results.path(Path(args.publish), part.name)
+    atomic_write_text(out, portable(study_results.dumps(study_results.compact(results, depth)), args))
+    return out
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -446,7 +442,8 @@ def aggregate(publish: Path, out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default="runs/study", help="compare folders (large: checkpoints); default runs/study")
-    ap.add_argument("--publish", default="docs/study", help="published per-part reports (small); default docs/study")
+    ap.add_argument("--publish", default="results/small-scale", help="the published parts, one small JSON file each "
+                    "(committed); default results/small-scale")
     ap.add_argument("--data", default=None, help="prepared data folder for every part (default: the embedded corpus "
                     "in ROOT/data, the public-domain mix in --mix-data)")
     ap.add_argument("--mix-data", default=None, help="the prepared public-domain mix (default ROOT/data-mix; "
@@ -486,8 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [table[n] for n in args.parts]
     if args.cmd == "publish":
         for p in todo:
-            publish_part(p, args)
-            print(f"published {p.name} to {Path(args.publish) / p.name}")
+            print(f"published {p.name} to {publish_part(p, args)}")
         return 0
     if args.next or args.all:
         pending = [p for p in parts() if status(p, args) != "done"]

@@ -3,13 +3,13 @@ validation losses and paired differences from ``none`` (``depthattn.stats.paired
 over seeds) with the verdicts in words, two budget trends (``study_trend``: the GPU's groups, and their CPU twins
 among themselves; the set with more of its parts published first, ``study_groups.set_order``), Depth-Attention's
 depth statistics over training (``study_depth``), a CPU-vs-GPU cross-check per CPU twin (``study_groups``) and the
-parts' commands. Reads only the published files (small, committed), never the run folders. Run through
+parts' commands. Reads only the published parts (``study_results``: one small committed file each), never the run
+folders. Run through
 ``python scripts/study.py aggregate``, which knows the parts and puts scripts/ on the import path.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,6 +19,7 @@ from depthattn.fileio import atomic_write_text
 from depthattn.stats import paired_difference, tokens_to_target, verdict
 
 import study_depth
+import study_results
 import study_trend
 from study_groups import GROUPS, budget_sets, cpu_twin_group, set_order
 
@@ -27,15 +28,10 @@ DEPTH_FIGURE = Path("img") / "study_mix16_depth_attention.png"
 
 
 def load_published(publish: Path, parts: list) -> list[dict]:
-    """The published results.json of ``parts`` (``study.Part``) that have one, in their order."""
-    found = []
-    for part in parts:
-        path = publish / part.name / "results.json"
-        if path.is_file():
-            res = json.loads(path.read_text(encoding="utf-8"))
-            res.setdefault("study", {"part": part.name, "group": part.group, "label": part.label, "command": "?"})
-            found.append(res)
-    return found
+    """The published parts among ``parts`` (``study.Part``), in their order, each in compare's results.json shape
+    (``study_results.load``)."""
+    files = (study_results.path(publish, part.name) for part in parts)
+    return [study_results.load(file) for file in files if file.is_file()]
 
 
 def collect(published: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
@@ -122,8 +118,8 @@ def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) 
     return lines
 
 
-#: The code the published parts in docs/study were run with: commit 73cecd4d, whose defaults drew training windows
-#: uniformly with replacement (``data_order="random"``) and ran PyTorch's default AdamW (``adamw_impl=
+#: The code the published parts that record no commit were run with: commit 73cecd4d, whose defaults drew training
+#: windows uniformly with replacement (``data_order="random"``) and ran PyTorch's default AdamW (``adamw_impl=
 #: "torch_default"``). Runs of this release's defaults (epochs, fused AdamW) train on other batches; the parts are
 #: regenerated with them by the science issue.
 PUBLISHED_WITH = ("commit 73cecd4d (defaults then: `data_order = \"random\"`, `adamw_impl = \"torch_default\"`; "
@@ -241,21 +237,21 @@ def long_trend(runs: dict) -> list[str]:
     return lines + [""]
 
 
-def depth_section(publish: Path, out: Path, runs: dict, parts: list, groups: list[str]) -> list[str]:
-    """Draw Depth-Attention's depth statistics over the 16 × runs (published depth_stats.json) beside ``out``: the
-    runs of ``groups[0]`` (``mix16`` or its CPU twin ``mix16cpu``), and for a seed they lack, the run of that seed
-    in ``groups[1]`` (a descriptive figure, so a run of the other device's initial weights may stand in; the seeds
-    trained on the CPU are named below the figure)."""
+def depth_section(published: list[dict], out: Path, runs: dict, groups: list[str]) -> list[str]:
+    """Draw Depth-Attention's depth statistics over the 16 × runs (the ``depth`` rows of the ``published`` parts'
+    runs) beside ``out``: the runs of ``groups[0]`` (``mix16`` or its CPU twin ``mix16cpu``), and for a seed they
+    lack, the run of that seed in ``groups[1]`` (a descriptive figure, so a run of the other device's initial
+    weights may stand in; the seeds trained on the CPU are named below the figure)."""
     by_seed: dict[int, list] = {}
     origin: dict[int, str] = {}
     twin = cpu_twin_group("mix16")
     for group in groups:
-        for part in parts:
-            path = publish / part.name / "depth_stats.json"
-            if part.group == group and path.is_file():
-                for seed, rows in json.loads(path.read_text(encoding="utf-8")).get("depth_attention", {}).items():
-                    if int(seed) not in by_seed:
-                        by_seed[int(seed)], origin[int(seed)] = rows, group
+        for res in published:
+            if res["study"]["group"] != group:
+                continue
+            for r in res["methods"].get("depth_attention", {}).get("runs", []):
+                if r.get("depth") and int(r["seed"]) not in by_seed:
+                    by_seed[int(r["seed"])], origin[int(r["seed"])] = r["depth"], group
     runs16 = next((runs[g]["depth_attention"] for g in groups if runs.get(g, {}).get("depth_attention")), {})
     if not by_seed or not runs16:
         return []
@@ -285,7 +281,7 @@ def parts_table(published: list[dict], publish: Path, out: Path) -> list[str]:
              "| part | wall time (s, finished invocations) | command |", "|---|---:|---|"]
     for res in published:
         wall = sum(h.get("wall_seconds", 0.0) for h in res.get("history", [])) or res.get("wall_seconds", 0.0)
-        link = Path(os.path.relpath(publish, out.parent)) / res["study"]["part"] / "report.md"
+        link = study_results.path(Path(os.path.relpath(publish, out.parent)), res["study"]["part"])
         lines.append(f"| [{res['study']['part']}]({link}) | {wall:.0f} | `{res['study']['command']}` |")
     return lines + [""]
 
@@ -356,7 +352,7 @@ def aggregate(publish: Path, out: Path, parts: list) -> str:
         budgets = tuple((g if g in groups else cpu_twin_group(g), name) for g, name in study_trend.BUDGETS)
         lines += study_trend.section(runs, BASELINE, budgets, TREND_WHERE[where])
     sixteen = [g for where in order for g in budget_sets()[where] if g.startswith("mix16")]
-    lines += depth_section(publish, out, runs, parts, sixteen)
+    lines += depth_section(published, out, runs, sixteen)
     lines += group_sections(runs, order) + long_trend(runs) + parts_table(published, publish, out)
     text = "\n".join(lines)
     atomic_write_text(out, text)

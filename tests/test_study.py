@@ -1,4 +1,5 @@
-"""scripts/study.py: the parts of the issue-14 study and the aggregator that builds docs/results.md from them."""
+"""scripts/study.py: the parts of the issue-14 study, their published files (results/small-scale) and the aggregator
+that builds docs/results.md from them."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def test_device_and_compile_go_to_the_parts_that_take_them(study):
     assert sets == [*study.MIX_SETS, "device=cuda", "compile=true"]
     cpu = study.command(table["mix16cpu-s0-none"], args)
     assert "device=cuda" not in cpu and "compile=true" not in cpu
-    published = json.loads((ROOT / "docs/study/mix16cpu-s0-none/results.json").read_text())["study"]["command"]
+    published = study.study_results.load(ROOT / "results/small-scale/mix16cpu-s0-none.json")["study"]["command"]
     # the same command but for the folder name it ran in before the part was renamed
     assert published == "depthattn " + " ".join(cpu).replace("mix16cpu-s0-none", "mix16-s0-none")
 
@@ -124,10 +125,16 @@ def test_aggregate_without_parts_says_not_run(study, tmp_path):
     assert (tmp_path / "results.md").read_text() == text
 
 
-def publish(folder: Path, part: str, group: str, res: dict, label: str = "") -> None:
-    res = dict(res, study={"part": part, "group": group, "label": label, "command": f"depthattn compare # {part}"})
-    (folder / part).mkdir(parents=True)
-    (folder / part / "results.json").write_text(json.dumps(res))
+def publish(folder: Path, part: str, group: str, res: dict, label: str = "", depth: dict | None = None,
+            **record) -> None:
+    """Publish compare's ``res`` as part ``part`` of ``group`` under ``folder``, with the runs' ``depth`` rows
+    (``{method: {str(seed): rows}}``) and any other study ``record`` fields (hardware, jobs …)."""
+    from study_results import compact, dumps, path
+
+    res = dict(res, study={"part": part, "group": group, "label": label, "command": f"depthattn compare # {part}",
+                           **record})
+    folder.mkdir(parents=True, exist_ok=True)
+    path(folder, part).write_text(dumps(compact(res, depth or {})))
 
 
 def test_aggregate_pairs_across_parts(study, tmp_path):
@@ -150,7 +157,7 @@ def test_aggregate_pairs_across_parts(study, tmp_path):
     half = 12.7062 * math.sqrt(0.02) / math.sqrt(2)
     assert f"| +0.0000 ± {math.sqrt(0.02):.4f} | {-half:+.4f} to {half:+.4f} | 1 of 2 |" in abl
     assert "depth_attention (stride=L/2, window=0; from main)" in text
-    assert "`depthattn compare # main-s0`" in text and "(pub/main-s0/report.md)" in text
+    assert "`depthattn compare # main-s0`" in text and "[main-s0](pub/main-s0.json)" in text
 
 
 def test_aggregate_states_each_result_in_words(study, tmp_path):
@@ -196,22 +203,24 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
     data = make_data(tmp_path)
     common = ["--tiny", "--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub"), "--data", str(data)]
     assert study.main(common + ["run", "ablation-1w0-s0"]) == 0
-    res = json.loads((tmp_path / "pub/ablation-1w0-s0/results.json").read_text())
+    published = tmp_path / "pub/ablation-1w0-s0.json"
+    assert sorted(p.name for p in (tmp_path / "pub").iterdir()) == [published.name]  # one file, no report or plot
+    res = study.study_results.load(published)
     assert res["study"]["group"] == "ablation" and "--set depth_attention_stride=1" in res["study"]["command"]
-    assert res["methods"]["depth_attention"]["runs"][0]["steps"] == study.TINY_STEPS
-    assert (tmp_path / "pub/ablation-1w0-s0/loss_curves.png").read_bytes()[:4] == b"\x89PNG"
-    depth = json.loads((tmp_path / "pub/ablation-1w0-s0/depth_stats.json").read_text())["depth_attention"]["0"]
-    assert [r["step"] for r in depth] == [2, 4] and all("depth/L1/entropy" in r for r in depth)
+    run = res["methods"]["depth_attention"]["runs"][0]
+    compared = json.loads((tmp_path / "root/ablation-1w0-s0/results.json").read_text())["methods"]
+    assert run["steps"] == study.TINY_STEPS and run["val_loss"] == compared["depth_attention"]["runs"][0]["val_loss"]
+    assert run["curve"] == compared["depth_attention"]["runs"][0]["curve"]  # the validation curve, every eval step
+    assert [c["step"] for c in run["curve"]] == [2, 4] and "train_curve" not in run
+    assert [r["step"] for r in run["depth"]] == [2, 4] and all("depth/L1/entropy" in r for r in run["depth"])
     assert res["study"]["corpus"] == "embedded" and res["study"]["commit"]
-    before = (tmp_path / "pub/ablation-1w0-s0/results.json").read_text()
-    (tmp_path / "pub/ablation-1w0-s0/results.json").unlink()
+    before = published.read_text()
+    published.unlink()
     assert study.main(common + ["publish", "ablation-1w0-s0"]) == 0  # again from --root, without training
-    assert (tmp_path / "pub/ablation-1w0-s0/results.json").read_text() == before
+    assert published.read_text() == before
     with pytest.raises(SystemExit, match="no finished compare"):
         study.main(common + ["publish", "ablation-1w0-s1"])
-    for name in ("results.json", "report.md"):  # no path of the machine that ran it: the root reads runs/study
-        text = (tmp_path / "pub/ablation-1w0-s0" / name).read_text()
-        assert str(tmp_path / "root") not in text
+    assert str(tmp_path / "root") not in before  # no path of the machine that ran it: the root reads runs/study
     assert "--out runs/study/ablation-1w0-s0" in res["study"]["command"]
     assert study.status(study.parts()[5], type("A", (), {"publish": str(tmp_path / "pub"),
                                                        "root": str(tmp_path / "root")})) == "done"
@@ -234,7 +243,7 @@ def test_parts_run_at_once_publish_with_the_commit_and_hardware_given(study, tmp
     for name in ("ablation-1w0-s0", "ablation-2w0-s0"):
         assert out.count(f"== {name} started") == 1 and f"== {name} done in" in out
         assert "== depth_attention (seed 0)" in (tmp_path / "root" / name / "study.log").read_text()
-        st = json.loads((tmp_path / "pub" / name / "results.json").read_text())["study"]
+        st = study.study_results.load(tmp_path / "pub" / f"{name}.json")["study"]
         assert st["commit"].split(", ")[0] == "feedbeef" and st["jobs"] == 2 and "torch" in st["hardware"]
     assert study.main(common + ["run", "--jobs", "0", "ablation-1w0-s1"]) == 2
     assert "--jobs 0 must be at least 1" in capsys.readouterr().err
@@ -260,14 +269,10 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
     del uniform["methods"]["none"]
     uniform["methods"] = {"depth_attention_uniform": uniform["methods"]["depth_attention"]}
     uniform["methods"]["depth_attention_uniform"]["runs"][0]["val_loss"] = 4.96
-    for part, group, res in (("mix16-s0-none", "mix16", gpu), ("mix16cpu-s0-none", "mix16cpu", cpu),
-                             ("mix16cpu-s0-depth_attention_uniform", "mix16cpu", uniform)):
-        publish(pub, part, group, res)
-    st = json.loads((pub / "mix16-s0-none" / "results.json").read_text())
-    st["study"] |= {"hardware": "NVIDIA H200 (CUDA), torch 2.11.0", "jobs": 16}
-    (pub / "mix16-s0-none" / "results.json").write_text(json.dumps(st))
     rows = [{"step": 2, "depth/L1/entropy": 1.0, "depth/L1/from0": 0.5}]  # only the CPU run logged depth statistics
-    (pub / "mix16cpu-s0-none" / "depth_stats.json").write_text(json.dumps({"depth_attention": {"0": rows}}))
+    publish(pub, "mix16-s0-none", "mix16", gpu, hardware="NVIDIA H200 (CUDA), torch 2.11.0", jobs=16)
+    publish(pub, "mix16cpu-s0-none", "mix16cpu", cpu, depth={"depth_attention": {"0": rows}})
+    publish(pub, "mix16cpu-s0-depth_attention_uniform", "mix16cpu", uniform)
     text = study.aggregate(pub, tmp_path / "docs" / "results.md")
     assert "mean over seeds 0. Seed 0: the run trained on the CPU (`mix16cpu`)." in text
     assert (tmp_path / "docs" / study.study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
@@ -281,12 +286,50 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
 
 
 def test_published_study_files_hold_no_machine_paths():
-    """docs/results.md and docs/study/ are read on other machines: no absolute path of the one that ran the study."""
-    docs = Path(__file__).parents[1] / "docs"
-    files = [docs / "results.md", *(docs / "study").rglob("*.json"), *(docs / "study").rglob("*.md")]
-    offenders = [str(f.relative_to(docs)) for f in files
+    """docs/results.md and results/ are read on other machines: no absolute path of the one that ran the study."""
+    files = [ROOT / "docs" / "results.md", *(ROOT / "results").rglob("*.json"), *(ROOT / "results").rglob("*.md")]
+    offenders = [str(f.relative_to(ROOT)) for f in files
                  if any(p in f.read_text(encoding="utf-8") for p in ("/work/", "/home/", "/root/", "/tmp/"))]
     assert offenders == []
+
+
+def test_the_committed_parts_rebuild_the_committed_results_md(study, tmp_path, monkeypatch):
+    """docs/results.md is generated: aggregating the committed results/small-scale gives it byte for byte (its
+    links relative to the parts, so both are placed as in the checkout; the figure goes to tmp_path)."""
+    (tmp_path / "results").symlink_to(ROOT / "results", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    text = study.aggregate(Path("results/small-scale"), Path("docs/results.md"))
+    assert text == (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert (tmp_path / "docs" / study.study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_published_part_keeps_what_the_report_reads_and_drops_the_rest(study, tmp_path):
+    """A part's file round-trips compare's run records but their per-step lists and sample, which it drops, as it
+    drops the summaries compare recomputes from the runs; a file of another format is refused in one line."""
+    from depthattn.compare import aggregate, conclusions, paired_stats
+
+    sr = study.study_results
+    res = results(seeds=(0, 1))
+    res["study"] = {"part": "main-s0", "group": "main", "label": "", "command": "depthattn compare"}
+    rows = [{"step": 2, "depth/L1/entropy": 1.0}, {"step": 4, "depth/L1/entropy": 0.5}]
+    text = sr.dumps(sr.compact(res, {"depth_attention": {"1": rows}}))
+    assert json.loads(text)["methods"]["none"]["runs"][0]["curve"] == {
+        "step": [1, 2, 3], "tokens": [100, 200, 400], "val_loss": [6.0, 5.5, 5.0]}  # columns, one line each
+    assert '"val_loss": [6.0, 5.5, 5.0]' in text
+    (tmp_path / "main-s0.json").write_text(text)
+    back = sr.load(tmp_path / "main-s0.json")
+    dropped = ("train_curve", "step_tokens_per_s", "sample")
+    for method, m in res["methods"].items():
+        for r, b in zip(m["runs"], back["methods"][method]["runs"], strict=True):
+            assert {k: v for k, v in b.items() if k != "depth"} == {k: v for k, v in r.items() if k not in dropped}
+        assert aggregate(back["methods"][method]["runs"]) == {k: m[k] for k in ("mean", "std")}
+    assert [r.get("depth") for r in back["methods"]["depth_attention"]["runs"]] == [None, rows]
+    assert paired_stats(back) == res["paired"] and "paired" not in back and "conclusion" not in back
+    assert conclusions(dict(back, paired=paired_stats(back))) == res["conclusion"]
+    assert back["study"] == res["study"] and back["settings"] == res["settings"] and back["history"] == res["history"]
+    (tmp_path / "old.json").write_text(json.dumps(res))  # compare's own results.json is not a published part
+    with pytest.raises(SystemExit, match=r"old.json is not a published study part \(format None"):
+        sr.load(tmp_path / "old.json")
 
 
 def with_method(res: dict, method: str, offsets: dict[int, float]) -> dict:
@@ -311,10 +354,9 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
     sixteen = with_method(results(), "depth_attention_uniform", {0: -0.2, 1: -0.2, 2: -0.2})
     for r, off in zip(sixteen["methods"]["depth_attention"]["runs"], (-0.10, -0.12, -0.11)):
         r["val_loss"] = {0: 5.0, 1: 5.1, 2: 4.9}[r["seed"]] + off
-    publish(pub, "mix16-s0-none", "mix16", sixteen)
     rows = [{"step": 2, "depth/L1/entropy": 1.0, "depth/L1/from0": 0.5, "depth/L2/entropy": 1.1},
             {"step": 4, "depth/L1/entropy": 0.8, "depth/L1/from0": 0.6, "depth/L2/entropy": 0.9}]
-    (pub / "mix16-s0-none" / "depth_stats.json").write_text(json.dumps({"depth_attention": {"0": rows, "1": rows}}))
+    publish(pub, "mix16-s0-none", "mix16", sixteen, depth={"depth_attention": {"0": rows, "1": rows}})
     out = tmp_path / "docs" / "results.md"
     text = study.aggregate(pub, out)
     lines = text.splitlines()
