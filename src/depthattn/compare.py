@@ -35,8 +35,8 @@ from .accounting import kv_cache_bytes_per_token, num_flops, num_params
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text, read_json
-from .layout import (COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, REPORT_FILE, RESULTS_FILE, TOKENIZER_FILE,
-                     ZERO_SHOT_DIR)
+from .layout import (COMPARE_DATA_DIR, COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, PREPARED_META_FILE, REPORT_FILE,
+                     RESULTS_FILE, TOKENIZER_FILE, ZERO_SHOT_DIR)
 from .outputs import COMPARE_FOLDER, check_new_output
 from .run.folder import RunFolder
 from .run.lock import RunLock
@@ -61,6 +61,34 @@ COLUMNS = (
     ("kv_bytes_per_token", "KV bytes/token (bf16)", "{:,.0f}"),
     ("flops_per_token", "fwd FLOPs/token incl. attn (T={seq_len})", "{:.4g}"),
 )
+
+
+#: The default budget: ``small`` preset at seq_len 128, batch 8 → 1,024 tokens per step, 400 steps (410k tokens) per
+#: method. Measured on an idle 2-core CPU at ~0.6 s per step with validation: both methods, the final evaluation over
+#: the whole held-out split and the samples take about 9 minutes (README), within the 15-minute budget.
+DEFAULT_TRAIN = dict(steps=400, batch_size=8, seq_len=128, lr=2e-3, warmup=0.05, eval_every=25, eval_windows=64,
+                     eval_batch_size=16, save_every=100, keep_last=1, log_every=1)
+DEFAULT_EVAL_TOKENS = 0  # the whole validation split
+DEFAULT_OUT = os.path.join("runs", "compare")
+
+#: ``--quick``: the whole job (prepare the corpus, train both methods, evaluate, sample, report, plot) on the ``tiny``
+#: preset in about a minute on an idle 2-core CPU; a smoke test of the setup, not a result. Flags given beside it win.
+QUICK = dict(preset="tiny", out=os.path.join("runs", "compare-quick"), eval_tokens=16384,
+             train=dict(steps=60, batch_size=4, seq_len=64, lr=3e-3, warmup=0.05, eval_every=10, eval_windows=16,
+                        eval_batch_size=16, save_every=30, keep_last=1, log_every=1))
+
+
+def prepare_default_data(out: Path, progress: bool) -> Path:
+    """``OUT/data``: the embedded corpus, prepared (default settings) if it has no meta.json yet (``compare``
+    without --data; every part of a study without ``data``)."""
+    from .data import load_prepared, prepare_corpus
+
+    folder = out / COMPARE_DATA_DIR
+    if not (folder / PREPARED_META_FILE).is_file():
+        print(f"preparing the embedded corpus into {folder}")
+        prepare_corpus(folder, None, progress=progress, overwrite=True, if_missing=True)
+    load_prepared(folder)
+    return folder
 
 
 def parse_methods(text: str) -> list[str]:
@@ -446,19 +474,21 @@ def _curve(run: dict) -> list[tuple[float, float]]:
     return [(float(c["tokens"]), float(c["val_loss"])) for c in run["curve"]]
 
 
-def paired_stats(results: dict) -> dict[str, dict]:
-    """For every method other than ``none``, paired over the seeds both ran: the differences in final validation
-    loss and bits per byte (``stats.paired_difference``), tokens-to-target per seed (the tokens at which the
-    method's periodic validation curve first reaches ``none``'s last periodic validation loss of the same seed,
-    interpolated; None = not reached) and the training-time ratio (Σ optimizer-step seconds over seeds, method /
-    none). ``{}`` without a ``none`` run."""
+def paired_stats(results: dict, baseline: str = BASELINE) -> dict[str, dict]:
+    """For every method other than ``baseline`` (default ``none``), paired over the seeds both ran: the differences
+    in final validation loss and bits per byte (``stats.paired_difference``), tokens-to-target per seed (the tokens
+    at which the method's periodic validation curve first reaches the baseline's last periodic validation loss of
+    the same seed, interpolated; None = not reached) and the training-time ratio (Σ optimizer-step seconds over
+    seeds, method / baseline). ``{}`` without a baseline run. ``results``: ``{"methods": {name: {"runs": [run
+    record, ...]}}}`` as ``results.json`` holds it (a run record needs ``seed``, ``val_loss``, ``bits_per_byte``,
+    ``tokens``, ``curve``; ``train_seconds`` optional)."""
     methods = results["methods"]
-    if BASELINE not in methods:
+    if baseline not in methods:
         return {}
-    base = _by_seed(methods[BASELINE])
+    base = _by_seed(methods[baseline])
     out = {}
     for name, m in methods.items():
-        if name == BASELINE:
+        if name == baseline:
             continue
         mine = _by_seed(m)
         seeds = [s for s in mine if s in base]

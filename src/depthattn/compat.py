@@ -76,3 +76,52 @@ def check_pairing(what: str, model: Side, data: Side, remedy: str, allow_tokeniz
         raise ValueError(f"{what}: data folder {data.name} holds other data than {model.name} (fingerprint "
                          f"{_short(data.data_fingerprint)} vs {_short(model.data_fingerprint)}: other documents, "
                          f"split, seed or tokens); {remedy}")
+
+
+# ------------------------------------------------------------------------------- two runs compared side by side
+def pairable_train_differences() -> frozenset[str]:
+    """Train settings two runs may differ in and still be paired in a comparison (``compare``, ``study``): those a
+    resumed run may change (``training.config.RESUMABLE_KEYS``: compile, saving, logging) but ``device``, which
+    decides a fresh run's initial weights (drawn on the device by its own generator: a CPU and a CUDA run of one
+    seed start from other weights) and, under precision ``auto``, the arithmetic (float32 on CPU, bf16 autocast on
+    CUDA); and ``seed``, the pairing key itself."""
+    from .training.config import RESUMABLE_KEYS
+
+    return frozenset(RESUMABLE_KEYS - {"device"}) | {"seed"}
+
+
+def run_differences(a: Mapping[str, Any], b: Mapping[str, Any], allowed: frozenset[str] | set[str] = frozenset()
+                    ) -> list[str]:
+    """``"key: A vs B"`` for everything in which two runs' ``run.json`` records ``a`` and ``b`` differ that forbids
+    pairing them: a train setting other than ``pairable_train_differences()`` and ``allowed``; the tokenizer or the
+    data (``tokenizer_differs``, ``data_differs``); the device type the run trained on (``run.json``'s resolved
+    ``device``, ``cpu`` or ``cuda``: other initial weights) and the resolved precision. Model settings are not
+    compared (the methods of a comparison differ there by design; a grid axis is named in ``allowed`` for the train
+    settings it changes). Empty when the two may be paired."""
+    from .run.record import recorded_precision
+
+    skip = pairable_train_differences() | set(allowed)
+    ta, tb = a.get("train", {}), b.get("train", {})
+    out = [f"{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in sorted(set(ta) | set(tb))
+           if k not in skip and ta.get(k) != tb.get(k)]
+    sa, sb = Side.of_run("a", a), Side.of_run("b", b)
+    if tokenizer_differs(sa, sb):
+        out.append(f"tokenizer: {_short(sa.tokenizer_sha256)} vs {_short(sb.tokenizer_sha256)}")
+    if data_differs(sa, sb):
+        out.append(f"data: {_short(sa.data_fingerprint)} vs {_short(sb.data_fingerprint)}")
+    da, db = (str(r.get("device") or "unknown").split(":")[0] for r in (a, b))
+    if "unknown" not in (da, db) and da != db:
+        out.append(f"device: {da} vs {db}")
+    pa, pb = recorded_precision(dict(a)), recorded_precision(dict(b))
+    if None not in (pa, pb) and pa != pb:
+        out.append(f"precision: {pa} vs {pb}")
+    return out
+
+
+def check_runs_pairable(what: str, a_name: str, a: Mapping[str, Any], b_name: str, b: Mapping[str, Any],
+                        allowed: frozenset[str] | set[str] = frozenset()) -> None:
+    """Refuse in one ``ValueError`` line (``"WHAT: A and B cannot be paired: ..."``) pairing two runs whose
+    ``run.json`` records differ in more than ``run_differences`` allows."""
+    diffs = run_differences(a, b, allowed)
+    if diffs:
+        raise ValueError(f"{what}: {a_name} and {b_name} cannot be paired: they differ in {'; '.join(diffs)}")
