@@ -27,11 +27,12 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
+from .compat import Side, data_differs, tokenizer_differs
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text, read_json
@@ -43,6 +44,7 @@ from .run.lock import RunLock
 from .run.record import recorded_precision
 from .stats import binomial_se, paired_difference, tokens_to_target, verdict
 from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
+from .training.config import RESUMABLE_KEYS
 from .training.resume import plan_run
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
@@ -509,6 +511,43 @@ def paired_stats(results: dict, baseline: str = BASELINE) -> dict[str, dict]:
             "train_time_ratio": (sum(float(r.get("train_seconds", 0.0)) for r in a) / base_time
                                  if base_time > 0 else None),
         }
+    return out
+
+
+
+# ------------------------------------------------------------------------------- two runs compared side by side
+def pairable_train_differences() -> frozenset[str]:
+    """Train settings two runs may differ in and still be paired in a comparison (``compare``, ``study``): those a
+    resumed run may change (``training.config.RESUMABLE_KEYS``: compile, saving, logging) but ``device``, which
+    decides a fresh run's initial weights (drawn on the device by its own generator: a CPU and a CUDA run of one
+    seed start from other weights) and, under precision ``auto``, the arithmetic (float32 on CPU, bf16 autocast on
+    CUDA); and ``seed``, the pairing key itself."""
+    return frozenset(RESUMABLE_KEYS - {"device"}) | {"seed"}
+
+
+def run_differences(a: Mapping[str, Any], b: Mapping[str, Any], allowed: frozenset[str] | set[str] = frozenset()
+                    ) -> list[str]:
+    """``"key: A vs B"`` for everything in which two runs' ``run.json`` records ``a`` and ``b`` differ that forbids
+    pairing them: a train setting other than ``pairable_train_differences()`` and ``allowed``; the tokenizer or the
+    data (``compat.tokenizer_differs``, ``compat.data_differs``); the device type the run trained on (``run.json``'s
+    resolved ``device``, ``cpu`` or ``cuda``: other initial weights) and the resolved precision. Model settings are not
+    compared (the methods of a comparison differ there by design; a grid axis is named in ``allowed`` for the train
+    settings it changes). Empty when the two may be paired."""
+    skip = pairable_train_differences() | set(allowed)
+    ta, tb = a.get("train", {}), b.get("train", {})
+    out = [f"{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in sorted(set(ta) | set(tb))
+           if k not in skip and ta.get(k) != tb.get(k)]
+    sa, sb = Side.of_run("a", a), Side.of_run("b", b)
+    if tokenizer_differs(sa, sb):
+        out.append(f"tokenizer: {(sa.tokenizer_sha256 or '')[:12]} vs {(sb.tokenizer_sha256 or '')[:12]}")
+    if data_differs(sa, sb):
+        out.append(f"data: {(sa.data_fingerprint or '')[:12]} vs {(sb.data_fingerprint or '')[:12]}")
+    da, db = (str(r.get("device") or "unknown").split(":")[0] for r in (a, b))
+    if "unknown" not in (da, db) and da != db:
+        out.append(f"device: {da} vs {db}")
+    pa, pb = recorded_precision(dict(a)), recorded_precision(dict(b))
+    if None not in (pa, pb) and pa != pb:
+        out.append(f"precision: {pa} vs {pb}")
     return out
 
 

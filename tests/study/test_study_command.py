@@ -150,7 +150,7 @@ def test_run_resumes_an_interrupted_part_and_reports_compares_statistics(data_di
     assert "### Across budget" in report and "| — | `depth_attention` |" in report
 
     # a pair trained on another device is never paired: the same run record with another device type
-    from depthattn.compat import run_differences
+    from depthattn.compare import run_differences
     from depthattn.run.folder import RunFolder
 
     record = RunFolder(tmp_path / "out/b1-s0/runs/none-seed0").read_run()
@@ -251,3 +251,16 @@ def test_slurm_without_submitit_is_one_line(tmp_path, monkeypatch, capsys):
     path = write_study(tmp_path)
     assert main(["study", "run", str(path), "--slurm"]) == 2
     assert "--slurm needs submitit: pip install 'depthattn[cluster]'" in capsys.readouterr().err
+
+
+def test_the_documented_example_study_is_the_committed_file_and_expands_to_twelve_parts():
+    root = Path(__file__).resolve().parents[2]
+    committed = (root / "studies/example.toml").read_text(encoding="utf-8")
+    doc = (root / "docs/study.md").read_text(encoding="utf-8")
+    shown = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    assert shown == "\n".join(line for line in committed.splitlines(keepends=False)
+                              if not line.startswith("#")).lstrip("\n") + "\n"
+    study = load_study(root / "studies/example.toml")
+    assert [p.name for p in study.parts()] == [f"b{b}-lr{lr}-s{s}" for b in (1, 4) for lr in ("0.001", "0.002")
+                                               for s in (0, 1, 2)]
+    assert {p.steps for p in study.parts()} == {400, 1600} and study.slurm["timeout_min"] == 120

@@ -4,13 +4,13 @@ Per **cell** (a budget and a combination of grid values) the parts' runs are put
 is compared with the study's reference by ``compare.paired_stats`` — the statistics ``compare`` itself reports
 (``stats.paired_difference``: per-seed differences, their mean ± sample standard deviation, the 95 % t-interval,
 the seeds on which the method is lower). A method's run and the reference's run of one seed are paired only when
-their ``run.json`` records allow it (``compat.run_differences``: same train settings, data, tokenizer, device type
+their ``run.json`` records allow it (``compare.run_differences``: same train settings, data, tokenizer, device type
 and precision); a pair that does not is left out and named.
 
 **Trends**: for every axis with two values or more (the budget, each grid key) and every combination of the other
 axes, each method's Δ at each value of the axis, and the change of Δ from the first value to the last, paired by
 seed (``Δ_last(s) − Δ_first(s)``, ``stats.paired_difference``), over the seeds whose runs at both values may be
-paired (``compat.run_differences`` allowing the axis's own setting). Only parts that are done enter the report.
+paired (``compare.run_differences`` allowing the axis's own setting). Only parts that are done enter the report.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compare import paired_stats
-from ..compat import run_differences
+from ..compare import paired_stats, run_differences
 from ..fileio import read_json
 from ..layout import RESULTS_FILE
 from ..run.folder import RunFolder
@@ -64,7 +63,7 @@ def collect(study: Study, parts: list[Part] | None = None) -> dict[str, Cell]:
 
 def cell_stats(study: Study, cell: Cell) -> dict[str, dict]:
     """``compare.paired_stats`` of every method against the reference over the cell's seeds, each method with the
-    seeds whose pair may be paired (``compat.run_differences``; the others are added to ``cell.excluded``)."""
+    seeds whose pair may be paired (``compare.run_differences``; the others are added to ``cell.excluded``)."""
     ref = study.reference
     base = cell.runs.get(ref, {})
     out = {}
@@ -215,7 +214,8 @@ def render(study: Study, parts: list[Part] | None = None) -> str:
     lines += losses_table(study, cells) + ["", f"## Paired differences from `{study.reference}`", "",
               "Per seed, the method's number minus the reference's with the same seed (same data order); negative "
               "= lower. Δ is the mean ± sample standard deviation of the per-seed differences; the 95 % interval is "
-              "mean ± t(0.975, n − 1) · std / √n (none with one seed); no correction for multiple comparisons.", ""]
+              "mean ± t(0.975, n − 1) · std / √n (none with one seed); no correction for multiple comparisons.",
+              ""]
     lines += paired_table(study, stats) + ["", "### Per seed", ""] + seeds_table(study, stats) + [""]
     axes = trend_axes(study)
     if axes:

@@ -28,7 +28,8 @@ LOG_DIR = "logs"
 
 def command(study: Study, part: Part) -> list[str]:
     """The process that trains ``part``: this interpreter running ``depthattn compare`` with the part's arguments."""
-    return [sys.executable, "-m", "depthattn.cli", *study.compare_argv(part)]
+    return [sys.executable, "-c", "import sys; from depthattn.cli import main; sys.exit(main())",
+            *study.compare_argv(part)]
 
 
 def log_file(study: Study, part: Part) -> Path:
