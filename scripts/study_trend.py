@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import json
 
+from depthattn.compare import pairable_train_differences
 from depthattn.stats import paired_difference
-from depthattn.training.config import RESUMABLE_KEYS
 
 #: The train settings two runs may differ in and still be paired: those that change neither a fresh run's initial
 #: weights nor its arithmetic beyond rounding — what a resumed run may change (``RESUMABLE_KEYS``: compile, saving,
 #: logging) but ``device``, which decides the initial weights of a fresh run (drawn on the device, by its own
 #: generator: a CPU and a CUDA run of one seed start from other weights) and, under precision ``auto``, the
 #: arithmetic (float32 on CPU, bf16 autocast on CUDA).
-PAIRABLE_DIFFERENCES = RESUMABLE_KEYS - {"device"}
+PAIRABLE_DIFFERENCES = pairable_train_differences() - {"seed"}  # compat's rule, which ``depthattn study`` applies
 
 BUDGETS = (("mix1", "1 ×"), ("mix4", "4 ×"), ("mix16", "16 ×"))
 #: (method, reference) pairs the trend follows: every method against none, and Depth-Attention against its control.

@@ -17,7 +17,7 @@ import depthattn
 
 ROOT = Path(depthattn.__file__).parent
 CLI, APPLICATION, LIBRARY, CORE = 4, 3, 2, 1
-TOP_LEVEL_LAYER = {"cli": CLI, "commands": CLI, "compare": APPLICATION, "training": APPLICATION, "eval": APPLICATION,
+TOP_LEVEL_LAYER = {"cli": CLI, "commands": CLI, "compare": APPLICATION, "study": APPLICATION, "training": APPLICATION, "eval": APPLICATION,
                    "run": LIBRARY, "functional": CORE, "fileio": CORE, "layout": CORE}
 
 

@@ -60,6 +60,7 @@ COMMAND_MODULES = (
     "depthattn.commands.convert_cmd", "depthattn.commands.analyze_cmd",
     "depthattn.commands.train_cmd", "depthattn.commands.eval_cmd", "depthattn.commands.generate_cmd",
     "depthattn.commands.compare_cmd", "depthattn.commands.export_cmd", "depthattn.commands.unlock_cmd",
+    "depthattn.commands.study_cmd",
 )
 
 #: Flags that name what a command writes, in the order they are tried to name the target of an ``OSError`` that

@@ -27,22 +27,24 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
 from .accounting import kv_cache_bytes_per_token, num_flops, num_params
+from .compat import Side, data_differs, tokenizer_differs
 from .config import ModelConfig
 from .cross_layer import names as method_names
 from .fileio import atomic_path, atomic_write_text, read_json
-from .layout import (COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, REPORT_FILE, RESULTS_FILE, TOKENIZER_FILE,
-                     ZERO_SHOT_DIR)
+from .layout import (COMPARE_DATA_DIR, COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, PREPARED_META_FILE, REPORT_FILE,
+                     RESULTS_FILE, TOKENIZER_FILE, ZERO_SHOT_DIR)
 from .outputs import COMPARE_FOLDER, check_new_output
 from .run.folder import RunFolder
 from .run.lock import RunLock
 from .run.record import recorded_precision
 from .stats import binomial_se, paired_difference, tokens_to_target, verdict
 from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
+from .training.config import RESUMABLE_KEYS
 from .training.resume import plan_run
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
@@ -61,6 +63,34 @@ COLUMNS = (
     ("kv_bytes_per_token", "KV bytes/token (bf16)", "{:,.0f}"),
     ("flops_per_token", "fwd FLOPs/token incl. attn (T={seq_len})", "{:.4g}"),
 )
+
+
+#: The default budget: ``small`` preset at seq_len 128, batch 8 → 1,024 tokens per step, 400 steps (410k tokens) per
+#: method. Measured on an idle 2-core CPU at ~0.6 s per step with validation: both methods, the final evaluation over
+#: the whole held-out split and the samples take about 9 minutes (README), within the 15-minute budget.
+DEFAULT_TRAIN = dict(steps=400, batch_size=8, seq_len=128, lr=2e-3, warmup=0.05, eval_every=25, eval_windows=64,
+                     eval_batch_size=16, save_every=100, keep_last=1, log_every=1)
+DEFAULT_EVAL_TOKENS = 0  # the whole validation split
+DEFAULT_OUT = os.path.join("runs", "compare")
+
+#: ``--quick``: the whole job (prepare the corpus, train both methods, evaluate, sample, report, plot) on the ``tiny``
+#: preset in about a minute on an idle 2-core CPU; a smoke test of the setup, not a result. Flags given beside it win.
+QUICK = dict(preset="tiny", out=os.path.join("runs", "compare-quick"), eval_tokens=16384,
+             train=dict(steps=60, batch_size=4, seq_len=64, lr=3e-3, warmup=0.05, eval_every=10, eval_windows=16,
+                        eval_batch_size=16, save_every=30, keep_last=1, log_every=1))
+
+
+def prepare_default_data(out: Path, progress: bool) -> Path:
+    """``OUT/data``: the embedded corpus, prepared (default settings) if it has no meta.json yet (``compare``
+    without --data; every part of a study without ``data``)."""
+    from .data import load_prepared, prepare_corpus
+
+    folder = out / COMPARE_DATA_DIR
+    if not (folder / PREPARED_META_FILE).is_file():
+        print(f"preparing the embedded corpus into {folder}")
+        prepare_corpus(folder, None, progress=progress, overwrite=True, if_missing=True)
+    load_prepared(folder)
+    return folder
 
 
 def parse_methods(text: str) -> list[str]:
@@ -446,19 +476,21 @@ def _curve(run: dict) -> list[tuple[float, float]]:
     return [(float(c["tokens"]), float(c["val_loss"])) for c in run["curve"]]
 
 
-def paired_stats(results: dict) -> dict[str, dict]:
-    """For every method other than ``none``, paired over the seeds both ran: the differences in final validation
-    loss and bits per byte (``stats.paired_difference``), tokens-to-target per seed (the tokens at which the
-    method's periodic validation curve first reaches ``none``'s last periodic validation loss of the same seed,
-    interpolated; None = not reached) and the training-time ratio (Σ optimizer-step seconds over seeds, method /
-    none). ``{}`` without a ``none`` run."""
+def paired_stats(results: dict, baseline: str = BASELINE) -> dict[str, dict]:
+    """For every method other than ``baseline`` (default ``none``), paired over the seeds both ran: the differences
+    in final validation loss and bits per byte (``stats.paired_difference``), tokens-to-target per seed (the tokens
+    at which the method's periodic validation curve first reaches the baseline's last periodic validation loss of
+    the same seed, interpolated; None = not reached) and the training-time ratio (Σ optimizer-step seconds over
+    seeds, method / baseline). ``{}`` without a baseline run. ``results``: ``{"methods": {name: {"runs": [run
+    record, ...]}}}`` as ``results.json`` holds it (a run record needs ``seed``, ``val_loss``, ``bits_per_byte``,
+    ``tokens``, ``curve``; ``train_seconds`` optional)."""
     methods = results["methods"]
-    if BASELINE not in methods:
+    if baseline not in methods:
         return {}
-    base = _by_seed(methods[BASELINE])
+    base = _by_seed(methods[baseline])
     out = {}
     for name, m in methods.items():
-        if name == BASELINE:
+        if name == baseline:
             continue
         mine = _by_seed(m)
         seeds = [s for s in mine if s in base]
@@ -479,6 +511,43 @@ def paired_stats(results: dict) -> dict[str, dict]:
             "train_time_ratio": (sum(float(r.get("train_seconds", 0.0)) for r in a) / base_time
                                  if base_time > 0 else None),
         }
+    return out
+
+
+
+# ------------------------------------------------------------------------------- two runs compared side by side
+def pairable_train_differences() -> frozenset[str]:
+    """Train settings two runs may differ in and still be paired in a comparison (``compare``, ``study``): those a
+    resumed run may change (``training.config.RESUMABLE_KEYS``: compile, saving, logging) but ``device``, which
+    decides a fresh run's initial weights (drawn on the device by its own generator: a CPU and a CUDA run of one
+    seed start from other weights) and, under precision ``auto``, the arithmetic (float32 on CPU, bf16 autocast on
+    CUDA); and ``seed``, the pairing key itself."""
+    return frozenset(RESUMABLE_KEYS - {"device"}) | {"seed"}
+
+
+def run_differences(a: Mapping[str, Any], b: Mapping[str, Any], allowed: frozenset[str] | set[str] = frozenset()
+                    ) -> list[str]:
+    """``"key: A vs B"`` for everything in which two runs' ``run.json`` records ``a`` and ``b`` differ that forbids
+    pairing them: a train setting other than ``pairable_train_differences()`` and ``allowed``; the tokenizer or the
+    data (``compat.tokenizer_differs``, ``compat.data_differs``); the device type the run trained on (``run.json``'s
+    resolved ``device``, ``cpu`` or ``cuda``: other initial weights) and the resolved precision. Model settings are not
+    compared (the methods of a comparison differ there by design; a grid axis is named in ``allowed`` for the train
+    settings it changes). Empty when the two may be paired."""
+    skip = pairable_train_differences() | set(allowed)
+    ta, tb = a.get("train", {}), b.get("train", {})
+    out = [f"{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in sorted(set(ta) | set(tb))
+           if k not in skip and ta.get(k) != tb.get(k)]
+    sa, sb = Side.of_run("a", a), Side.of_run("b", b)
+    if tokenizer_differs(sa, sb):
+        out.append(f"tokenizer: {(sa.tokenizer_sha256 or '')[:12]} vs {(sb.tokenizer_sha256 or '')[:12]}")
+    if data_differs(sa, sb):
+        out.append(f"data: {(sa.data_fingerprint or '')[:12]} vs {(sb.data_fingerprint or '')[:12]}")
+    da, db = (str(r.get("device") or "unknown").split(":")[0] for r in (a, b))
+    if "unknown" not in (da, db) and da != db:
+        out.append(f"device: {da} vs {db}")
+    pa, pb = recorded_precision(dict(a)), recorded_precision(dict(b))
+    if None not in (pa, pb) and pa != pb:
+        out.append(f"precision: {pa} vs {pb}")
     return out
 
 

@@ -4,43 +4,16 @@ data order and token budget; evaluate; write report.md, results.json and loss_cu
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from ..compare import CompareSettings, parse_methods, render_table, run_compare
-from ..layout import COMPARE_DATA_DIR, LOCK_FILE, PREPARED_META_FILE
+from ..compare import (DEFAULT_EVAL_TOKENS, DEFAULT_OUT, DEFAULT_TRAIN, QUICK, CompareSettings, parse_methods,  # noqa: F401
+                       prepare_default_data, render_table, run_compare)
+from ..layout import LOCK_FILE
 from ..outputs import COMPARE_FOLDER, check_new_output
 from ..training import TrainConfig
 from ..training.resume import keep_recorded_behaviour
 from .eval_cmd import check_task_options
 from .train_cmd import add_model_options, check_model_settings, gather_settings
-
-#: The default budget: ``small`` preset at seq_len 128, batch 8 → 1,024 tokens per step, 400 steps (410k tokens) per
-#: method. Measured on an idle 2-core CPU at ~0.6 s per step with validation: both methods, the final evaluation over
-#: the whole held-out split and the samples take about 9 minutes (README), within the 15-minute budget.
-DEFAULT_TRAIN = dict(steps=400, batch_size=8, seq_len=128, lr=2e-3, warmup=0.05, eval_every=25, eval_windows=64,
-                     eval_batch_size=16, save_every=100, keep_last=1, log_every=1)
-DEFAULT_EVAL_TOKENS = 0  # the whole validation split
-DEFAULT_OUT = os.path.join("runs", "compare")
-
-#: ``--quick``: the whole job (prepare the corpus, train both methods, evaluate, sample, report, plot) on the ``tiny``
-#: preset in about a minute on an idle 2-core CPU; a smoke test of the setup, not a result. Flags given beside it win.
-QUICK = dict(preset="tiny", out=os.path.join("runs", "compare-quick"), eval_tokens=16384,
-             train=dict(steps=60, batch_size=4, seq_len=64, lr=3e-3, warmup=0.05, eval_every=10, eval_windows=16,
-                        eval_batch_size=16, save_every=30, keep_last=1, log_every=1))
-
-
-def prepare_default_data(out: Path, progress: bool) -> Path:
-    """``OUT/data``: the embedded corpus, prepared (default settings) if it has no meta.json yet."""
-    from ..data import load_prepared, prepare_corpus
-
-    folder = out / COMPARE_DATA_DIR
-    if not (folder / PREPARED_META_FILE).is_file():
-        print(f"preparing the embedded corpus into {folder}")
-        prepare_corpus(folder, None, progress=progress, overwrite=True, if_missing=True)
-    load_prepared(folder)
-    return folder
-
 
 def parse_seeds(text: str) -> list[int]:
     """``--seeds`` as a list of integers; ``ValueError`` naming the flag and the bad item."""

@@ -271,6 +271,28 @@ class RunLock:
         log(f"removed the stale lock of {folder}: {who}")
         return True
 
+    @classmethod
+    def in_use(cls, folder: str | os.PathLike) -> bool:
+        """Whether a live process holds ``folder``'s lock, judged as ``unlock`` judges it: another process holds the
+        lock file's ``flock``; or, where the file system refuses ``flock``, the holder is a live process of this host
+        or the heartbeat is under ``STALE_S`` seconds old. False without a lock file (or with one a dead holder left).
+        Never takes or breaks the lock."""
+        file = Path(folder) / LOCK_FILE
+        if not file.exists():
+            return False
+        state, probe = cls._flock_state(file)
+        if probe is not None:
+            os.close(probe)
+        if state != "none":
+            return state == "held"
+        holder = _read_holder(file)
+        if holder is not None and holder.alive_here():
+            return True
+        try:
+            return _heartbeat_age(file) < cls.STALE_S
+        except OSError:
+            return False
+
     @staticmethod
     def _flock_state(file: Path) -> tuple[str, int | None]:
         """``("held", None)`` (another process holds ``file``'s ``flock``, or replaced the file meanwhile),

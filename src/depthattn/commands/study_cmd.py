@@ -1,0 +1,106 @@
+"""``depthattn study run | status | report FILE``: a grid of compares described by one TOML file (docs/study.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..fileio import atomic_write_text
+
+DESCRIPTION = """A study file (TOML; docs/study.md, studies/example.toml) names the data, preset, methods, seeds,
+budgets (multiples of a number of steps) and any grid of --set axes; it expands to parts, one `depthattn compare`
+each (every method with one seed). `run` trains the parts not done (a part interrupted is resumed, finished runs are
+reused: compare's own rules), here or as a SLURM job array; `status` lists done / running / incomplete / missing
+parts; `report` writes the paired statistics against the reference method and the trends as markdown."""
+
+
+def _study(args: argparse.Namespace):
+    from ..study import load_study
+
+    return load_study(args.file)
+
+
+def run_cmd(args: argparse.Namespace) -> int:
+    """Train the study's parts that are not done (or the PART names given)."""
+    from ..study.runner import prepare_data, run_local, todo
+    from ..study.spec import find_parts
+
+    study = _study(args)
+    parts = find_parts(study, args.parts)
+    if args.slurm:
+        flags = {"partition": args.partition, "gpus_per_node": args.gpus, "timeout_min": args.time,
+                 "cpus_per_task": args.cpus, "array_parallelism": args.jobs_at_once}
+        try:
+            from ..study import slurm
+        except ImportError:
+            raise ValueError("--slurm needs submitit: pip install 'depthattn[cluster]'") from None
+        slurm.slurm_parameters(study, flags)  # a bad [slurm] key before any data work
+    prepare_data(study, progress=not args.no_progress)
+    pending = todo(study, parts)
+    if not pending:
+        print(f"{study.path}: every part is done ({len(parts)}); `depthattn study report {args.file}` writes the "
+              f"tables")
+        return 0
+    if args.slurm:
+        jobs = slurm.submit(study, pending, flags)
+        print(f"submitted {len(jobs)} part(s) as SLURM job array {jobs[0].job_id.split('_')[0]} (logs under "
+              f"{study.out / slurm.SUBMITIT_DIR})")
+        return 0
+    print(f"{len(pending)} part(s) to train, {args.jobs} at once; output under {study.out}/logs")
+    failed = run_local(study, pending, args.jobs)
+    if failed:
+        print(f"depthattn study run: {len(failed)} of {len(pending)} part(s) failed: {', '.join(failed)}; run the "
+              f"study again to resume them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def status_cmd(args: argparse.Namespace) -> int:
+    """List every part: done, running, incomplete (interrupted: `run` resumes it) or missing."""
+    from ..study.status import render_status, study_status
+
+    print(render_status(study_status(_study(args))))
+    return 0
+
+
+def report_cmd(args: argparse.Namespace) -> int:
+    """Write the study's tables (markdown) to --out (default OUT/report.md of the study)."""
+    from ..layout import REPORT_FILE
+    from ..study.report import render
+
+    study = _study(args)
+    text = render(study)
+    out = Path(args.out) if args.out else study.out / REPORT_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text)
+    print(f"wrote {out}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("study", help="a grid of compares from one TOML file: run, status, report",
+                              description=DESCRIPTION)
+    sub = p.add_subparsers(dest="study_command", metavar="SUBCOMMAND")
+    sub.required = True
+    r = sub.add_parser("run", help=run_cmd.__doc__, description=run_cmd.__doc__)
+    r.add_argument("file", metavar="FILE", help="the study file (TOML)")
+    r.add_argument("parts", nargs="*", metavar="PART", help="only these parts (default: every part not done)")
+    r.add_argument("--jobs", type=int, default=1, help="parts trained at once on this machine (default 1)")
+    r.add_argument("--slurm", action="store_true", help="submit the parts as one SLURM job array (submitit)")
+    r.add_argument("--partition", default=None, help="SLURM partition (default: the file's [slurm] partition)")
+    r.add_argument("--gpus", type=int, default=None, help="GPUs per part (SLURM gpus_per_node)")
+    r.add_argument("--time", type=int, default=None, metavar="MINUTES", help="time limit per part (SLURM); a part "
+                   "that reaches it checkpoints and is requeued")
+    r.add_argument("--cpus", type=int, default=None, help="CPUs per part (SLURM cpus_per_task)")
+    r.add_argument("--jobs-at-once", type=int, default=None, help="SLURM array parallelism (default: the file's, "
+                   "else every part)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar while preparing the data")
+    r.set_defaults(func=run_cmd)
+    s = sub.add_parser("status", help=status_cmd.__doc__, description=status_cmd.__doc__)
+    s.add_argument("file", metavar="FILE", help="the study file (TOML)")
+    s.set_defaults(func=status_cmd)
+    o = sub.add_parser("report", help=report_cmd.__doc__, description=report_cmd.__doc__)
+    o.add_argument("file", metavar="FILE", help="the study file (TOML)")
+    o.add_argument("--out", default=None, help="the markdown file to write (default OUT/report.md)")
+    o.set_defaults(func=report_cmd)

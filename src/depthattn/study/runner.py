@@ -1,0 +1,109 @@
+"""Train the parts of a study that are not done (``depthattn study run``), on this machine.
+
+Each part is one ``depthattn compare`` process (``Study.compare_argv``), so everything compare decides — which runs
+to reuse, which to resume from their newest checkpoint, which settings a finished run must share, its lock, its
+report — is decided by compare itself. Running a study again therefore trains only what is missing and resumes
+what was interrupted; a part another process is running is left alone (its lock says so).
+
+Locally the parts run as a pool of at most ``jobs`` child processes (``run_local``), not through submitit's
+``LocalExecutor``: each part already is a process, the pool needs nothing beyond the standard library (submitit is
+the optional ``cluster`` extra), and a child's output goes to a plain log file, ``OUT/logs/PART.log``, that a
+failure's message quotes. On SLURM the same command runs as one task of a job array (``study.slurm``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from .spec import Part, Study
+from .status import part_status
+
+LOG_DIR = "logs"
+
+
+def command(study: Study, part: Part) -> list[str]:
+    """The process that trains ``part``: this interpreter running ``depthattn compare`` with the part's arguments."""
+    return [sys.executable, "-c", "import sys; from depthattn.cli import main; sys.exit(main())",
+            *study.compare_argv(part)]
+
+
+def log_file(study: Study, part: Part) -> Path:
+    """Where ``run_local`` writes a part's output (outside the part's folder, which only compare writes)."""
+    return study.out / LOG_DIR / f"{part.name}.log"
+
+
+def prepare_data(study: Study, progress: bool = False) -> Path:
+    """The study's data, ready before any part starts: ``data`` checked (``data.load_prepared``), or the embedded
+    corpus prepared once into ``OUT/data`` (``compare.prepare_default_data``), so parallel parts never prepare it
+    twice. Raises ``FileNotFoundError``/``ValueError`` naming a missing or unprepared folder."""
+    from ..compare import prepare_default_data
+    from ..data import load_prepared
+
+    if study.data is None:
+        return prepare_default_data(study.out, progress)
+    load_prepared(study.data)
+    return study.data
+
+
+def todo(study: Study, parts: list[Part], log: Callable[[str], None] = print) -> list[Part]:
+    """The parts of ``parts`` to train: those missing or incomplete (running ones are named and left out)."""
+    out = []
+    for part in parts:
+        state = part_status(study, part).state
+        if state == "running":
+            log(f"{part.name}: running in another process; left alone")
+        elif state != "done":
+            out.append(part)
+    return out
+
+
+def tail(path: Path, lines: int = 5) -> str:
+    """The last ``lines`` lines of a text file, indented (``(no output)`` when empty or missing)."""
+    text = path.read_text(encoding="utf-8", errors="replace").rstrip().splitlines() if path.is_file() else []
+    return "\n".join("    " + line for line in text[-lines:]) or "    (no output)"
+
+
+def run_local(study: Study, parts: list[Part], jobs: int = 1, log: Callable[[str], None] = print,
+              poll_s: float = 0.5) -> list[str]:
+    """Train ``parts`` with at most ``jobs`` compare processes at once, in order, each one's output in
+    ``log_file``; returns the names of the parts that failed (each named through ``log`` with its log's last
+    lines; the others go on). Raises ``ValueError`` for ``jobs`` < 1."""
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs} must be at least 1")
+    pending, running, failed = list(parts), {}, []
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                part = pending.pop(0)
+                path = log_file(study, part)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(f"== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command(study, part))}\n")
+                    f.flush()
+                    proc = subprocess.Popen(command(study, part), stdout=f, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                running[part.name] = (part, proc, time.perf_counter())
+                log(f"{part.name}: started ({len(running)} running, {len(pending)} waiting); log {path}")
+            time.sleep(poll_s)
+            for name, (part, proc, t0) in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                del running[name]
+                if rc != 0:
+                    failed.append(name)
+                    log(f"{name}: failed (exit {rc}); run the study again to resume it. The end of "
+                        f"{log_file(study, part)}:\n{tail(log_file(study, part))}")
+                else:
+                    log(f"{name}: done in {time.perf_counter() - t0:.0f} s")
+    finally:
+        for _, proc, _ in running.values():  # an interrupted launcher stops its children (they checkpoint first)
+            proc.terminate()
+        for _, proc, _ in running.values():
+            proc.wait()
+    return failed

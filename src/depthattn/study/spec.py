@@ -1,0 +1,266 @@
+"""A study file (TOML) and the parts it expands to.
+
+A study is a grid of ``depthattn compare`` invocations. The file names the data, the preset, the methods, the
+seeds, the budgets (multiples of one base number of optimizer steps) and any grid of ``--set`` axes (a learning-rate
+grid is ``[grid] lr = [...]``)::
+
+    name = "example"            # default: the file's stem
+    out = "runs/study/example"  # the parts' folders (default runs/study/NAME); relative to the current folder
+    data = "runs/data"          # a prepared data folder; default: the embedded corpus, prepared once into OUT/data
+    preset = "small"            # compare's --preset (required unless quick)
+    quick = false               # compare's --quick (its tiny budget; a smoke test, not a result)
+    methods = ["none", "depth_attention"]
+    reference = "none"          # the method every other one is compared against (default: the first)
+    seeds = [0, 1, 2]
+    steps = 400                 # the 1 x budget in optimizer steps (default: compare's, 60 with quick)
+    budgets = [1, 4]            # multiples of steps (each a whole number of steps)
+    loops = 1                   # compare's --loops
+    eval_tokens = 0             # compare's --eval-tokens (0: the whole validation split)
+
+    [set]                       # --set KEY=VALUE for every part (ModelConfig or TrainConfig keys)
+    precision = "float32"
+
+    [grid]                      # one part per combination of these values (with each budget and seed)
+    lr = [1e-3, 2e-3]
+
+    [slurm]                     # the SLURM launcher's defaults (flags win; ``runner.SLURM_KEYS``)
+    partition = "gpu"
+
+A **part** is one ``compare`` of every method with one seed, in ``OUT/PART``; its name is its **cell** (budget and
+grid values, e.g. ``b4-lr0.002``) and ``-s<seed>``. Within a part every method trains with the same seed, so the
+same data order (compare's rule); the report pairs the parts of one cell by seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Top-level keys of a study file.
+TOP_KEYS = frozenset({"name", "out", "data", "preset", "quick", "methods", "reference", "seeds", "steps", "budgets",
+                      "loops", "eval_tokens", "set", "grid", "slurm"})
+#: Settings a study sets with its own keys, so never through [set] or [grid].
+OWN_KEYS = {"seed": "seeds", "steps": "steps and budgets", "tokens": "steps and budgets", "cross_layer": "methods",
+            "num_loops": "loops"}
+DEFAULT_ROOT = os.path.join("runs", "study")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One ``compare`` invocation of a study: every method with ``seed`` at ``budget`` x the base steps and the
+    grid values ``axes`` (``{key: value}``, in the file's order), in ``folder``."""
+
+    name: str
+    cell: str
+    seed: int
+    budget: float
+    steps: int
+    axes: tuple[tuple[str, Any], ...]
+    folder: Path
+
+
+@dataclass(frozen=True)
+class Study:
+    """A study file, read and checked (``load_study``). Paths are absolute."""
+
+    path: Path
+    name: str
+    out: Path
+    data: Path | None
+    preset: str | None
+    quick: bool
+    methods: tuple[str, ...]
+    reference: str
+    seeds: tuple[int, ...]
+    steps: int
+    budgets: tuple[float, ...]
+    loops: int
+    eval_tokens: int
+    sets: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    slurm: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_dir(self) -> Path:
+        """The prepared data every part trains on: ``data``, else ``OUT/data`` (the embedded corpus)."""
+        from ..layout import COMPARE_DATA_DIR
+
+        return self.data if self.data is not None else self.out / COMPARE_DATA_DIR
+
+    def parts(self) -> list[Part]:
+        """Every part: budgets, then the grid (the file's order of keys, each key's order of values), then seeds."""
+        keys = list(self.grid)
+        out = []
+        for budget in self.budgets:
+            for values in itertools.product(*(self.grid[k] for k in keys)):
+                axes = tuple(zip(keys, values))
+                cell = "-".join([f"b{budget:g}"] + [f"{k}{_word(v)}" for k, v in axes])
+                for seed in self.seeds:
+                    name = f"{cell}-s{seed}"
+                    out.append(Part(name, cell, seed, budget, round(self.steps * budget), axes, self.out / name))
+        return out
+
+    def compare_argv(self, part: Part) -> list[str]:
+        """The ``depthattn compare`` arguments of ``part`` (without the program name)."""
+        argv = ["compare", "--methods", ",".join(self.methods), "--seeds", str(part.seed), "--out", str(part.folder),
+                "--steps", str(part.steps), "--data", str(self.data_dir), "--no-progress"]
+        if self.quick:
+            argv.append("--quick")
+        if self.preset:
+            argv += ["--preset", self.preset]
+        if self.loops != 1:
+            argv += ["--loops", str(self.loops)]
+        if self.eval_tokens:
+            argv += ["--eval-tokens", str(self.eval_tokens)]
+        for key, value in [*self.sets.items(), *part.axes]:
+            argv += ["--set", f"{key}={set_value(value)}"]
+        return argv
+
+
+def _word(value: Any) -> str:
+    """A grid value as it appears in a part's name (``0.002``, ``true``, ``cuda``)."""
+    text = set_value(value).strip('"')
+    return "".join(c if c.isalnum() or c in "._+-" else "_" for c in text)
+
+
+def set_value(value: Any) -> str:
+    """A TOML value as ``--set`` reads it back (``training.config.parse_value``): booleans ``true``/``false``,
+    numbers and lists as JSON (TOML reads it the same), strings quoted."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value)
+
+
+def _need(ok: bool, path: Path, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{path}: {message}")
+
+
+def _int_list(doc: dict, key: str, path: Path, positive: bool = False) -> tuple[int, ...]:
+    value = doc[key]
+    _need(isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+          path, f"`{key} = {value!r}` must be a non-empty list of integers")
+    _need(len(set(value)) == len(value), path, f"`{key} = {value!r}` lists a value twice")
+    _need(not positive or min(value) >= 1, path, f"`{key} = {value!r}` must be >= 1")
+    return tuple(value)
+
+
+def load_study(path: str | os.PathLike) -> Study:
+    """Read and check a study file. Raises ``FileNotFoundError`` for a missing file and ``ValueError`` in one line
+    naming the file and the key for invalid TOML, an unknown key, a method not in ``cross_layer.names()``, an empty
+    or repeated list, a budget that is not a whole number of steps, a [set]/[grid] key that is neither a
+    ``ModelConfig`` nor a ``TrainConfig`` field or that the study sets itself (``OWN_KEYS``), or settings that
+    ``ModelConfig.from_preset`` / ``TrainConfig`` refuse."""
+    from ..compare import DEFAULT_TRAIN, QUICK, parse_methods
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"study file {path} not found")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a TOML file (not UTF-8 text)") from None
+    unknown = sorted(set(doc) - TOP_KEYS)
+    _need(not unknown, path, f"unknown key(s) {unknown}; a study file has {sorted(TOP_KEYS)}")
+    for key in ("methods", "seeds"):
+        _need(key in doc, path, f"`{key}` is missing")
+    methods_value = doc["methods"]
+    _need(isinstance(methods_value, list) and all(isinstance(m, str) for m in methods_value), path,
+          f"`methods = {methods_value!r}` must be a list of method names")
+    try:
+        methods = tuple(parse_methods(",".join(methods_value)))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}".replace("--methods", "methods")) from None
+    reference = doc.get("reference", methods[0])
+    _need(reference in methods, path, f"`reference = {reference!r}` is not one of methods {list(methods)}")
+    seeds = _int_list(doc, "seeds", path)
+    quick = doc.get("quick", False)
+    _need(isinstance(quick, bool), path, f"`quick = {quick!r}` must be true or false")
+    steps = doc.get("steps", (QUICK["train"] if quick else DEFAULT_TRAIN)["steps"])
+    _need(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1, path,
+          f"`steps = {steps!r}` must be an integer >= 1")
+    budgets = doc.get("budgets", [1])
+    _need(isinstance(budgets, list) and budgets and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                                         and b > 0 for b in budgets), path,
+          f"`budgets = {budgets!r}` must be a non-empty list of positive numbers (multiples of steps)")
+    _need(len(set(budgets)) == len(budgets), path, f"`budgets = {budgets!r}` lists a value twice")
+    for b in budgets:
+        _need(abs(steps * b - round(steps * b)) < 1e-9 and round(steps * b) >= 1, path,
+              f"budget {b} x steps {steps} is not a whole number of steps")
+    loops = doc.get("loops", 1)
+    _need(isinstance(loops, int) and not isinstance(loops, bool) and loops >= 1, path,
+          f"`loops = {loops!r}` must be an integer >= 1")
+    eval_tokens = doc.get("eval_tokens", 0)
+    _need(isinstance(eval_tokens, int) and not isinstance(eval_tokens, bool) and eval_tokens >= 0, path,
+          f"`eval_tokens = {eval_tokens!r}` must be an integer >= 0 (0: the whole validation split)")
+    _need("preset" in doc or quick, path, "`preset` is missing (say which, e.g. preset = \"small\"; only a quick "
+          "study has compare's --quick preset)")
+    for key in ("name", "out", "data", "preset"):
+        _need(key not in doc or (isinstance(doc[key], str) and doc[key]), path,
+              f"`{key} = {doc.get(key)!r}` must be a non-empty string")
+    tables = {}
+    for key in ("set", "grid", "slurm"):
+        tables[key] = doc.get(key, {})
+        _need(isinstance(tables[key], dict), path, f"[{key}] must be a table")
+    grid = {}
+    for key, values in tables["grid"].items():
+        _need(isinstance(values, list) and values, path, f"[grid] `{key} = {values!r}` must be a non-empty list")
+        _need(len({set_value(v) for v in values}) == len(values), path, f"[grid] `{key}` lists a value twice")
+        grid[key] = tuple(values)
+    both = sorted(set(grid) & set(tables["set"]))
+    _need(not both, path, f"{both} in both [set] and [grid]")
+    name = doc.get("name", path.stem)
+    study = Study(path=path.resolve(), name=name, out=Path(doc.get("out", os.path.join(DEFAULT_ROOT, name))).absolute(),
+                  data=Path(doc["data"]).absolute() if "data" in doc else None, preset=doc.get("preset"),
+                  quick=quick, methods=methods, reference=reference, seeds=seeds, steps=steps,
+                  budgets=tuple(budgets), loops=loops, eval_tokens=eval_tokens, sets=dict(tables["set"]), grid=grid,
+                  slurm=dict(tables["slurm"]))
+    _check_settings(study)
+    return study
+
+
+def _check_settings(study: Study) -> None:
+    """Every cell's [set] and [grid] values as ``compare`` would take them: known keys, none the study sets itself,
+    values the configs accept (``ValueError`` naming the file)."""
+    from ..compare import DEFAULT_TRAIN, QUICK
+    from ..config import ModelConfig
+    from ..training import TrainConfig
+    from ..training.config import split_overrides
+
+    path = study.path
+    for key in [*study.sets, *study.grid]:
+        _need(key not in OWN_KEYS, path, f"`{key}` in [set]/[grid]: the study sets it with `{OWN_KEYS.get(key)}`")
+    preset = study.preset or QUICK["preset"]
+    cells = {p.cell: p for p in study.parts()}
+    for part in cells.values():
+        try:
+            model, train = split_overrides({**study.sets, **dict(part.axes)}, f"{path} [set]/[grid]")
+            for method in study.methods:
+                ModelConfig.from_preset(preset, **{k: v for k, v in model.items() if k != "vocab_size"},
+                                        cross_layer=method, num_loops=study.loops)
+            base = dict(QUICK["train"] if study.quick else DEFAULT_TRAIN)
+            TrainConfig.from_dict({**base, **train, "steps": part.steps}).total_steps()
+        except ValueError as e:
+            message = str(e)
+            raise ValueError(message if message.startswith(str(path)) else f"{path}: part {part.cell}: {message}"
+                             ) from None
+
+
+def find_parts(study: Study, names: list[str]) -> list[Part]:
+    """The parts named ``names`` (every part when empty), in the study's order; ``ValueError`` naming an unknown
+    one."""
+    parts = study.parts()
+    if not names:
+        return parts
+    known = {p.name for p in parts}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"{study.path}: no part {bad[0]!r} (`depthattn study status {study.path}` lists them)")
+    return [p for p in parts if p.name in set(names)]
