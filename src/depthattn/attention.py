@@ -117,12 +117,13 @@ class Attention(nn.Module):
             k_all, v_all = ctx.cache.write(layer_idx, ctx.cache_start, k_BKTD, v_BKTD)
         else:
             k_all, v_all = k_BKTD, v_BKTD
+        causal = ctx.mask is None and x_BTC.shape[1] > 1
         if ctx.record is not None and "attentions" in ctx.record:  # asked for the weights: the explicit softmax
-            o_BHTD, probs_BHTS = eager_attention(q_BHTD, k_all, v_all, ctx.mask, ctx.mask is None and x_BTC.shape[1] > 1)
+            o_BHTD, probs_BHTS = eager_attention(q_BHTD, k_all, v_all, ctx.mask, causal)
             ctx.record["attentions"].append(probs_BHTS)
         elif ctx.block_mask is not None:
             o_BHTD = flex_attention(q_BHTD, k_all, v_all, ctx.block_mask)
         else:
-            o_BHTD = attention(q_BHTD, k_all, v_all, ctx.mask, is_causal=ctx.mask is None and x_BTC.shape[1] > 1)
+            o_BHTD = attention(q_BHTD, k_all, v_all, ctx.mask, is_causal=causal)
         B, T, _ = x_BTC.shape
         return self.o_proj(o_BHTD.transpose(1, 2).reshape(B, T, -1)), (k_BKTD, v_BKTD)
