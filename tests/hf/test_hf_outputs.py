@@ -245,3 +245,13 @@ def test_generate_with_outputs_every_method_greedy_and_assisted(method, kw):
             [(1, 4, T, S)] * Lv for T, S in ((6, 6), (1, 7), (1, 8))]
         assert [[h.shape for h in step] for step in out.hidden_states] == [
             [(1, T, 32)] * (Lv + 1) for T in (6, 1, 1)]
+
+
+def test_packed_documents_attentions_stay_in_their_document():
+    m = ours("depth_attention")
+    ids = batch(B=1)
+    docs = torch.tensor([[0, 0, 0, 1, 1, 1]])
+    out = m(ids, document_ids=docs, output_attentions=True, output_depth_weights=True)
+    close(out.logits, m(ids, document_ids=docs).logits)
+    for a in out.attentions:
+        assert a[..., 3:, :3].abs().max() == 0 and a[..., :3, 3:].abs().max() == 0
