@@ -24,8 +24,7 @@ from .cross_layer.depth_attention import depth_weights
 def check_depth_attention(model) -> None:
     """``ValueError`` unless ``model.config.cross_layer`` mixes by Depth-Attention's softmax (the value-seam
     controls ``value_residual`` and ``depth_attention_uniform`` have fixed weights: nothing to measure)."""
-    record = method_record(model.config.cross_layer)
-    if not record.has_value_seam or record.value_mix is not None:
+    if not method_record(model.config.cross_layer).has_depth_weights:
         raise ValueError(f"depth-attention weights need cross_layer='depth_attention', the checkpoint has "
                          f"{model.config.cross_layer!r}")
 

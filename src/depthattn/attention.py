@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from .cache import KVCache
 from .config import ModelConfig
 from .cross_layer import get as method_record
-from .cross_layer.depth_attention import depth_mix
-from .functional import apply_rope, attention, flex_attention
+from .cross_layer.depth_attention import depth_mix, depth_weights
+from .functional import apply_rope, attention, eager_attention, flex_attention
 from .layers import RMSNorm
 
 
@@ -42,6 +42,10 @@ class LayerContext:
             None; then K̂ and Ṽ are written with ``index_copy_`` and the attention reads all ``S`` slots.
         block_mask: a FlexAttention ``BlockMask`` (``functional.document_block_mask``: document masking on CUDA);
             then the attention is FlexAttention with it and ``mask`` is None. No cache with it.
+        record: None (the default: nothing is recorded), or what to record, filled in place
+            (``Backbone.forward``'s ``record``): each virtual layer's attention appends its attention
+            probabilities to ``record["attentions"]`` (then the attention is the eager ``functional.eager_attention``)
+            and its depth weights (or None) to ``record["depth_weights"]`` when the key is there.
     """
 
     cos: Tensor
@@ -51,6 +55,7 @@ class LayerContext:
     cache_start: int = 0
     cache_slots: Tensor | None = None
     block_mask: Any = None
+    record: dict | None = None
 
 
 class Attention(nn.Module):
@@ -72,6 +77,7 @@ class Attention(nn.Module):
         self.k_after_rope = cfg.qk_norm_position == "k_after_rope"
         mix = method_record(cfg.cross_layer).value_mix  # the value seam's mix (None: Depth-Attention's depth_mix)
         self.value_mix = depth_mix if mix is None else mix(cfg, layer_idx, device=device)
+        self.has_depth_weights = method_record(cfg.cross_layer).has_depth_weights
 
     def project(self, x_BTC: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Rotated normalised q ``[B,H,T,D]``, K̂ ``[B,K,T,D]`` and raw v ``[B,K,T,D]``.
@@ -102,15 +108,22 @@ class Attention(nn.Module):
             keys = [k for k, _ in sources] + [k_BKTD]
             values = [v for _, v in sources] + [v_BKTD]
             v_BKTD = self.value_mix(q_BHTD, keys, values)
+        if ctx.record is not None and "depth_weights" in ctx.record:
+            ctx.record["depth_weights"].append(depth_weights(q_BHTD, keys) if sources and self.has_depth_weights
+                                               else None)
         if ctx.cache is not None and ctx.cache_slots is not None:
             k_all, v_all = ctx.cache.write_at(layer_idx, ctx.cache_slots, k_BKTD, v_BKTD)
         elif ctx.cache is not None:
             k_all, v_all = ctx.cache.write(layer_idx, ctx.cache_start, k_BKTD, v_BKTD)
         else:
             k_all, v_all = k_BKTD, v_BKTD
-        if ctx.block_mask is not None:
+        causal = ctx.mask is None and x_BTC.shape[1] > 1
+        if ctx.record is not None and "attentions" in ctx.record:  # asked for the weights: the explicit softmax
+            o_BHTD, probs_BHTS = eager_attention(q_BHTD, k_all, v_all, ctx.mask, causal)
+            ctx.record["attentions"].append(probs_BHTS)
+        elif ctx.block_mask is not None:
             o_BHTD = flex_attention(q_BHTD, k_all, v_all, ctx.block_mask)
         else:
-            o_BHTD = attention(q_BHTD, k_all, v_all, ctx.mask, is_causal=ctx.mask is None and x_BTC.shape[1] > 1)
+            o_BHTD = attention(q_BHTD, k_all, v_all, ctx.mask, is_causal=causal)
         B, T, _ = x_BTC.shape
         return self.o_proj(o_BHTD.transpose(1, 2).reshape(B, T, -1)), (k_BKTD, v_BKTD)

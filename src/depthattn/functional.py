@@ -207,11 +207,32 @@ def _sdpa_gqa_is_fast(q: Tensor) -> bool:
     return q.device.type == "cpu" or (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16))
 
 
-def attention_ref(q_BHTD: Tensor, k_BKSD: Tensor, v_BKSD: Tensor, mask: Tensor | None) -> Tensor:
-    """Eager twin of ``attention``: explicit softmax(q k^T / sqrt(D) + mask) v in float32."""
-    groups = q_BHTD.shape[1] // k_BKSD.shape[1]
-    k, v = repeat_kv(k_BKSD, groups).float(), repeat_kv(v_BKSD, groups).float()
-    scores = q_BHTD.float() @ k.transpose(-1, -2) / math.sqrt(q_BHTD.shape[-1])
+def eager_attention(q_BHTD: Tensor, k_BKSD: Tensor, v_BKSD: Tensor, mask: Tensor | None,
+                    is_causal: bool) -> tuple[Tensor, Tensor]:
+    """``attention`` with an explicit softmax, which also returns the attention probabilities: (output
+    ``[B, H, T, D]``, probabilities ``[B, H, T, S]``), both in q's dtype; each row of the probabilities sums to 1.
+
+    transformers' ``eager_attention_forward`` (Qwen3): K and V expanded to the H query heads (``repeat_kv``),
+    scores ``q k^T · 1/sqrt(D)`` plus the additive ``mask`` (``[B|1, 1, T, S]``; with ``mask=None`` and
+    ``is_causal``, the causal mask of ``T == S`` positions), softmax in float32, cast to q's dtype, times V. The
+    path a forward takes when it is asked for the attention weights (``Attention.forward``); SDPA (``attention``)
+    gives the same output to rounding. Fully masked rows (a pad before any real token) are uniform over the
+    slots, as SDPA's are."""
+    B, H, T, D = q_BHTD.shape
+    groups = H // k_BKSD.shape[1]
+    k, v = repeat_kv(k_BKSD, groups), repeat_kv(v_BKSD, groups)
+    scores = (q_BHTD @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
+    if mask is None and is_causal:
+        mask = causal_padding_mask(None, 0, T, k.shape[2], scores.dtype, scores.device)
     if mask is not None:
-        scores = scores + mask.float()
-    return (scores.softmax(-1) @ v).to(q_BHTD.dtype)
+        scores = scores + mask
+    probs = scores.softmax(-1, dtype=torch.float32).to(q_BHTD.dtype)
+    return probs @ v, probs
+
+
+def attention_ref(q_BHTD: Tensor, k_BKSD: Tensor, v_BKSD: Tensor, mask: Tensor | None) -> Tensor:
+    """Eager twin of ``attention``: explicit softmax(q k^T / sqrt(D) + mask) v in float32 (``eager_attention``
+    on float32 copies), cast to q's dtype."""
+    out, _ = eager_attention(q_BHTD.float(), k_BKSD.float(), v_BKSD.float(), None if mask is None else mask.float(),
+                             False)
+    return out.to(q_BHTD.dtype)

@@ -74,6 +74,7 @@ class Backbone(nn.Module):
 
     ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,past+T] bool/int, position_ids [B,T], cache)`` →
     hidden states ``[B, T, C]`` after the final norm. Raises the ``ValueError``s of ``DecoderLM.forward``.
+    ``forward(..., record=...)`` also records per-layer outputs (hidden states, attention and depth weights).
     """
 
     def __init__(self, cfg: ModelConfig, device=None):
@@ -93,14 +94,40 @@ class Backbone(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 cache: KVCache | None = None, *, validate: bool = True, document_ids: Tensor | None = None,
-                advance_host: bool = True) -> Tensor:
+                advance_host: bool = True, record: dict | None = None) -> Tensor:
         """Final hidden states for ``input_ids``; with a ``cache``, the tokens continue the cached ones at slot
         ``cache.length``, and the call advances the cache by T (``cache.advance``). ``advance_host=False`` advances
         only the device half (``cache.slot``) and leaves ``cache.length`` to the caller: a compiled static step
         (``generate.CompiledDecoder``) does so, so that its graph never reads a Python number that changes per
         token. ``validate=False`` skips ``check_forward_shapes`` for a caller that ran the checks
         already. Values are not checked here (``check_forward_inputs`` at the boundary): the forward never waits
-        for the device, and makes no Python branch on tensor data. ``document_ids``: see ``DecoderLM.forward``."""
+        for the device, and makes no Python branch on tensor data. ``document_ids``: see ``DecoderLM.forward``.
+
+        ``record``: None (nothing is recorded; the forward is unchanged), or a dict whose keys name what to record,
+        each an empty list the forward appends to, one entry per step below (L = ``num_virtual_layers``; a looped
+        model's layers are its virtual layers):
+
+        - ``"hidden_states"``: L + 1 tensors ``[B, T, C]`` (model dtype): the embedding output, then after each
+          virtual layer u < L − 1 the hidden state the method's readout (``cross_layer.end``) makes of its state
+          there, i.e. the input the final norm would get if the model stopped after layer u (the residual stream
+          itself for the plain residual and the value-seam methods; DenseFormer's mixed output Y_u; mHC's
+          read-out of its n streams; AttnRes's final depth mix over the history so far), and last the final
+          hidden states after the norm (the return value), as transformers' Qwen3 returns them.
+        - ``"attentions"``: L tensors ``[B, H, T, S]`` (model dtype), each layer's sequence-attention
+          probabilities over the S key slots it reads (the cached ones and these T); the attention is then the
+          explicit softmax (``functional.eager_attention``, equal to SDPA to rounding) instead of SDPA or
+          FlexAttention (document masking uses the additive mask then).
+        - ``"depth_weights"``: L entries: ``[B, K, T, N]`` float32 Depth-Attention weights
+          (``cross_layer.depth_attention.depth_weights``: the softmax over the N = |C(u)| + 1 candidates
+          ``plan[u] + (u,)``, self last, per KV head) for a layer with sources of a method with
+          ``MethodRecord.has_depth_weights``, else None.
+
+        Raises ``ValueError`` for another key. Activation checkpointing is off in a recording forward."""
+        if record is not None:
+            unknown = set(record) - {"hidden_states", "attentions", "depth_weights"}
+            if unknown:
+                raise ValueError(f"record: unknown key(s) {sorted(unknown)}; record 'hidden_states', "
+                                 f"'attentions' or 'depth_weights'")
         if validate:
             check_forward_shapes(self.config, input_ids, attention_mask, position_ids, None, cache, document_ids)
         B, T = input_ids.shape
@@ -108,18 +135,22 @@ class Backbone(nn.Module):
         new_mask = None if attention_mask is None else attention_mask[:, -T:].bool()
         h = self.embed_tokens(input_ids)
         if document_ids is not None:
-            ctx, position_ids = self._document_context(new_mask, position_ids, document_ids, h.dtype)
+            eager = record is not None and "attentions" in record
+            ctx, position_ids = self._document_context(new_mask, position_ids, document_ids, h.dtype, eager)
         elif cache is not None and cache.static:
             ctx, position_ids = self._static_context(new_mask, position_ids, cache, B, T, h.dtype)
         else:
             ctx, position_ids = self._dynamic_context(new_mask, position_ids, cache, T, h.dtype, h.device)
         cos, sin = self.rotary_emb(position_ids, h.dtype)
-        h = self._layers(h, LayerContext(cos=cos, sin=sin, **ctx))
+        h = self._layers(h, LayerContext(cos=cos, sin=sin, record=record, **ctx))
         if cache is not None:
             cache.advance_device(T)
             if advance_host:
                 cache.advance_host(T)
-        return self.norm(h)
+        h = self.norm(h)
+        if record is not None and "hidden_states" in record:
+            record["hidden_states"].append(h)
+        return h
 
     def _dynamic_context(self, new_mask, position_ids, cache, T: int, dtype, device):
         """Mask and positions when the key slots are exactly the filled ones (Python-int slicing, eager path).
@@ -140,15 +171,16 @@ class Backbone(nn.Module):
         return dict(mask=mask, cache=cache, cache_start=past), position_ids
 
     @staticmethod
-    def _document_context(new_mask, position_ids, document_ids, dtype):
+    def _document_context(new_mask, position_ids, document_ids, dtype, eager: bool = False):
         """Mask and positions of packed documents (no cache): block-diagonal causal attention (and the padding of
-        ``new_mask``), as a FlexAttention block mask on CUDA and an additive SDPA mask elsewhere; positions
-        restart at each document unless ``position_ids`` are given."""
+        ``new_mask``), as a FlexAttention block mask on CUDA (unless ``eager``: the attention weights are asked
+        for) and an additive SDPA mask elsewhere; positions restart at each document unless ``position_ids`` are
+        given."""
         docs = document_runs(as_index(document_ids))
         if position_ids is None:
             position_ids = document_positions(docs, new_mask)
         T = docs.shape[1]
-        if flex_serves(docs.device):
+        if flex_serves(docs.device) and not eager:
             return dict(block_mask=document_block_mask(docs, new_mask)), position_ids
         return dict(mask=causal_padding_mask(new_mask, 0, T, T, dtype, docs.device, docs)), position_ids
 
@@ -178,7 +210,14 @@ class Backbone(nn.Module):
         state = self.cross_layer.begin(h)
         saved: dict[int, tuple[Tensor, Tensor]] = {}
         use_ckpt = self.activation_checkpointing and self.training and ctx.cache is None and torch.is_grad_enabled()
+        hidden = None
+        if ctx.record is not None:  # recording: no recomputation in the backward (it would record twice)
+            use_ckpt = False
+            hidden = ctx.record.get("hidden_states")
+            if hidden is not None:
+                hidden.append(h)  # the embedding output
         layers = self.layers
+        last = len(self.plan) - 1
         for u, cands in enumerate(self.plan):
             layer = layers[u % len(layers)]
             sources = tuple(saved[j] for j in cands)
@@ -188,6 +227,8 @@ class Backbone(nn.Module):
                 state, kv = layer(state, sources, ctx=ctx, layer_idx=u)
             if u in self.sources:
                 saved[u] = kv
+            if hidden is not None and u < last:  # the last one is the normed output (Backbone.forward)
+                hidden.append(self.cross_layer.end(state))
         return self.cross_layer.end(state)
 
 

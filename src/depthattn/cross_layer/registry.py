@@ -96,6 +96,13 @@ class MethodRecord:
         """Whether the method mixes values along depth (the attention's value seam)."""
         return self.value_plan is not None
 
+    @property
+    def has_depth_weights(self) -> bool:
+        """Whether the method mixes values by Depth-Attention's softmax over depth (``depth_mix``), so that each
+        layer with sources has depth weights to report (``depth_attention``; the value-seam controls bring a mix
+        with fixed weights, and the residual-seam methods have none)."""
+        return self.has_value_seam and self.value_mix is None
+
     def plan(self, cfg: ModelConfig) -> Plan:
         """The value-seam plan the model runs: ``value_plan(cfg)``, or empty tuples without a value seam."""
         return empty_plan(cfg) if self.value_plan is None else self.value_plan(cfg)

@@ -2,8 +2,8 @@
 Qwen3 checkpoint converters. Importing this package registers the Auto classes (see docs/hf.md)."""
 
 from .configuration import DepthAttnConfig
-from .modeling import DepthAttnCache, DepthAttnForCausalLM, register
+from .modeling import DepthAttnCache, DepthAttnCausalLMOutputWithPast, DepthAttnForCausalLM, register
 
 register()
 
-__all__ = ["DepthAttnConfig", "DepthAttnForCausalLM", "DepthAttnCache", "register"]
+__all__ = ["DepthAttnConfig", "DepthAttnForCausalLM", "DepthAttnCache", "DepthAttnCausalLMOutputWithPast", "register"]

@@ -16,6 +16,7 @@ vanilla-sized. Beam search reorders it generically (``reorder_cache``), and it c
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -145,6 +146,18 @@ class DepthAttnCache(Cache):
         return f"DepthAttnCache(length={self.get_seq_length()}, capacity={0 if self.kv is None else self.kv.capacity})"
 
 
+@dataclass
+class DepthAttnCausalLMOutputWithPast(CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` (``loss``, ``logits``, ``cache``, ``hidden_states``, ``attentions``) plus
+    ``depth_weights``: with ``output_depth_weights=True`` on a model whose method mixes values by Depth-Attention's
+    softmax (``cross_layer="depth_attention"``), one entry per virtual layer u: the float32 ``[B, K, T, N]`` softmax
+    over the N candidates ``model.model.plan[u] + (u,)`` (self last) that each KV head's pooled query puts on them
+    (the weights ``depthattn analyze`` averages), or None for a layer without sources (layer 0); None when no layer
+    has any (every other method: their mix, if any, has no such weights) and when not asked."""
+
+    depth_weights: tuple[Tensor | None, ...] | None = None
+
+
 class DepthAttnPreTrainedModel(PreTrainedModel):
     config_class = DepthAttnConfig
     base_model_prefix = "model"
@@ -208,7 +221,25 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
     """Hugging Face causal LM: the core ``Backbone`` (``model``) and ``lm_head``, as in ``depthattn.DecoderLM``.
 
     ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,S+T] 0/1, position_ids [B,T], cache, labels [B,T],
-    use_cache, logits_to_keep, document_ids [B,T])`` → ``CausalLMOutputWithPast(loss, logits [B,T',V], cache)``.
+    use_cache, logits_to_keep, document_ids [B,T], output_hidden_states, output_attentions, output_depth_weights)``
+    → ``DepthAttnCausalLMOutputWithPast(loss, logits [B,T',V], cache, hidden_states, attentions, depth_weights)``.
+    With L = ``num_virtual_layers`` (``num_hidden_layers`` × ``num_loops``: a looped model reports per virtual
+    layer), each output asked for by its argument or, when that is None, the config attribute of the same name
+    (``Backbone.forward``'s ``record`` computes them):
+
+    - ``output_hidden_states=True``: L + 1 tensors ``[B, T, C]``: the embedding output, the hidden state after each
+      layer, the last one after the final norm (the ``lm_head`` input), as ``Qwen3ForCausalLM``. After layer u it
+      is what the method's readout makes of its state there (the input the final norm would get if the model
+      stopped after u: logit lens = ``lm_head(model.norm(h))``): the residual stream for ``none`` and the
+      value-seam methods, DenseFormer's mixed output, the readout of mHC's n streams, AttnRes's final depth mix
+      over the blocks so far. An int or a list of ints (negative from the end) selects entries, the others are None.
+    - ``output_attentions=True``: L tensors ``[B, H, T, S]``, each layer's sequence-attention probabilities over
+      its S = past + T key slots (the cache's and this call's). The forward then runs the explicit-softmax attention
+      (``functional.eager_attention``, equal to SDPA to rounding) whatever ``attn_implementation`` says; the default
+      forward is untouched.
+    - ``output_depth_weights=True``: ``depth_weights`` (``DepthAttnCausalLMOutputWithPast``); None for a method
+      without Depth-Attention's softmax.
+
     Packed documents (``DecoderLM.forward``'s ``document_ids``) are given as ``document_ids`` or, Hugging Face's
     convention, as restarting ``position_ids`` without an ``attention_mask`` (``packed_documents``); either with a
     cache (or ``use_cache=True``) is a ``ValueError``, and the cache is not made by default then. ``past_key_values`` is
@@ -271,7 +302,9 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
                 position_ids: Tensor | None = None, cache: Cache | None = None, labels: Tensor | None = None,
                 use_cache: bool | None = None, logits_to_keep: int | Tensor = 0, inputs_embeds=None,
                 past_key_values: Cache | None = None, return_dict: bool | None = None,
-                document_ids: Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
+                document_ids: Tensor | None = None, output_hidden_states: bool | int | list[int] | None = None,
+                output_attentions: bool | None = None, output_depth_weights: bool | None = None,
+                **kwargs) -> DepthAttnCausalLMOutputWithPast:
         if inputs_embeds is not None:
             raise ValueError("DepthAttnForCausalLM takes input_ids only (inputs_embeds is not supported)")
         if input_ids is None:
@@ -302,7 +335,10 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
         shift_labels = kwargs.get("shift_labels")
         targets = shift_labels if labels is not None and shift_labels is not None else labels
         check_forward_inputs(cfg, input_ids, attention_mask, position_ids, targets, kv, document_ids)  # as the core
-        hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids)
+        asked = self._asked(output_hidden_states, output_attentions, output_depth_weights)
+        record = {key: [] for key in asked} or None
+        hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids,
+                            **({} if record is None else {"record": record}))
         logits = self.lm_head(hidden)
         loss = None if labels is None else causal_lm_loss(logits, labels, attention_mask, shift_labels,
                                                           kwargs.get("num_items_in_batch"))
@@ -310,8 +346,37 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
             logits = logits[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
             logits = logits[:, logits_to_keep]
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+        recorded = recorded_outputs(record, asked.get("hidden_states"))
+        out = DepthAttnCausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, **recorded)
         return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
+
+    def _asked(self, hidden_states, attentions, depth_weights) -> dict:
+        """``{name: value}`` of the outputs asked for, each by its ``output_<name>`` argument or, when that is None,
+        the config attribute of that name."""
+        asked = {}
+        for key, value in (("hidden_states", hidden_states), ("attentions", attentions),
+                           ("depth_weights", depth_weights)):
+            value = getattr(self.config, f"output_{key}", False) if value is None else value
+            if value is not False and value is not None:
+                asked[key] = value
+        return asked
+
+
+def recorded_outputs(record: dict | None, hidden_states) -> dict:
+    """The output fields of a ``record`` the backbone filled: tuples; ``depth_weights`` None when no layer has any
+    (a method without Depth-Attention's softmax); with an ``output_hidden_states`` selection (an int or ints,
+    negative from the end, as transformers reads it) the hidden states it does not select are None."""
+    if record is None:
+        return {}
+    out = {key: tuple(values) for key, values in record.items()}
+    if "depth_weights" in out and all(w is None for w in out["depth_weights"]):
+        out["depth_weights"] = None
+    if "hidden_states" in out and not isinstance(hidden_states, bool):
+        states = out["hidden_states"]
+        n = len(states)
+        keep = {i % n for i in ([hidden_states] if isinstance(hidden_states, int) else hidden_states) if -n <= i < n}
+        out["hidden_states"] = tuple(h if i in keep else None for i, h in enumerate(states))
+    return out
 
 
 def packed_documents(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None,
