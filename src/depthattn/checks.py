@@ -158,8 +158,8 @@ def check_forward_values(cfg: ModelConfig, input_ids: Tensor | None, attention_m
     """Raise ``ValueError`` for values ``DecoderLM.forward`` cannot use (inputs of valid shape; one sync). Does
     nothing while ``tracing`` (compiled or exported forwards run unchecked; eager calls are checked).
 
-    Checked: ids in ``[0, vocab_size)`` (none with ``inputs_embeds``, whose values are not checked) (compared in int64, so no bound wraps in a narrow dtype such as uint8);
-    an integer mask holds only 0/1, and no row of it is all zeros (a sequence without a real token); ``position_ids`` in
+    Checked: ids in ``[0, vocab_size)`` (compared in int64, so no bound wraps in a narrow dtype such as uint8; no
+    ids with ``inputs_embeds``, whose values are not checked); an integer mask holds only 0/1, and no row of it is all zeros (a sequence without a real token); ``position_ids`` in
     ``[0, max_position_embeddings)``; labels are ids or -100 with at least one target; a ``[B, past + T]`` mask
     agrees with the padding the cache recorded for its first ``past`` columns.
     """
