@@ -5,8 +5,9 @@ Legend: B batch, T time (this call), S cache slots, V vocab.
 No model code lives here. Like ``Qwen3ForCausalLM``, the wrapper owns the core ``Backbone`` as ``model`` (HF
 ``Qwen3Model``'s place) and an ``lm_head``, and its forward is ``self.model(...)`` then ``self.lm_head``, so the
 state dict holds exactly the core's keys (``model.*``, ``lm_head.*``, the Hugging Face Qwen3 names) and a
-``cross_layer="none"`` export is a valid Qwen3 checkpoint. The RoPE frequencies live in ``model.rotary_emb``
-(a non-persistent float32 buffer, recomputed by ``_init_weights`` after ``from_pretrained``).
+``cross_layer="none"`` export is a valid Qwen3 checkpoint. ``DepthAttnModel`` is the headless model (HF
+``Qwen3Model``, ``AutoModel``): the same backbone, with ``Qwen3Model``'s unprefixed keys. The RoPE frequencies live
+in ``model.rotary_emb`` (a non-persistent float32 buffer, recomputed by ``_init_weights`` after ``from_pretrained``).
 
 The cache transformers sees is ``DepthAttnCache``, a ``transformers.Cache`` that owns one core ``KVCache`` and grows
 it on demand. It stores what the core stores: keys and the depth-mixed values Ṽ (spec-depth-attention.md §7.1),
@@ -196,9 +197,9 @@ class DepthAttnPreTrainedModel(PreTrainedModel):
             raise ValueError(f"every_n_layers={every_n_layers} is not supported: the core checkpoints every layer")
         self.gradient_checkpointing = enable
 
-    def _prepare_backbone(self, backbone: Backbone, input_ids, inputs_embeds, attention_mask, position_ids,
-                          cache, use_cache, document_ids, labels):
-        """The forward's inputs made ready for ``backbone``: ``(cache, core KVCache or None, document_ids)``, with
+    def _prepare_backbone(self, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache,
+                          document_ids, labels):
+        """The forward's inputs made ready for the ``Backbone``: ``(cache, core KVCache or None, document_ids)``, with
         every input checked (``check_forward_inputs``, as the core). Packed documents come from ``document_ids``
         or restarting ``position_ids`` (``packed_documents``); a cache is made when ``use_cache`` (default:
         ``config.use_cache`` in eval mode) unless documents are packed."""
@@ -220,6 +221,7 @@ class DepthAttnPreTrainedModel(PreTrainedModel):
             cache = None
         if cache is None and use_cache:
             cache = DepthAttnCache(self.config)
+        backbone = self._backbone()
         cfg = backbone.config
         kv = None
         if cache is not None and isinstance(tokens, Tensor) and tokens.dim() >= 2:  # else the check names it
@@ -367,9 +369,9 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
                 document_ids: Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
         shift_labels = kwargs.get("shift_labels")
         targets = shift_labels if labels is not None and shift_labels is not None else labels
-        cache, kv, document_ids = self._prepare_backbone(
-            self.model, input_ids, inputs_embeds, attention_mask, position_ids,
-            past_key_values if cache is None else cache, use_cache, document_ids, targets)
+        cache, kv, document_ids = self._prepare_backbone(input_ids, inputs_embeds, attention_mask, position_ids,
+                                                         past_key_values if cache is None else cache, use_cache,
+                                                         document_ids, targets)
         hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids,
                             inputs_embeds=inputs_embeds)
         logits = self.lm_head(hidden)
@@ -423,9 +425,9 @@ class DepthAttnModel(DepthAttnPreTrainedModel):
                 position_ids: Tensor | None = None, cache: Cache | None = None, inputs_embeds: Tensor | None = None,
                 use_cache: bool | None = None, past_key_values: Cache | None = None, return_dict: bool | None = None,
                 document_ids: Tensor | None = None, **kwargs) -> BaseModelOutputWithPast:
-        cache, kv, document_ids = self._prepare_backbone(
-            self._core, input_ids, inputs_embeds, attention_mask, position_ids,
-            past_key_values if cache is None else cache, use_cache, document_ids, None)
+        cache, kv, document_ids = self._prepare_backbone(input_ids, inputs_embeds, attention_mask, position_ids,
+                                                         past_key_values if cache is None else cache, use_cache,
+                                                         document_ids, None)
         hidden = self._core(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids,
                             inputs_embeds=inputs_embeds)
         out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache)
