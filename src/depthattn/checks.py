@@ -9,7 +9,9 @@ Two halves, so that the hot path never waits for the device:
   single synchronisation. Run once at the boundary, before any work: ``generate``, the evaluation entry points,
   the Hugging Face forward (``check_forward_inputs``), and ``check_token_array`` for the trainer's data.
 
-``check_forward_inputs`` runs both (the boundary check).
+``check_forward_inputs`` runs both (the boundary check). While ``torch.compile`` or ``torch.export`` traces the
+forward (``tracing``), ``check_forward_values`` does nothing: reading a value on the host would graph-break a
+compiled forward and cannot be exported at all. Eager calls are always checked.
 """
 
 from __future__ import annotations
@@ -65,31 +67,56 @@ def check_text(text, what: str = "prompt") -> None:
         raise ValueError(f"{what} is not valid UTF-8 text: {what_it_is} at character {e.start}") from None
 
 
+def tracing() -> bool:
+    """Whether ``torch.compile`` (dynamo) or ``torch.export`` is tracing the caller (then no value is read)."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
 def check_forward_inputs(cfg: ModelConfig, input_ids, attention_mask, position_ids, labels,
-                         cache: KVCache | None, document_ids=None) -> None:
-    """The boundary check: ``check_forward_shapes`` then ``check_forward_values`` (one device synchronisation)."""
-    check_forward_shapes(cfg, input_ids, attention_mask, position_ids, labels, cache, document_ids)
-    check_forward_values(cfg, input_ids, attention_mask, position_ids, labels, cache)
+                         cache: KVCache | None, document_ids=None, inputs_embeds=None) -> None:
+    """The boundary check: ``check_forward_shapes`` then ``check_forward_values`` (one device synchronisation;
+    none while ``tracing``)."""
+    check_forward_shapes(cfg, input_ids, attention_mask, position_ids, labels, cache, document_ids, inputs_embeds)
+    check_forward_values(cfg, input_ids, attention_mask, position_ids, labels, cache, inputs_embeds)
+
+
+def _check_tokens(cfg: ModelConfig, input_ids, inputs_embeds) -> tuple[int, int]:
+    """``(B, T)`` of exactly one of ``input_ids`` (integer ``[B, T]``) and ``inputs_embeds`` (floating
+    ``[B, T, hidden_size]``), B, T >= 1; else ``ValueError`` naming the argument."""
+    if inputs_embeds is not None:
+        if input_ids is not None:
+            raise ValueError("give exactly one of input_ids and inputs_embeds, not both")
+        if not isinstance(inputs_embeds, Tensor) or not inputs_embeds.dtype.is_floating_point \
+                or inputs_embeds.dim() != 3 or inputs_embeds.shape[2] != cfg.hidden_size:
+            raise ValueError(f"inputs_embeds must be a floating tensor [B, T, hidden_size={cfg.hidden_size}], got "
+                             f"{getattr(inputs_embeds, 'dtype', type(inputs_embeds).__name__)} of shape "
+                             f"{tuple(getattr(inputs_embeds, 'shape', ()))}")
+        name, shape = "inputs_embeds", tuple(inputs_embeds.shape)
+    else:
+        if not _is_int_tensor(input_ids) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be an integer tensor [B, T], got "
+                             f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} of shape "
+                             f"{tuple(getattr(input_ids, 'shape', ()))}")
+        name, shape = "input_ids", tuple(input_ids.shape)
+    B, T = shape[:2]
+    if B == 0 or T == 0:
+        raise ValueError(f"{name} has shape {shape}: it needs at least one row and one token")
+    return B, T
 
 
 def check_forward_shapes(cfg: ModelConfig, input_ids, attention_mask, position_ids, labels,
-                         cache: KVCache | None, document_ids=None) -> None:
+                         cache: KVCache | None, document_ids=None, inputs_embeds=None) -> None:
     """Raise ``ValueError`` for inputs whose types or shapes ``DecoderLM.forward`` cannot use; reads no data.
 
-    Checked: ``input_ids`` is an integer tensor ``[B, T]`` with B, T >= 1; ``attention_mask`` is bool/integer of
+    Checked: exactly one of ``input_ids`` (an integer tensor ``[B, T]``) and ``inputs_embeds`` (a floating tensor
+    ``[B, T, hidden_size]``, ``Backbone.forward`` only), with B, T >= 1; ``attention_mask`` is bool/integer of
     shape ``[B, T]`` or ``[B, past + T]``; ``position_ids`` is an integer ``[B, T]`` tensor; ``labels`` is an integer
     ``[B, T]`` tensor; ``cache`` matches the model (virtual layers, KV heads, head dim, batch) and has room; without
     ``position_ids``, ``past + T`` slots fit ``max_position_embeddings`` (derived positions stay below the slot
     count, so this bounds them without reading the mask); ``document_ids`` is an integer ``[B, T]`` tensor and comes
     without a ``cache`` (document masking is a training-time feature). Any integer values are valid document ids.
     """
-    if not _is_int_tensor(input_ids) or input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be an integer tensor [B, T], got "
-                         f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} of shape "
-                         f"{tuple(getattr(input_ids, 'shape', ()))}")
-    B, T = input_ids.shape
-    if B == 0 or T == 0:
-        raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: it needs at least one row and one token")
+    B, T = _check_tokens(cfg, input_ids, inputs_embeds)
     past = 0
     if cache is not None:
         expect = (cfg.num_virtual_layers, B, cfg.num_key_value_heads, cfg.head_dim)
@@ -125,20 +152,26 @@ def check_forward_shapes(cfg: ModelConfig, input_ids, attention_mask, position_i
                          f"{getattr(labels, 'dtype', type(labels).__name__)} {tuple(getattr(labels, 'shape', ()))}")
 
 
-def check_forward_values(cfg: ModelConfig, input_ids: Tensor, attention_mask: Tensor | None,
-                         position_ids: Tensor | None, labels: Tensor | None, cache: KVCache | None) -> None:
-    """Raise ``ValueError`` for values ``DecoderLM.forward`` cannot use (inputs of valid shape; one sync).
+def check_forward_values(cfg: ModelConfig, input_ids: Tensor | None, attention_mask: Tensor | None,
+                         position_ids: Tensor | None, labels: Tensor | None, cache: KVCache | None,
+                         inputs_embeds: Tensor | None = None) -> None:
+    """Raise ``ValueError`` for values ``DecoderLM.forward`` cannot use (inputs of valid shape; one sync). Does
+    nothing while ``tracing`` (compiled or exported forwards run unchecked; eager calls are checked).
 
-    Checked: ids in ``[0, vocab_size)`` (compared in int64, so no bound wraps in a narrow dtype such as uint8);
-    an integer mask holds only 0/1, and no row of it is all zeros (a sequence without a real token); ``position_ids`` in
+    Checked: ids in ``[0, vocab_size)`` (compared in int64, so no bound wraps in a narrow dtype such as uint8; no
+    ids with ``inputs_embeds``, whose values are not checked); an integer mask holds only 0/1, and no row of it is all zeros (a sequence without a real token); ``position_ids`` in
     ``[0, max_position_embeddings)``; labels are ids or -100 with at least one target; a ``[B, past + T]`` mask
     agrees with the padding the cache recorded for its first ``past`` columns.
     """
+    if tracing():
+        return
     V = cfg.vocab_size
-    T = input_ids.shape[1]
+    T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
     past = cache.length if cache is not None else 0
-    ids = _wide(input_ids)
-    checks: dict[str, Tensor] = {"ids": ((ids < 0) | (ids >= V)).any()}
+    checks: dict[str, Tensor] = {}
+    if input_ids is not None:
+        ids = _wide(input_ids)
+        checks["ids"] = ((ids < 0) | (ids >= V)).any()
     if attention_mask is not None:
         mask = _wide(attention_mask) if attention_mask.dtype != torch.bool else attention_mask
         if attention_mask.dtype != torch.bool:
@@ -160,8 +193,10 @@ def check_forward_values(cfg: ModelConfig, input_ids: Tensor, attention_mask: Te
             m = attention_mask[:, -T:].bool()
             real = real & m[:, 1:] & m[:, :-1]
         checks["no_target"] = ~real.any()
+    if not checks:
+        return
     failed = dict(zip(checks, torch.stack(list(checks.values())).tolist()))
-    if failed["ids"]:
+    if failed.get("ids"):
         bad = _shown(input_ids, ids[(ids < 0) | (ids >= V)][0].item())
         raise ValueError(f"input_ids contains token id {bad} outside the vocabulary [0, {V})")
     if failed.get("mask"):

@@ -92,9 +92,10 @@ class Backbone(nn.Module):
         #: Set from outside (``parallelize.apply_activation_checkpointing``); non-reentrant, training only.
         self.activation_checkpointing = False
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                cache: KVCache | None = None, *, validate: bool = True, document_ids: Tensor | None = None,
-                advance_host: bool = True, record: dict | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor | None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, cache: KVCache | None = None, *, validate: bool = True,
+                document_ids: Tensor | None = None, advance_host: bool = True,
+                inputs_embeds: Tensor | None = None, record: dict | None = None) -> Tensor:
         """Final hidden states for ``input_ids``; with a ``cache``, the tokens continue the cached ones at slot
         ``cache.length``, and the call advances the cache by T (``cache.advance``). ``advance_host=False`` advances
         only the device half (``cache.slot``) and leaves ``cache.length`` to the caller: a compiled static step
@@ -102,6 +103,7 @@ class Backbone(nn.Module):
         token. ``validate=False`` skips ``check_forward_shapes`` for a caller that ran the checks
         already. Values are not checked here (``check_forward_inputs`` at the boundary): the forward never waits
         for the device, and makes no Python branch on tensor data. ``document_ids``: see ``DecoderLM.forward``.
+        ``inputs_embeds`` ``[B, T, C]`` (floating; with ``input_ids=None``) replace ``embed_tokens(input_ids)``.
 
         ``record``: None (nothing is recorded; the forward is unchanged), or a dict whose keys name what to record,
         each an empty list the forward appends to, one entry per step below (L = ``num_virtual_layers``; a looped
@@ -129,11 +131,12 @@ class Backbone(nn.Module):
                 raise ValueError(f"record: unknown key(s) {sorted(unknown)}; record 'hidden_states', "
                                  f"'attentions' or 'depth_weights'")
         if validate:
-            check_forward_shapes(self.config, input_ids, attention_mask, position_ids, None, cache, document_ids)
-        B, T = input_ids.shape
-        input_ids, position_ids = as_index(input_ids), as_index(position_ids)  # uint8 ... uint64 ids: widened
+            check_forward_shapes(self.config, input_ids, attention_mask, position_ids, None, cache, document_ids,
+                                 inputs_embeds)
+        B, T = (input_ids if inputs_embeds is None else inputs_embeds).shape[:2]
+        position_ids = as_index(position_ids)  # uint8 ... uint64 ids: widened
         new_mask = None if attention_mask is None else attention_mask[:, -T:].bool()
-        h = self.embed_tokens(input_ids)
+        h = self.embed_tokens(as_index(input_ids)) if inputs_embeds is None else inputs_embeds
         if document_ids is not None:
             eager = record is not None and "attentions" in record
             ctx, position_ids = self._document_context(new_mask, position_ids, document_ids, h.dtype, eager)

@@ -5,8 +5,9 @@ Legend: B batch, T time (this call), S cache slots, V vocab.
 No model code lives here. Like ``Qwen3ForCausalLM``, the wrapper owns the core ``Backbone`` as ``model`` (HF
 ``Qwen3Model``'s place) and an ``lm_head``, and its forward is ``self.model(...)`` then ``self.lm_head``, so the
 state dict holds exactly the core's keys (``model.*``, ``lm_head.*``, the Hugging Face Qwen3 names) and a
-``cross_layer="none"`` export is a valid Qwen3 checkpoint. The RoPE frequencies live in ``model.rotary_emb``
-(a non-persistent float32 buffer, recomputed by ``_init_weights`` after ``from_pretrained``).
+``cross_layer="none"`` export is a valid Qwen3 checkpoint. ``DepthAttnModel`` is the headless model (HF
+``Qwen3Model``, ``AutoModel``): the same backbone, with ``Qwen3Model``'s unprefixed keys. The RoPE frequencies live
+in ``model.rotary_emb`` (a non-persistent float32 buffer, recomputed by ``_init_weights`` after ``from_pretrained``).
 
 The cache transformers sees is ``DepthAttnCache``, a ``transformers.Cache`` that owns one core ``KVCache`` and grows
 it on demand. It stores what the core stores: keys and the depth-mixed values Ṽ (spec-depth-attention.md §7.1),
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from depthattn import checkpoint as core_checkpoint
 from depthattn.accounting import check_fits, kv_cache_bytes
@@ -42,14 +43,17 @@ class DepthAttnCache(Cache):
 
     The model calls ``core_for(batch_size, new_tokens)`` before each forward; the first call allocates, later calls
     double the capacity when needed (copying the filled slots). ``update`` is not used: the core writes its own slots.
+    ``static=True`` (``generate(cache_implementation="static")``) allocates ``initial_capacity`` slots and runs the
+    core's fixed-shape path (``KVCache.static``: every step attends over all slots, unfilled ones masked).
     """
 
     is_compileable = False
 
-    def __init__(self, config: DepthAttnConfig | None = None, initial_capacity: int = 64):
+    def __init__(self, config: DepthAttnConfig | None = None, initial_capacity: int = 64, static: bool = False):
         super().__init__(layers=[])
         self.config = config
         self.initial_capacity = initial_capacity
+        self.static = static
         self.kv: KVCache | None = None
 
     # ------------------------------------------------------------------ growth
@@ -65,6 +69,7 @@ class DepthAttnCache(Cache):
         if kv is None:
             self.kv = KVCache(model_config.num_virtual_layers, batch_size, model_config.num_key_value_heads,
                               model_config.head_dim, cap, dtype=dtype, device=device)
+            self.kv.static = self.static
             return self.kv
         if kv.length + new_tokens > kv.capacity:
             cap = max(2 * kv.capacity, kv.length + new_tokens)
@@ -75,6 +80,7 @@ class DepthAttnCache(Cache):
             grown.v[:, :, :, :n] = kv.v[:, :, :, :n]
             grown.key_mask[:, :n] = kv.key_mask[:, :n]
             grown.length = n
+            grown.static = kv.static
             self.kv = grown
         return self.kv
 
@@ -158,12 +164,95 @@ class DepthAttnCausalLMOutputWithPast(CausalLMOutputWithPast):
     depth_weights: tuple[Tensor | None, ...] | None = None
 
 
+#: ``attn_implementation`` values the model runs (anything else is refused at construction).
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
 class DepthAttnPreTrainedModel(PreTrainedModel):
+    """What ``DepthAttnForCausalLM`` and ``DepthAttnModel`` share: loading, saving, init, the attention
+    implementations (``ATTN_IMPLEMENTATIONS``), gradient checkpointing (the core's) and the forward's input
+    preparation. Each subclass gives its ``Backbone`` through ``_backbone()``."""
+
     config_class = DepthAttnConfig
     base_model_prefix = "model"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _no_split_modules = ["DecoderLayer"]
     _supports_sdpa = True
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs) -> str:
+        """``attn_implementation`` (None means ``"sdpa"``) if it is one of ``ATTN_IMPLEMENTATIONS``, else
+        ``ValueError`` naming it (``flash_attention_2``, ``flex_attention``, hub kernels: the core runs its own
+        attention). transformers calls this in ``__init__``, so ``from_pretrained`` / ``from_config`` refuse too."""
+        if attn_implementation is None:
+            return "sdpa"
+        if attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(f"attn_implementation={attn_implementation!r} is not supported by "
+                             f"{type(self).__name__}; use one of {', '.join(map(repr, ATTN_IMPLEMENTATIONS))}")
+        return attn_implementation
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Whether the backbone recomputes each layer in the backward pass (``Backbone.activation_checkpointing``:
+        non-reentrant ``torch.utils.checkpoint``, training mode without a cache only)."""
+        return self._backbone().activation_checkpointing
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, enable: bool) -> None:
+        self._backbone().activation_checkpointing = bool(enable)
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1) -> None:
+        """What ``gradient_checkpointing_enable`` / ``_disable`` (and the ``Trainer``'s
+        ``gradient_checkpointing=True``) call: sets the core's own flag. Every layer is checkpointed with the
+        core's non-reentrant ``checkpoint``, so ``gradient_checkpointing_kwargs`` and ``offload`` are not used;
+        ``every_n_layers`` other than 1 is a ``ValueError``."""
+        if enable and every_n_layers != 1:
+            raise ValueError(f"every_n_layers={every_n_layers} is not supported: the core checkpoints every layer")
+        self.gradient_checkpointing = enable
+
+    def _asked(self, hidden_states, attentions, depth_weights) -> dict:
+        """``{name: value}`` of the outputs asked for, each by its ``output_<name>`` argument or, when that is None,
+        the config attribute of that name."""
+        asked = {}
+        for key, value in (("hidden_states", hidden_states), ("attentions", attentions),
+                           ("depth_weights", depth_weights)):
+            value = getattr(self.config, f"output_{key}", False) if value is None else value
+            if value is not False and value is not None:
+                asked[key] = value
+        return asked
+
+    def _prepare_backbone(self, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache,
+                          document_ids, labels):
+        """The forward's inputs made ready for the ``Backbone``: ``(cache, core KVCache or None, document_ids)``, with
+        every input checked (``check_forward_inputs``, as the core). Packed documents come from ``document_ids``
+        or restarting ``position_ids`` (``packed_documents``); a cache is made when ``use_cache`` (default:
+        ``config.use_cache`` in eval mode) unless documents are packed."""
+        tokens = input_ids if inputs_embeds is None else inputs_embeds
+        if tokens is None:
+            raise ValueError("input_ids or inputs_embeds is required")
+        if document_ids is None:
+            document_ids = packed_documents(tokens, attention_mask, position_ids, cache)
+        if document_ids is not None:  # packed documents: a training-time forward, without a cache
+            if cache is not None or use_cache:
+                raise ValueError("document_ids (or restarting position_ids: packed documents) cannot be combined "
+                                 "with a cache: document masking is a training-time feature; pass use_cache=False")
+            use_cache = False
+        if use_cache is None:
+            use_cache = self.config.use_cache if not self.training else False
+        if cache is not None and not isinstance(cache, DepthAttnCache):
+            if cache.get_seq_length() > 0:
+                raise ValueError(f"cache must be a DepthAttnCache (got a filled {type(cache).__name__})")
+            cache = None
+        if cache is None and use_cache:
+            cache = DepthAttnCache(self.config)
+        backbone = self._backbone()
+        cfg = backbone.config
+        kv = None
+        if cache is not None and isinstance(tokens, Tensor) and tokens.dim() >= 2:  # else the check names it
+            p = backbone.embed_tokens.weight
+            kv = cache.core_for(cfg, tokens.shape[0], tokens.shape[1], p.dtype, p.device)
+        check_forward_inputs(cfg, input_ids, attention_mask, position_ids, labels, kv, document_ids, inputs_embeds)
+        return cache, kv, document_ids
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -221,10 +310,12 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
     """Hugging Face causal LM: the core ``Backbone`` (``model``) and ``lm_head``, as in ``depthattn.DecoderLM``.
 
     ``forward(input_ids [B,T] int64, attention_mask [B,T] or [B,S+T] 0/1, position_ids [B,T], cache, labels [B,T],
-    use_cache, logits_to_keep, document_ids [B,T], output_hidden_states, output_attentions, output_depth_weights)``
+    use_cache, logits_to_keep, inputs_embeds [B,T,C], document_ids [B,T], output_hidden_states, output_attentions,
+    output_depth_weights)``
     → ``DepthAttnCausalLMOutputWithPast(loss, logits [B,T',V], cache, hidden_states, attentions, depth_weights)``.
     With L = ``num_virtual_layers`` (``num_hidden_layers`` × ``num_loops``: a looped model reports per virtual
-    layer), each output asked for by its argument or, when that is None, the config attribute of the same name
+    layer; exactly one of ``input_ids`` and ``inputs_embeds`` (floating, replacing ``embed_tokens(input_ids)``)),
+    each output asked for by its argument or, when that is None, the config attribute of the same name
     (``Backbone.forward``'s ``record`` computes them):
 
     - ``output_hidden_states=True``: L + 1 tensors ``[B, T, C]``: the embedding output, the hidden state after each
@@ -277,6 +368,9 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
         wrapper.model, wrapper.lm_head = core.model, core.lm_head
         return wrapper
 
+    def _backbone(self) -> Backbone:
+        return self.model
+
     def get_input_embeddings(self):
         return self.model.embed_tokens
 
@@ -290,13 +384,25 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm_head
 
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """Give ``generate()`` a ``DepthAttnCache`` instead of transformers' default ``DynamicCache``."""
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode=None,
+                                      batch_size=None, max_cache_length=None, *args, **kwargs):
+        """Give ``generate()`` a ``DepthAttnCache`` instead of transformers' caches: growing for
+        ``cache_implementation`` None / ``"dynamic"``, and for ``"static"`` one of ``max_cache_length`` slots
+        (or ``max_cache_len``, if larger) on the core's static path; other values are a ``ValueError``."""
         if model_kwargs.get("cache") is None and model_kwargs.get("past_key_values") is None \
                 and generation_config.use_cache is not False:
-            model_kwargs["cache"] = DepthAttnCache(self.config)
+            impl = generation_config.cache_implementation
+            if impl not in (None, "dynamic", "static"):
+                raise ValueError(f"cache_implementation={impl!r} is not supported by {type(self).__name__}; "
+                                 f"use 'dynamic' (the default) or 'static'")
+            if impl == "static" and max_cache_length is not None:
+                slots = max(max_cache_length, generation_config.max_cache_len or 0)
+                model_kwargs["cache"] = DepthAttnCache(self.config, initial_capacity=slots, static=True)
+            else:
+                model_kwargs["cache"] = DepthAttnCache(self.config)
             return
-        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size,
+                                                     max_cache_length, *args, **kwargs)
 
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, cache: Cache | None = None, labels: Tensor | None = None,
@@ -305,40 +411,15 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
                 document_ids: Tensor | None = None, output_hidden_states: bool | int | list[int] | None = None,
                 output_attentions: bool | None = None, output_depth_weights: bool | None = None,
                 **kwargs) -> DepthAttnCausalLMOutputWithPast:
-        if inputs_embeds is not None:
-            raise ValueError("DepthAttnForCausalLM takes input_ids only (inputs_embeds is not supported)")
-        if input_ids is None:
-            raise ValueError("input_ids is required")
-        if cache is None:
-            cache = past_key_values
-        if document_ids is None:
-            document_ids = packed_documents(input_ids, attention_mask, position_ids, cache)
-        if document_ids is not None:  # packed documents: a training-time forward, without a cache
-            if cache is not None or use_cache:
-                raise ValueError("document_ids (or restarting position_ids: packed documents) cannot be combined "
-                                 "with a cache: document masking is a training-time feature; pass use_cache=False")
-            use_cache = False
-        if use_cache is None:
-            use_cache = self.config.use_cache if not self.training else False
-        if cache is not None and not isinstance(cache, DepthAttnCache):
-            if cache.get_seq_length() > 0:
-                raise ValueError(f"cache must be a DepthAttnCache (got a filled {type(cache).__name__})")
-            cache = None
-        if cache is None and use_cache:
-            cache = DepthAttnCache(self.config)
-        cfg = self.model.config
-        kv = None
-        if cache is not None:
-            B, T = input_ids.shape
-            p = self.lm_head.weight
-            kv = cache.core_for(cfg, B, T, p.dtype, p.device)
         shift_labels = kwargs.get("shift_labels")
         targets = shift_labels if labels is not None and shift_labels is not None else labels
-        check_forward_inputs(cfg, input_ids, attention_mask, position_ids, targets, kv, document_ids)  # as the core
+        cache, kv, document_ids = self._prepare_backbone(input_ids, inputs_embeds, attention_mask, position_ids,
+                                                         past_key_values if cache is None else cache, use_cache,
+                                                         document_ids, targets)
         asked = self._asked(output_hidden_states, output_attentions, output_depth_weights)
         record = {key: [] for key in asked} or None
         hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids,
-                            **({} if record is None else {"record": record}))
+                            inputs_embeds=inputs_embeds, **({} if record is None else {"record": record}))
         logits = self.lm_head(hidden)
         loss = None if labels is None else causal_lm_loss(logits, labels, attention_mask, shift_labels,
                                                           kwargs.get("num_items_in_batch"))
@@ -349,17 +430,6 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
         recorded = recorded_outputs(record, asked.get("hidden_states"))
         out = DepthAttnCausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, **recorded)
         return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
-
-    def _asked(self, hidden_states, attentions, depth_weights) -> dict:
-        """``{name: value}`` of the outputs asked for, each by its ``output_<name>`` argument or, when that is None,
-        the config attribute of that name."""
-        asked = {}
-        for key, value in (("hidden_states", hidden_states), ("attentions", attentions),
-                           ("depth_weights", depth_weights)):
-            value = getattr(self.config, f"output_{key}", False) if value is None else value
-            if value is not False and value is not None:
-                asked[key] = value
-        return asked
 
 
 def recorded_outputs(record: dict | None, hidden_states) -> dict:
@@ -379,15 +449,71 @@ def recorded_outputs(record: dict | None, hidden_states) -> dict:
     return out
 
 
-def packed_documents(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None,
+class DepthAttnModel(DepthAttnPreTrainedModel):
+    """The headless model (HF ``Qwen3Model``'s place, ``AutoModel``): ids or embeddings → final hidden states.
+
+    ``forward(input_ids [B,T] int64 | inputs_embeds [B,T,C], attention_mask, position_ids, cache, use_cache,
+    document_ids, output_hidden_states, output_attentions)`` → ``BaseModelOutputWithPast(last_hidden_state [B,T,C]
+    after the final norm, cache, hidden_states, attentions)``, with the inputs, outputs, checks and errors of
+    ``DepthAttnForCausalLM.forward``. Its state dict holds ``Qwen3Model``'s keys
+    (``embed_tokens.*``, ``layers.*``, ``norm.*``, + ``cross_layer.*``), so ``AutoModel.from_pretrained`` of a
+    causal-LM folder loads it (the ``model.`` prefix is ``base_model_prefix``; ``lm_head`` is left out).
+
+    It runs a core ``Backbone`` whose submodules are its own (one ``_modules`` dict, so a module replaced on either,
+    e.g. by ``resize_token_embeddings``, is replaced on both); the backbone itself is not a submodule, so no key
+    gets a prefix. ``DepthAttnForCausalLM.model`` stays a plain ``Backbone`` (``from_core`` shares a
+    ``DecoderLM``'s).
+    """
+
+    def __init__(self, config: DepthAttnConfig):
+        super().__init__(config)
+        core = Backbone(config.to_model_config())
+        object.__setattr__(self, "_core", core)  # not registered: its children are ours
+        self._modules = core._modules
+        self.post_init()
+
+    def _backbone(self) -> Backbone:
+        return self._core
+
+    def train(self, mode: bool = True):
+        self._core.training = mode  # the core reads its own flag (activation checkpointing)
+        return super().train(mode)
+
+    def get_input_embeddings(self):
+        return self._core.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self._core.embed_tokens = value
+        self._core.config = self._core.config.replace(vocab_size=value.num_embeddings)
+
+    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, cache: Cache | None = None, inputs_embeds: Tensor | None = None,
+                use_cache: bool | None = None, past_key_values: Cache | None = None, return_dict: bool | None = None,
+                document_ids: Tensor | None = None, output_hidden_states: bool | int | list[int] | None = None,
+                output_attentions: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+        cache, kv, document_ids = self._prepare_backbone(input_ids, inputs_embeds, attention_mask, position_ids,
+                                                         past_key_values if cache is None else cache, use_cache,
+                                                         document_ids, None)
+        asked = self._asked(output_hidden_states, output_attentions, False)
+        record = {key: [] for key in asked} or None
+        hidden = self._core(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids,
+                            inputs_embeds=inputs_embeds, **({} if record is None else {"record": record}))
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache,
+                                      **recorded_outputs(record, asked.get("hidden_states")))
+        return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
+
+
+def packed_documents(tokens: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None,
                      cache: Cache | None) -> Tensor | None:
     """Document ids ``[B, T]`` int64 from Hugging Face's packing convention, or None: ``position_ids`` that restart
     (``DataCollatorWithFlattening``: each packed example counts from 0; a new document wherever the position does
     not grow by 1, ``functional.packed_document_ids``), read as transformers reads them: only without an
-    ``attention_mask`` and before anything is cached. None when no row restarts (one device read)."""
+    ``attention_mask`` and before anything is cached. None when no row restarts (one device read). ``tokens``:
+    ``input_ids`` ``[B, T]`` or ``inputs_embeds`` ``[B, T, C]`` (only its shape is read)."""
     if position_ids is None or attention_mask is not None or (cache is not None and cache.get_seq_length() > 0):
         return None
-    if not isinstance(position_ids, Tensor) or tuple(position_ids.shape) != tuple(input_ids.shape) \
+    if not isinstance(tokens, Tensor) or not isinstance(position_ids, Tensor) \
+            or tuple(position_ids.shape) != tuple(tokens.shape[:2]) \
             or position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool:
         return None  # a bad tensor: the shape check names it
     docs = packed_document_ids(position_ids.long())
@@ -431,10 +557,13 @@ def summed_over(mean_loss: Tensor, count: Tensor, num_items, logits: Tensor) -> 
 
 
 def register() -> None:
-    """Register ``depthattn`` with ``AutoConfig`` / ``AutoModelForCausalLM`` and for ``trust_remote_code`` export."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """Register ``depthattn`` with ``AutoConfig`` / ``AutoModelForCausalLM`` / ``AutoModel`` and for
+    ``trust_remote_code`` export."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     AutoConfig.register(DepthAttnConfig.model_type, DepthAttnConfig, exist_ok=True)
     AutoModelForCausalLM.register(DepthAttnConfig, DepthAttnForCausalLM, exist_ok=True)
+    AutoModel.register(DepthAttnConfig, DepthAttnModel, exist_ok=True)
     DepthAttnConfig.register_for_auto_class("AutoConfig")
     DepthAttnForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    DepthAttnModel.register_for_auto_class("AutoModel")
