@@ -255,3 +255,26 @@ def test_packed_documents_attentions_stay_in_their_document():
     close(out.logits, m(ids, document_ids=docs).logits)
     for a in out.attentions:
         assert a[..., 3:, :3].abs().max() == 0 and a[..., :3, 3:].abs().max() == 0
+
+
+# -------------------------------------------------------------------------------- the headless model
+@pytest.mark.parametrize("method,kw", CASES, ids=IDS)
+def test_headless_model_gives_the_causal_lms_hidden_states_and_attentions(tmp_path, method, kw):
+    """``DepthAttnModel`` (``AutoModel``) loaded from the causal LM's folder returns the same recorded outputs,
+    also from ``inputs_embeds``."""
+    from depthattn.hf import DepthAttnModel
+
+    model = ours(method, **kw)
+    model.save_pretrained(tmp_path)
+    base = DepthAttnModel.from_pretrained(tmp_path).eval()
+    ids, mask, _ = left_padded()
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True, use_cache=False)
+        got = base(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True, use_cache=False)
+        embeds = base(inputs_embeds=model.model.embed_tokens(ids), attention_mask=mask, output_hidden_states=True,
+                      use_cache=False)
+    assert len(got.hidden_states) == model.config.to_model_config().num_virtual_layers + 1
+    all_close(got.hidden_states, want.hidden_states, atol=0)
+    all_close(got.attentions, want.attentions, atol=0)
+    all_close(embeds.hidden_states, want.hidden_states, atol=1e-6)
+    close(got.last_hidden_state, want.hidden_states[-1], atol=0)
