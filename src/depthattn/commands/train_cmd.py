@@ -11,7 +11,7 @@ from typing import Any
 from ..devices import resolve_device
 from ..layout import PREPARED_META_FILE, TOKENIZER_FILE
 from ..training import TrainConfig, load_toml, resolve_model_config, train
-from ..training.config import parse_value, split_overrides
+from ..training.config import list_keys, parse_value, split_overrides
 from ..training.optim import schedule_factor
 from ..training.resume import (DECAY_FIXED, RESUME_FIXED, RunPlan, decay_sets, plan_run, refused_flags,
                                resume_sets)
@@ -154,6 +154,9 @@ def run_train(args: argparse.Namespace) -> int:
     """Train a model; writes a run folder (run.json, metrics.jsonl, checkpoints/) to --out. Without --data it trains
     on the embedded corpus, prepared once into the cache folder $DEPTHATTN_CACHE/data/embedded (default
     ~/.cache/depthattn/data/embedded, or $XDG_CACHE_HOME/depthattn/data/embedded)."""
+    if args.list_keys:
+        print(list_keys())
+        return 0
     if args.device is not None:
         resolve_device(args.device, "--device")  # before any data work
     if args.dry_run:
@@ -202,16 +205,36 @@ def run_train(args: argparse.Namespace) -> int:
     result = _run_plan(plan, not args.no_progress)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports (and holds the checkpoint)
         return 0
-    if result.final_val_loss is None:
-        print(f"stopped at step {result.steps}")
-    elif result.steps_this_session == 0:  # resumed a finished run: train() said so
-        print(f"final val loss {result.final_val_loss:.4f}; checkpoint {result.checkpoint}")
-    else:
-        skipped = (f" ({result.skipped_steps} of them skipped: non-finite loss or gradient norm, no update; see "
-                   f"metrics.jsonl)" if result.skipped_steps else "")
-        print(f"trained {result.steps} steps{skipped}, {result.tokens:,d} tokens; final val loss "
-              f"{result.final_val_loss:.4f}; checkpoint {result.checkpoint}")
+    print(final_line(result, plan.train_cfg))
     return 0
+
+
+def method_line(plan: RunPlan) -> str:
+    """The first line ``train`` prints: the method (``cross_layer``; ``none`` is vanilla Qwen3), the steps and
+    the run folder."""
+    method = plan.model_cfg.cross_layer
+    what = "none (vanilla Qwen3)" if method == "none" else method
+    return f"training cross_layer {what}, {plan.train_cfg.total_steps()} steps, into {plan.run_dir}"
+
+
+def final_line(result, train_cfg: TrainConfig) -> str:
+    """The last line of ``train``: the steps this command trained (a resumed or ``--decay-from`` run starts past
+    step 0), the tokens, and the final validation loss with the validation it used (``eval_windows`` windows of
+    ``seq_len`` tokens; ``depthattn eval`` scores the whole split, so its loss differs)."""
+    if result.final_val_loss is None:
+        return f"stopped at step {result.steps}"
+    val = (f"final val loss {result.final_val_loss:.4f} (periodic validation: up to {train_cfg.eval_windows} windows "
+           f"of {train_cfg.seq_len} tokens of the val split, TrainConfig.eval_windows; `depthattn eval` scores the "
+           f"whole split, so its loss differs)")
+    if result.steps_this_session == 0:  # resumed a finished run: train() said so
+        return f"{val}; checkpoint {result.checkpoint}"
+    skipped = (f" ({result.skipped_steps} of the run's steps skipped: non-finite loss or gradient norm, no update; see "
+               f"metrics.jsonl)" if result.skipped_steps else "")
+    start = result.steps - result.steps_this_session
+    steps = (f"trained {result.steps_this_session} steps" if start == 0 else
+             f"trained {result.steps_this_session} steps (steps {start + 1}-{result.steps} of the run)")
+    tokens = result.tokens // result.steps * result.steps_this_session  # the same tokens every step
+    return f"{steps}{skipped}, {tokens:,d} tokens; {val}; checkpoint {result.checkpoint}"
 
 
 def run_decay_from(args: argparse.Namespace):
@@ -241,7 +264,7 @@ def _session_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _run_plan(plan: RunPlan, progress: bool):
     """Print the plan's lines (rank 0) and train it."""
     if int(os.environ.get("RANK", "0")) == 0:
-        for line in plan.lines:
+        for line in (method_line(plan), *plan.lines):
             print(line)
     return train(plan.run_dir, plan.model_cfg, plan.train_cfg, plan.data_dir, progress=progress,
                  **plan.train_kwargs())
@@ -333,6 +356,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-tokenizer-change", action="store_true",
                    help="--init-from / --decay-from: accept a checkpoint trained on another tokenizer than the data's "
                         "(its weights then see other token ids; recorded in run.json); refused without it")
+    p.add_argument("--list-keys", action="store_true",
+                   help="print the keys --set takes (ModelConfig and TrainConfig fields, with their defaults); train "
+                        "nothing")
     p.add_argument("--dry-run", action="store_true",
                    help="print parameters, FLOPs per token, per-GPU memory and the tokens/s needed; train nothing")
     p.add_argument("--nproc", type=int, default=None, help="--dry-run: data-parallel ranks to plan for (default 1)")

@@ -24,12 +24,12 @@ import os
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from ..checks import check_token_array
 from ..data.tokenizer import EOS_TOKEN
 from ..fileio import atomic_write_text
 from ..layout import ZERO_SHOT_FILES
+from ..progress import progress_bar
 from .tasks import TASKS, Item, load_task, parse_tasks
 
 
@@ -101,7 +101,7 @@ def score_requests(model, tokenizer, pairs: list[tuple[str, str]], batch_size: i
     was_training = model.training
     model.eval()
     try:
-        for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, unit="batch"):
+        for start in progress_bar(range(0, len(order), batch_size), desc=desc, enabled=progress, unit="batch"):
             idx = order[start:start + batch_size]
             T = len(inputs[idx[0]][0])
             ids = torch.zeros(len(idx), T, dtype=torch.long)

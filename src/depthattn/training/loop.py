@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import data
 from ..checkpoint import init_from_changes, init_from_checkpoint
@@ -53,6 +52,7 @@ from ..devices import autocast_dtype, resolve_device, resolved_precision
 from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
 from ..layout import TOKENIZER_FILE
 from ..model import DecoderLM
+from ..progress import progress_bar
 from ..run.checkpointer import Checkpointer
 from ..run.checkpoints import (ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, read_resume_checkpoint,
                                set_aside)
@@ -431,8 +431,8 @@ def _build_optimizer(model: DecoderLM, cfg: TrainConfig, impl: str):
 
 def _progress_bar(t: _Trainer, progress: bool, desc: str):
     """A tqdm bar over the run's steps (rank 0, when ``progress``), closed on leaving the ``with``."""
-    return contextlib.closing(tqdm(total=t.total_steps, initial=t.step, desc=desc, unit="step",
-                                   disable=not (progress and t.is_main), dynamic_ncols=True))
+    return contextlib.closing(progress_bar(total=t.total_steps, initial=t.step, desc=desc, unit="step",
+                                           enabled=progress and t.is_main, dynamic_ncols=True))
 
 
 def _metrics_log(t: _Trainer) -> MetricsLogger:
