@@ -69,7 +69,10 @@ DATA_HELP = ("prepared data folder (make one from your text with `depthattn data
 def add_model_options(p: argparse.ArgumentParser, data_help: str = DATA_HELP) -> None:
     """Options shared by ``train`` and ``compare``: preset, config file, overrides."""
     p.add_argument("--preset", default=None, help=f"model preset: tiny, small, 360m, 1.5b, 3b, authors-3b (default "
-                                                  f"{DEFAULT_PRESET}, or the config file's)")
+                                                  f"{DEFAULT_PRESET}, or the config file's); a preset trains "
+                                                  f"cross_layer none (vanilla Qwen3) unless --cross-layer, --set or "
+                                                  f"the config file names a method (authors-3b: depth_attention); "
+                                                  f"each file in configs/ names its method")
     p.add_argument("--config", default=None, metavar="TOML",
                    help="TOML file with optional `preset`, `data`, [model] and [train] tables")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -1,0 +1,117 @@
+"""What a new user met in the first afternoon (issue 43): progress bars in log files, the method a run trains, typos
+in ``--set`` keys, Python spelling in CLI messages, and what the last line of ``train`` says."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from depthattn.cli import main
+from depthattn.progress import progress_bar, stream_is_terminal
+
+from test_train import make_data
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--no-verify", "--steps", "3", "--set", "batch_size=2", "--set", "seq_len=32", "--set", "eval_windows=2",
+         "--set", "save_every=3"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return make_data(tmp_path_factory.mktemp("papercuts_corpus"))
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_bar_is_drawn_on_a_terminal_only():
+    assert stream_is_terminal(Terminal()) and not stream_is_terminal(io.StringIO())
+    assert not progress_bar(total=3, file=Terminal()).disable
+    assert progress_bar(total=3, file=io.StringIO()).disable
+    assert progress_bar(total=3, file=Terminal(), enabled=False).disable
+
+
+def test_every_bar_comes_from_the_one_helper():
+    """tqdm is imported by ``depthattn.progress`` alone (``tqdm.write`` aside: it prints a line, draws no bar)."""
+    users = [str(p.relative_to(ROOT)) for p in (ROOT / "src/depthattn").rglob("*.py")
+             if p.name != "progress.py" and re.search(r"\btqdm\(", p.read_text(encoding="utf-8"))]
+    assert users == []
+
+
+def test_train_into_a_log_file_writes_lines_not_bar_redraws(data_dir, tmp_path, capsys):
+    """Without --no-progress, stderr captured (not a terminal): no carriage return, and the first line names the
+    method."""
+    assert main(["train", "--preset", "tiny", "--data", str(data_dir), *SMALL, "--out", str(tmp_path / "r")]) == 0
+    out, err = capsys.readouterr()
+    assert "\r" not in out + err
+    assert out.splitlines()[0].startswith(f"training cross_layer none (vanilla Qwen3), 3 steps, into {tmp_path / 'r'}")
+    last = out.splitlines()[-1]
+    assert last.startswith("trained 3 steps, 192 tokens; final val loss ")  # 3 steps x 2 rows x 32 tokens
+    assert "up to 2 windows of 32 tokens of the val split" in last and "`depthattn eval` scores the whole split" in last
+
+
+def test_the_config_file_and_the_preset_name_their_method(data_dir, tmp_path, capsys):
+    tiny = ROOT / "configs/tiny.toml"
+    assert main(["train", "--config", str(tiny), "--data", str(data_dir), *SMALL, "--out", str(tmp_path / "r")]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("training cross_layer depth_attention, 3 steps")
+    comment = " ".join(tiny.read_text().replace("#", " ").split())
+    assert "trains cross_layer none, vanilla Qwen3" in comment  # the file says what the preset alone trains
+
+
+def test_every_shipped_config_names_its_method():
+    from depthattn.training import load_toml
+
+    files = sorted((ROOT / "configs").glob("*.toml"))
+    assert len(files) > 10 and [f.name for f in files if "cross_layer" not in load_toml(f)["model"]] == []
+
+
+@pytest.mark.parametrize("argv, close", [
+    (["train", "--preset", "tiny", "--set", "eval_window=3", "--dry-run"], "eval_windows"),
+    (["train", "--preset", "tiny", "--set", "hiden_size=3", "--dry-run"], "hidden_size"),
+    (["train", "--preset", "tiny", "--set", "zzzz=3", "--dry-run"], None),
+])
+def test_a_misspelt_set_key_gets_did_you_mean_and_a_pointer(argv, close, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and len(err) < 250 and "--list-keys" in err
+    assert (f"(did you mean {close}?)" in err) if close else "did you mean" not in err
+
+
+def test_list_keys_names_every_set_key(capsys):
+    from depthattn.training.config import MODEL_KEYS, TRAIN_KEYS
+
+    assert main(["train", "--list-keys"]) == 0
+    listed = {m.group(1) for m in re.finditer(r"^  (\w+) = ", capsys.readouterr().out, re.M)}
+    assert listed == set(MODEL_KEYS | TRAIN_KEYS)
+
+
+def _message_strings(path: Path):
+    """String pieces of what ``raise`` and ``print`` / ``log`` calls in ``path`` say."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        called = isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
+            "print", "log", "say", "write")
+        if isinstance(node, ast.Raise) or called:
+            for c in ast.walk(node):
+                if isinstance(c, ast.Constant) and isinstance(c.value, str):
+                    yield c.lineno, c.value
+
+
+def test_cli_messages_speak_flags_not_python(tmp_path, capsys):
+    """No ``=True`` / ``=False`` / ``None`` in what the CLI layer (and ``outputs``, whose messages name flags) says;
+    a line of Python or of another tool's arguments printed for the user to run is code, not prose."""
+    files = [ROOT / "src/depthattn/cli.py", ROOT / "src/depthattn/outputs.py",
+             *sorted((ROOT / "src/depthattn/commands").glob("*.py"))]
+    bad = [f"{p.name}:{n}: {s!r}" for p in files for n, s in _message_strings(p)
+           if re.search(r"=True|=False|\bNone\b", s) and "trust_remote_code=True" not in s]
+    assert bad == []
+    out = tmp_path / "taken"
+    (out / "x").mkdir(parents=True)
+    assert main(["data", "prepare", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already exists; pass --overwrite to replace it" in err and "=True" not in err
