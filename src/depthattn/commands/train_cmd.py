@@ -213,11 +213,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def method_line(plan: RunPlan) -> str:
-    """The first line ``train`` prints: the method (``cross_layer``; ``none`` is vanilla Qwen3), the steps and
+    """The first line ``train`` prints: the method (``cross_layer``; ``none`` is vanilla Qwen3), the last step and
     the run folder."""
     method = plan.model_cfg.cross_layer
     what = "none (vanilla Qwen3)" if method == "none" else method
-    return f"training cross_layer {what}, {plan.train_cfg.total_steps()} steps, into {plan.run_dir}"
+    return f"training cross_layer {what} to step {plan.train_cfg.total_steps()} into {plan.run_dir}"
 
 
 def final_line(result, train_cfg: TrainConfig) -> str:
