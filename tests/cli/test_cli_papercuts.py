@@ -162,3 +162,17 @@ def test_eval_tasks_prints_chance_and_standard_errors(run_dir, capsys):
         assert n == 5 and se == pytest.approx((acc * (1 - acc) / 5) ** 0.5, abs=1e-4)
         assert 0.2 <= ch <= 0.5 if chance is None else ch == chance
     assert "**average acc**" in out
+
+
+def test_pytest_names_the_gpu_tests_it_deselects():
+    """``pytest --co`` said "17 deselected" with no hint that these are the GPU tests (tests/conftest.py)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider",
+                          str(ROOT / "tests/test_gpu.py")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300).stdout
+    found = re.search(r"^(\d+) GPU tests deselected \(.*-m gpu runs them on a CUDA machine\)$", out, re.M)
+    assert found and f"({found.group(1)} deselected)" in out

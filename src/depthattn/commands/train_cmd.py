@@ -290,10 +290,14 @@ def run_dry_run(args: argparse.Namespace) -> int:
     if data is not None:
         from ..data import load_prepared
 
-        model_cfg = resolve_model_config(preset, model_kw, load_prepared(data).vocab_size,
-                                         str(Path(data) / TOKENIZER_FILE))
+        tokens = load_prepared(data).vocab_size
+        model_cfg = resolve_model_config(preset, model_kw, tokens, str(Path(data) / TOKENIZER_FILE))
+        vocab_source = (f"set by --set or the config file; {data}'s tokenizer holds {tokens:,d}"
+                        if "vocab_size" in model_kw else f"{data}'s tokenizer")
     else:
         model_cfg = ModelConfig.from_preset(preset, **model_kw)
+        vocab_source = ("set by --set or the config file" if "vocab_size" in model_kw else
+                        f"the {preset} preset's; a run takes its data tokenizer's: give --data DIR to plan with it")
     if args.target_hours <= 0:
         raise ValueError(f"--target-hours {args.target_hours} must be > 0")
     if args.gpus_per_node < 1:
@@ -302,7 +306,7 @@ def run_dry_run(args: argparse.Namespace) -> int:
     plan = dry_run(model_cfg, train_cfg, nproc)
     extra = ["--set", "data_parallel=ddp"] if nproc > 1 and train_cfg.data_parallel is None else []
     launch = launch_commands(nproc, args.gpus_per_node, launch_args(args) + extra, Path(args.out or "run").name)
-    print(report(plan, model_cfg, args.target_hours, launch))
+    print(report(plan, model_cfg, args.target_hours, launch, vocab_source))
     return 0
 
 
