@@ -176,3 +176,16 @@ def test_pytest_names_the_gpu_tests_it_deselects():
                          timeout=300).stdout
     found = re.search(r"^(\d+) GPU tests deselected \(.*-m gpu runs them on a CUDA machine\)$", out, re.M)
     assert found and f"({found.group(1)} deselected)" in out
+
+
+def test_the_documented_lm_eval_tasks_command_writes_outside_the_checkout():
+    """`depthattn data lm-eval-tasks --out lm-eval-tasks` run from a clone wrote into the repository: the docs use
+    runs/ (gitignored), and lm_eval reads the same folder."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    outs = [(p.name, m.group(1)) for p in docs
+            for m in re.finditer(r"depthattn data lm-eval-tasks --out (\S+)", p.read_text(encoding="utf-8"))]
+    ignored = [line.strip().strip("/") for line in (ROOT / ".gitignore").read_text().splitlines()]
+    assert outs and all(out.startswith(("~", "/", "DIR")) or out.split("/")[0] in ignored for _, out in outs), outs
+    for name, out in outs:
+        if not out.startswith("DIR"):
+            assert f"--include_path {out} " in (ROOT / "docs" / name).read_text(encoding="utf-8")
