@@ -57,7 +57,6 @@ COLUMNS = (
     ("val_loss", "val loss", "{:.4f}"),
     ("perplexity", "perplexity", "{:.3f}"),
     ("bits_per_byte", "bits/byte", "{:.4f}"),
-    ("train_tokens_per_s", "train tok/s", "{:.0f}"),
     ("kv_bytes_per_token", "KV bytes/token (bf16)", "{:,.0f}"),
     ("flops_per_token", "fwd FLOPs/token incl. attn (T={seq_len})", "{:.4g}"),
 )
@@ -421,7 +420,7 @@ def aggregate(runs: list[dict]) -> dict[str, dict[str, float]]:
     without runs: every seed diverged)."""
     if not runs:
         return {"mean": {}, "std": {}}
-    keys = [k for k, _, _ in COLUMNS] + ["flops_extra_ratio"]
+    keys = [k for k, _, _ in COLUMNS] + ["train_tokens_per_s", "flops_extra_ratio"]
     accs = sorted({t for r in runs for t in r.get("task_accuracy", {})})
     mean, std = {}, {}
     for k in keys:
@@ -555,13 +554,36 @@ def render_table(results: dict) -> str:
             continue
         label = f"{name} ({len(gone)} of {n + len(gone)} seeds diverged)" if gone else name
         cells = [label] + [_cell(m["mean"][k], m["std"][k], fmt, n) for k, _, fmt in COLUMNS]
-        spread = _throughput_spread(m)
-        if spread is not None and spread > UNRELIABLE_SPREAD:
-            i = 1 + [k for k, _, _ in COLUMNS].index("train_tokens_per_s")
-            cells[i] += " †"
         cells += [_cell(m["mean"][k], m["std"][k], "{:.4f}", n) if k in m["mean"] else "" for k in tasks]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def render_throughput(results: dict) -> str:
+    """The secondary table of the report: each method's training tokens/s, timed one run after another (so under
+    the machine's changing load), with its p10–p90 spread; † marks a spread above ``UNRELIABLE_SPREAD``."""
+    lines = ["| method | train tok/s (sequential) | p10–p90 spread |", "|---|---:|---:|"]
+    for name, m in results["methods"].items():
+        if not m["runs"]:
+            continue
+        spread = _throughput_spread(m)
+        flag = " †" if spread is not None and spread > UNRELIABLE_SPREAD else ""
+        tps = _cell(m["mean"]["train_tokens_per_s"], m["std"]["train_tokens_per_s"], "{:.0f}", len(m["runs"]))
+        lines.append(f"| {name} | {tps}{flag} | {'n/a' if spread is None else f'{spread:.0%}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as a report shows it, without the machine's absolute layout: relative to the working folder when
+    inside it, ``~/...`` when under the home folder, else its last component."""
+    p = Path(path).expanduser().absolute()
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        try:
+            rel = p.relative_to(base)
+        except ValueError:
+            continue
+        return prefix + rel.as_posix() if rel.parts or prefix else "."
+    return p.name
 
 
 def _pm(d: dict, key: str = "mean", fmt: str = "{:+.4f}") -> str:
@@ -681,20 +703,23 @@ def render_report(results: dict) -> str:
         f"Methods {', '.join(s['methods'])}; preset `{s['preset']}` with overrides `{s['model_overrides']}`; "
         f"loops {s['loops']}; seeds {s['seeds']}; {t['steps']} steps × {t['batch_size'] * t['grad_accum']} × "
         f"{t['seq_len']} tokens; peak lr {t['lr']}, warm-up {t['warmup']:.0%}, cosine to {t['min_lr_ratio']} × peak; "
-        f"data `{s['data']}`.", "",
+        f"data `{shown_path(s['data'])}`.", "",
         "**a ± b** is the mean ± the sample standard deviation over seeds (omitted for one seed and for numbers that "
         "are the same for every seed). Validation loss, perplexity (= exp(loss)) and bits per byte are measured over "
         "the validation split in non-overlapping windows of the training length"
         + (f" (first {s['eval_tokens']:,d} tokens)" if s["eval_tokens"] else "") + ". "
-        + periodic_note(t) + " Train tok/s is the median of "
-        "the per-step training throughput on this machine over the steps after the first (the first step's warm-up "
-        "excluded; from metrics.jsonl). **The runs were timed one after another (sequentially, not interleaved)**, "
-        "so throughput differences include the machine's changing load: p10–p90 spread of the per-step throughput "
-        f"{spread_text or 'n/a'}; † marks a spread above {UNRELIABLE_SPREAD:.0%} (unreliable"
-        + (f": {', '.join(flagged)}" if flagged else "") + "). For a side-by-side speed measurement use "
-        "`scripts/bench.py`. Forward FLOPs/token is the analytical count (depthattn.accounting.num_flops(...).total): "
-        f"matmuls, the method's extra FLOPs and sequence attention at the training length T = {t['seq_len']}.", "",
-        render_table(results)]
+        + periodic_note(t) + " Forward FLOPs/token is the analytical count (depthattn.accounting.num_flops(...)"
+        f".total): matmuls, the method's extra FLOPs and sequence attention at the training length T = "
+        f"{t['seq_len']}.", "",
+        render_table(results),
+        "## Training throughput (indicative only)", "",
+        "Train tok/s is the median of the per-step training throughput on this machine over the steps after the "
+        "first (the first step's warm-up excluded; from metrics.jsonl). **The runs were timed one after another "
+        "(sequentially, not interleaved)**, so throughput differences include the machine's changing load: p10–p90 "
+        f"spread of the per-step throughput {spread_text or 'n/a'}; † marks a spread above "
+        f"{UNRELIABLE_SPREAD:.0%} (unreliable" + (f": {', '.join(flagged)}" if flagged else "") + "). Speed "
+        "comparisons come from `scripts/bench.py`, which interleaves the methods' steps on one machine.", "",
+        render_throughput(results)]
     paired = render_paired(results)
     if paired:
         lines += ["## Paired differences from `none`", "",
