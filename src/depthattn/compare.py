@@ -769,7 +769,7 @@ def _seed_curves(m: dict) -> tuple[list[float], list[list[float]]]:
     return xs, [[c[i]["val_loss"] for c in curves] for i in range(n)]
 
 
-def _plot_task_curves(ax, results: dict) -> None:
+def _plot_task_curves(ax, results: dict, colours: dict[str, str]) -> None:
     """The fourth panel: in-loop zero-shot accuracy averaged over the tasks (mean over seeds) vs tokens."""
     from matplotlib.ticker import FuncFormatter
 
@@ -780,20 +780,28 @@ def _plot_task_curves(ax, results: dict) -> None:
         n = min(len(c) for c in curves)
         ax.plot([curves[0][i]["tokens"] for i in range(n)],
                 [statistics.fmean(c[i].get("task/average/acc", math.nan) for c in curves) for i in range(n)],
-                marker="o", markersize=3, label=name)
+                marker="o", markersize=3, label=name, color=colours[name])
     ax.set_xlabel("training tokens")
     ax.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
     ax.set_ylabel("accuracy")
-    ax.set_title("zero-shot during training (average over tasks)")
+    ax.set_title("zero-shot accuracy (task average)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
 
 
-def plot_curves(results: dict, path: Path) -> None:
+def method_colours(results: dict) -> dict[str, str]:
+    """One matplotlib colour per method (``C0``, ``C1``, ... in the order of ``results["methods"]``), the same in
+    every panel of ``plot_curves``."""
+    return {name: f"C{i % 10}" for i, name in enumerate(results["methods"])}
+
+
+def plot_curves(results: dict, path: Path):
     """Three panels vs training tokens: validation loss (mean over seeds, min–max band), each method's difference
-    from ``none`` (per-seed paired, mean and min–max band) and training loss (20-step moving mean, seed 0); a fourth
-    with the in-loop zero-shot accuracy when a run logged it (``render_task_curves``)."""
+    from ``none`` (per-seed paired, mean and min–max band; below 0 is better than ``none``) and training loss
+    (20-step moving mean, seed 0); a fourth with the in-loop zero-shot accuracy when a run logged it
+    (``render_task_curves``). Each method has one colour in every panel (``method_colours``). Writes a PNG to
+    ``path`` and returns the (closed) ``matplotlib.figure.Figure``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -801,10 +809,11 @@ def plot_curves(results: dict, path: Path) -> None:
     from matplotlib.ticker import FuncFormatter
 
     in_loop = any(r.get("task_curve") for m in results["methods"].values() for r in m["runs"])
-    fig, axes = plt.subplots(1, 4 if in_loop else 3, figsize=(21 if in_loop else 16, 4.2))
+    fig, axes = plt.subplots(1, 4 if in_loop else 3, figsize=(21 if in_loop else 16, 4.2), layout="constrained")
     ax, axd, ax2 = axes[:3]
+    colours = method_colours(results)
     if in_loop:
-        _plot_task_curves(axes[3], results)
+        _plot_task_curves(axes[3], results, colours)
     base = results["methods"].get(BASELINE)
     base_by_seed = _by_seed(base) if base else {}
     finished: list[float] = []  # the finished runs' losses: the y-range a diverged curve may leave
@@ -814,16 +823,17 @@ def plot_curves(results: dict, path: Path) -> None:
             label = f"{name} (seed {d['seed']}: diverged at step {d['step']})"
             if d["curve"]:
                 ax.plot([c["tokens"] for c in d["curve"]], [c["val_loss"] for c in d["curve"]], linestyle="--",
-                        marker="x", markersize=4, label=label)
+                        marker="x", markersize=4, label=label, color=colours[name])
             if d["train_curve"] and not m["runs"]:
                 ax2.plot([r["tokens"] for r in d["train_curve"]], [r["loss"] for r in d["train_curve"]],
-                         linestyle="--", label=label)
+                         linestyle="--", label=label, color=colours[name])
         if not m["runs"]:
             continue
         finished += [c["val_loss"] for r in m["runs"] for c in r["curve"]]
         xs, per_point = _seed_curves(m)
         if xs:
-            line, = ax.plot(xs, [statistics.fmean(v) for v in per_point], marker="o", markersize=3, label=name)
+            line, = ax.plot(xs, [statistics.fmean(v) for v in per_point], marker="o", markersize=3, label=name,
+                            color=colours[name])
             if len(m["runs"]) > 1:
                 ax.fill_between(xs, [min(v) for v in per_point], [max(v) for v in per_point],
                                 color=line.get_color(), alpha=0.2)
@@ -833,7 +843,8 @@ def plot_curves(results: dict, path: Path) -> None:
             if k:
                 dx = [pairs[0][0]["curve"][i]["tokens"] for i in range(k)]
                 d = [[a["curve"][i]["val_loss"] - b["curve"][i]["val_loss"] for a, b in pairs] for i in range(k)]
-                line, = axd.plot(dx, [statistics.fmean(v) for v in d], marker="o", markersize=3, label=name)
+                line, = axd.plot(dx, [statistics.fmean(v) for v in d], marker="o", markersize=3, label=name,
+                                 color=colours[name])
                 if len(pairs) > 1:
                     axd.fill_between(dx, [min(v) for v in d], [max(v) for v in d], color=line.get_color(),
                                      alpha=0.2)
@@ -841,7 +852,7 @@ def plot_curves(results: dict, path: Path) -> None:
         k = max(1, min(20, len(tc) // 10))
         xs = [r["tokens"] for r in tc][k - 1:]
         ys = [statistics.fmean(r["loss"] for r in tc[i - k + 1:i + 1]) for i in range(k - 1, len(tc))]
-        ax2.plot(xs, ys, label=name)
+        ax2.plot(xs, ys, label=name, color=colours[name])
         finished_train += ys
     axd.axhline(0.0, color="black", linewidth=0.8)
     if any(d for m in results["methods"].values() for d in m.get("diverged", [])):
@@ -851,10 +862,9 @@ def plot_curves(results: dict, path: Path) -> None:
                 a.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.25 * (hi - lo + 0.1))
     windows = results["settings"]["train"].get("eval_windows")
     subset = f"≤ {windows} windows" if windows else "a subset"
-    for a, title, ylabel in ((ax, f"periodic validation loss ({subset}; mean, min–max over seeds)",
-                              "loss (nats/token)"),
-                             (axd, f"periodic validation loss − none's ({subset}, same seed)", "Δ loss (nats/token)"),
-                             (ax2, "training loss (moving mean, seed 0)", "loss (nats/token)")):
+    for a, title, ylabel in ((ax, f"validation loss ({subset})", "loss (nats/token); mean, min–max over seeds"),
+                             (axd, f"Δ val loss (below 0: better than {BASELINE})", f"loss − {BASELINE}'s, same seed (nats/token)"),
+                             (ax2, "training loss (seed 0)", "loss (nats/token), moving mean")):
         a.set_xlabel("training tokens")
         a.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
         a.set_ylabel(ylabel)
@@ -862,7 +872,7 @@ def plot_curves(results: dict, path: Path) -> None:
         a.grid(alpha=0.3)
         if a.get_legend_handles_labels()[0]:
             a.legend()
-    fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
+    return fig
