@@ -38,6 +38,7 @@ from .fileio import atomic_path, atomic_write_text, read_json
 from .layout import (COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, REPORT_FILE, RESULTS_FILE, TOKENIZER_FILE,
                      ZERO_SHOT_DIR)
 from .outputs import COMPARE_FOLDER, check_new_output
+from .progress import write_line
 from .run.folder import RunFolder
 from .run.lock import RunLock
 from .run.record import recorded_precision
@@ -104,11 +105,11 @@ def _step_rates(rows: list[dict]) -> list[float]:
 
 
 class DurationEstimate:
-    """Times the first optimizer steps of the first run this invocation trains and says once, in one line, how long
-    the training still left will take: ``ESTIMATE_STEPS`` steps after the first (its warm-up: compile, allocation)
-    at their mean wall time (validation and saves included), for the rest of this run and every run not yet started
-    (an upper bound: a finished run found on disk is reused, not trained). The final evaluations and samples come on
-    top (said, not timed)."""
+    """Times the first optimizer steps of each run this invocation trains and says, in one line per run, how long
+    the training still left will take: ``ESTIMATE_STEPS`` steps after the run's first (its warm-up: compile,
+    allocation) at their mean wall time (validation and saves included), for the rest of this run and every run not
+    yet started (an upper bound: a finished run found on disk is reused, not trained). Each run measures again, so
+    the estimate follows the machine's load. The final evaluations and samples come on top (said, not timed)."""
 
     ESTIMATE_STEPS = 10
 
@@ -119,7 +120,9 @@ class DurationEstimate:
         self.done = False
 
     def next_run(self) -> None:
+        """A new run starts: its first steps are timed afresh."""
         self.runs_to_go -= 1
+        self.t0, self.first, self.done = None, None, False
 
     def on_step(self, step: int, total: int) -> None:
         if self.done:
@@ -333,7 +336,7 @@ class CompareSettings:
 
 
 def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike,
-                progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+                progress: bool = True, log: Callable[[str], None] = write_line) -> dict[str, Any]:
     """Train and evaluate every (method, seed); write ``results.json``, ``report.md``, ``loss_curves.png`` under
     ``out`` and return the results. Holds ``out``'s lock throughout (``run.lock.RunLock``; each run's trainer locks
     its own folder too). Raises ``ValueError`` for bad settings before any training, for an ``out`` holding files

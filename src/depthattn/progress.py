@@ -1,7 +1,8 @@
 """The one place progress bars are made: every bar of the package comes from ``progress_bar``.
 
 A bar redraws itself with ``\\r``; in a file (a job's log, ``2> log``) each redraw is kept, so a bar is shown only
-when its stream (stderr) is a terminal. Lines a command prints stay: they are the record a log keeps.
+when its stream (stderr) is a terminal. Lines a command prints stay: they are the record a log keeps, and
+``write_line`` prints one on a line of its own while a bar is drawn (never glued to the bar's line).
 """
 
 from __future__ import annotations
@@ -29,3 +30,10 @@ def progress_bar(iterable: Iterable | None = None, *, enabled: bool = True, **kw
     calls (``update``, ``set_postfix``, ``write``) and draws nothing."""
     shown = enabled and stream_is_terminal(kwargs.get("file"))
     return tqdm(iterable, disable=not shown, **kwargs)
+
+
+def write_line(line: str, file: Any = None) -> None:
+    """Print ``line`` (to ``file``, default stdout) on a line of its own: a bar being drawn is cleared first and
+    redrawn after (``tqdm.write``), so the line is never glued to the bar's. The training loop's and ``compare``'s
+    default ``log``."""
+    tqdm.write(line, file=file)
