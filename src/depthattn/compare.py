@@ -866,7 +866,8 @@ def plot_curves(results: dict, path: Path):
     windows = results["settings"]["train"].get("eval_windows")
     subset = f"≤ {windows} windows" if windows else "a subset"
     for a, title, ylabel in ((ax, f"validation loss ({subset})", "loss (nats/token); mean, min–max over seeds"),
-                             (axd, f"Δ val loss (below 0: better than {BASELINE})", f"loss − {BASELINE}'s, same seed (nats/token)"),
+                             (axd, f"Δ val loss (below 0: better than {BASELINE})",
+                              f"loss − {BASELINE}'s, same seed (nats/token)"),
                              (ax2, "training loss (seed 0)", "loss (nats/token), moving mean")):
         a.set_xlabel("training tokens")
         a.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
