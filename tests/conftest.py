@@ -75,3 +75,19 @@ def model_cfg(data_dir):
 
     return resolve_model_config("tiny", {"cross_layer": "depth_attention"}, load_prepared(data_dir).vocab_size,
                                 "tokenizer.json")
+
+
+# ---------------------------------------------------------------------------------------------------- GPU tests
+#: Tests marked ``gpu`` that ``-m`` (the default ``-m 'not gpu'`` of pyproject.toml) deselected in this session.
+_GPU_DESELECTED: list = []
+
+
+def pytest_deselected(items) -> None:
+    _GPU_DESELECTED.extend(i for i in items if i.get_closest_marker("gpu") is not None)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say what the "N deselected" of the summary are when they are GPU tests."""
+    if _GPU_DESELECTED:
+        terminalreporter.write_line(f"{len(_GPU_DESELECTED)} GPU tests deselected (pyproject.toml's -m 'not gpu'; "
+                                    f"-m gpu runs them on a CUDA machine)")

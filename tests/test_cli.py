@@ -285,7 +285,7 @@ def test_resume_says_where_it_starts_and_when_there_is_nothing_to_do(run_dir, tm
     shutil.rmtree(run / "checkpoints/step_00000006")
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert f"resuming {run} from step 3 of 6" in out and "trained 6 steps" in out
+    assert f"resuming {run} from step 3 of 6" in out and "trained 3 steps (steps 4-6 of the run)" in out
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert f"{run} already finished at step 6; nothing to do" in out

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from depthattn.compare import (_previous_history, conclusions, paired_stats, render_paired, render_report,
-                               render_zero_shot)
+                               render_table, render_throughput, render_zero_shot)
 from depthattn.stats import binomial_se, paired_difference, t_quantile_975, tokens_to_target
 
 
@@ -154,8 +154,27 @@ def test_throughput_with_a_large_spread_is_flagged():
         r["step_tokens_per_s"] = [50.0, 100.0, 300.0, 1900.0, 302.0]
     text = render_report(res)
     assert "(unreliable: depth_attention)" in text
-    row = next(line for line in text.splitlines() if line.startswith("| depth_attention |"))
-    assert "100 †" in row
+    row = next(line for line in render_throughput(res).splitlines() if line.startswith("| depth_attention |"))
+    assert "| 100 † |" in row
+    assert "tok/s" not in render_table(res) and "| 100 † |" in text  # in the secondary table only
+
+
+def test_the_report_shows_no_absolute_machine_path(monkeypatch, tmp_path):
+    """The data folder is shown relative to the working folder, under ~, or by its name alone."""
+    from depthattn.compare import shown_path
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert shown_path(work / "data/embedded") == "data/embedded"
+    assert shown_path(home / ".cache/d") == "~/.cache/d"
+    assert shown_path("/srv/scratch/prepared") == "prepared"
+    res = results()
+    res["settings"]["data"] = "/srv/scratch/prepared"
+    text = render_report(res)
+    assert "data `prepared`." in text and "/srv/" not in text
 
 
 def test_no_none_means_no_paired_comparison():

@@ -69,6 +69,18 @@ def test_dry_run_cli_allocates_nothing_and_prints_the_plan(capsys):
     assert "tokens/s in all" in out and "activations" in out
 
 
+def test_dry_run_names_the_vocabulary_and_sequence_length_it_assumed(data_dir, capsys):
+    """The parameter count depends on vocab_size, which a run takes from its data's tokenizer: the plan says which
+    it used and where it came from."""
+    assert main(["train", "--preset", "1.5b", "--dry-run"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith("assuming vocab_size 50,304 (the 1.5b preset's; a run takes its data tokenizer's")
+    assert "seq_len 256 tokens" in line
+    assert main(["train", "--preset", "1.5b", "--dry-run", "--data", str(data_dir), "--set", "seq_len=2048"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith(f"assuming vocab_size 512 ({data_dir}'s tokenizer), seq_len 2,048 tokens")
+
+
 def test_paper_configs_exist_for_every_method_and_plan_on_meta():
     from pathlib import Path
 

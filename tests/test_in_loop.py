@@ -54,13 +54,28 @@ def _load(run: Path, step: int) -> DecoderLM:
     return model.eval()
 
 
+#: The lines ``task_run``'s training logged (its ``log``).
+TASK_RUN_LOG: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def task_run(tmp_path_factory, data_dir):
     run = tmp_path_factory.mktemp("in_loop") / "tasks"
     train(run, _cfg("depth_attention"), TrainConfig(**BASE, eval_tasks=TASKS, eval_tasks_every=2,
                                                      eval_tasks_limit=LIMIT, log_depth_every=0), data_dir,
-          progress=False)
+          progress=False, log=TASK_RUN_LOG.append)
     return run
+
+
+@needs_data
+def test_each_in_loop_evaluation_prints_one_line(task_run):
+    """The results reached metrics.jsonl only; now one console line per evaluation, with the logged numbers."""
+    rows = [r for r in read_metrics(task_run) if "task/average/acc" in r]
+    lines = [line for line in TASK_RUN_LOG if "zero-shot" in line]
+    assert [r["step"] for r in rows] == [2, 4] and len(lines) == 2
+    for row, line in zip(rows, lines):
+        assert line == (f"step {row['step']} zero-shot acc: " + ", ".join(
+            f"{name} {row[f'task/{name}/acc']:.3f}" for name in [*TASKS, "average"]))
 
 
 @needs_data

@@ -154,11 +154,13 @@ def test_decay_from_continues_optimizer_and_data_exactly(decay_runs):
     assert all(torch.equal(wd[k], wu[k]) for k in wu)
 
 
-def test_decay_from_resumes_as_its_own_run(decay_runs, tmp_path):
+def test_decay_from_resumes_as_its_own_run(decay_runs, tmp_path, capsys):
     root, ckpt, _ = decay_runs
     out = tmp_path / "d2"
     assert main(["train", "--decay-from", str(ckpt), "--decay-steps", "4", "--out", str(out), "--no-progress",
                  "--set", "save_every=2"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]  # the steps it trained, not the step it reached
+    assert last.startswith(f"trained 4 steps (steps 7-10 of the run), {4 * 4 * 64:,d} tokens; final val loss ")
     assert main(["train", "--resume", str(out), "--no-progress"]) == 0  # finished: nothing to do
     assert read_metrics(out)[-1]["loss"] == read_metrics(root / "d")[-1]["loss"]
 

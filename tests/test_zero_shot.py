@@ -74,6 +74,21 @@ def test_mc_metrics_hand_values():
     assert res["metrics"] == {"n": 3, "acc": 1 / 3, "acc_norm": 1.0}
 
 
+def test_chance_and_standard_errors_by_hand():
+    """Chance: the mean of 1 / choices over items; s.e.: sqrt(p (1 − p) / n); the average's: sqrt(Σ s.e.²) / k."""
+    items = {"a": [dict(loglikelihoods=[0.0, 0.0]), dict(loglikelihoods=[0.0] * 4)],  # chance (1/2 + 1/4) / 2
+             "l": [dict(loglikelihood=-1.0, is_greedy=True)]}  # exact match: chance 0
+    metrics = {"a": dict(n=2, acc=0.5), "l": dict(n=4, acc=0.25, perplexity=3.0)}
+    avg = zs.with_uncertainty(metrics, items)
+    assert metrics["a"]["chance"] == 0.375 and metrics["l"]["chance"] == 0.0
+    assert metrics["a"]["acc_se"] == math.sqrt(0.25 / 2) and metrics["l"]["acc_se"] == math.sqrt(0.1875 / 4)
+    assert avg == pytest.approx(dict(acc=0.375, acc_se=math.sqrt(0.25 / 2 + 0.1875 / 4) / 2, chance=0.1875))
+    table = zs.markdown_table(metrics, avg)
+    assert "| a | 2 | 0.5000 | 0.3536 | 0.375 |" in table
+    assert "| **average acc** | | **0.3750** | 0.2073 | 0.188 |" in table
+    assert "chance: the mean of 1 / (number of choices)" in table
+
+
 def test_lambada_hand_built(model, tok):
     items = [Item(0, (("He opened the door and saw his", " dog"),), None),
              Item(1, (("At the end of the day she went", " home"),), None)]

@@ -7,7 +7,8 @@ failure into one line on stderr (``--debug``: the traceback too):
 ==========================================================  =========  =============================================
 failure                                                     exit code  line
 ==========================================================  =========  =============================================
-bad flag or flag value (argparse)                           2          that sub-command's usage, then the error
+bad flag or flag value (argparse)                           2          ``depthattn CMD: error: <argparse's message>
+                                                                       (did you mean X?); see depthattn CMD --help``
 an input path that does not exist                           2          ``depthattn CMD: error: FLAG PATH does not
                                                                        exist``
 bad input (``ValueError``: a bad file, a decoding error,    2          ``depthattn CMD: error: <message naming the
@@ -92,6 +93,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = NEGATIVE_NUMBER  # argparse's own hook (no public one); no flag is -N
 
+    def error(self, message: str):
+        """Exit 2 with one line on stderr: ``PROG: error: MESSAGE (did you mean X?); see PROG --help`` (no usage
+        block: ``--help`` shows it)."""
+        self.exit(2, f"{self.prog}: error: {message}{did_you_mean_choice(message)}; see {self.prog} --help\n")
+
 
 def sub_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     """``{name: parser}`` of the sub-commands directly under ``parser`` (empty if it has none)."""
@@ -151,6 +157,21 @@ def did_you_mean(parser: argparse.ArgumentParser, extra: list[str]) -> str:
             if close:
                 return f" (did you mean {close[0]}?)"
     return ""
+
+
+#: argparse's message for a value outside ``choices`` (a sub-command's name among them).
+INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
+def did_you_mean_choice(message: str) -> str:
+    """``" (did you mean train?)"`` for argparse's "invalid choice" ``message`` when one choice is close to the
+    value given (``difflib``'s similarity >= 0.6), else ``""``."""
+    found = INVALID_CHOICE.search(message)
+    if not found:
+        return ""
+    choices = re.findall(r"'([^']*)'", found.group(2))
+    close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def check_input_paths(args: argparse.Namespace) -> None:
@@ -235,7 +256,7 @@ def resume_hint(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra:  # the sub-command's usage, not the top-level one
+    if extra:  # the sub-command's error line, not the top-level one
         sub = command_parser(parser, args)
         sub.error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(sub, extra)}")
     cmd = f"depthattn {command_name(args)}"

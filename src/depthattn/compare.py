@@ -39,6 +39,7 @@ from .fileio import atomic_path, atomic_write_text, read_json
 from .layout import (COMPARE_DATA_DIR, COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, PREPARED_META_FILE, REPORT_FILE,
                      RESULTS_FILE, TOKENIZER_FILE, ZERO_SHOT_DIR)
 from .outputs import COMPARE_FOLDER, check_new_output
+from .progress import write_line
 from .run.folder import RunFolder
 from .run.lock import RunLock
 from .run.record import recorded_precision
@@ -59,7 +60,6 @@ COLUMNS = (
     ("val_loss", "val loss", "{:.4f}"),
     ("perplexity", "perplexity", "{:.3f}"),
     ("bits_per_byte", "bits/byte", "{:.4f}"),
-    ("train_tokens_per_s", "train tok/s", "{:.0f}"),
     ("kv_bytes_per_token", "KV bytes/token (bf16)", "{:,.0f}"),
     ("flops_per_token", "fwd FLOPs/token incl. attn (T={seq_len})", "{:.4g}"),
 )
@@ -135,11 +135,11 @@ def _step_rates(rows: list[dict]) -> list[float]:
 
 
 class DurationEstimate:
-    """Times the first optimizer steps of the first run this invocation trains and says once, in one line, how long
-    the training still left will take: ``ESTIMATE_STEPS`` steps after the first (its warm-up: compile, allocation)
-    at their mean wall time (validation and saves included), for the rest of this run and every run not yet started
-    (an upper bound: a finished run found on disk is reused, not trained). The final evaluations and samples come on
-    top (said, not timed)."""
+    """Times the first optimizer steps of each run this invocation trains and says, in one line per run, how long
+    the training still left will take: ``ESTIMATE_STEPS`` steps after the run's first (its warm-up: compile,
+    allocation) at their mean wall time (validation and saves included), for the rest of this run and every run not
+    yet started (an upper bound: a finished run found on disk is reused, not trained). Each run measures again, so
+    the estimate follows the machine's load. The final evaluations and samples come on top (said, not timed)."""
 
     ESTIMATE_STEPS = 10
 
@@ -150,7 +150,9 @@ class DurationEstimate:
         self.done = False
 
     def next_run(self) -> None:
+        """A new run starts: its first steps are timed afresh."""
         self.runs_to_go -= 1
+        self.t0, self.first, self.done = None, None, False
 
     def on_step(self, step: int, total: int) -> None:
         if self.done:
@@ -327,8 +329,9 @@ def task_curve(rows: list[dict]) -> list[dict]:
 def _chance(items: list[dict]) -> float:
     """Chance accuracy of a task from its per-item predictions: the mean of 1 / (number of choices); 0 for tasks
     scored by exact match (LAMBADA: no choices)."""
-    counts = [len(it["loglikelihoods"]) for it in items if it.get("loglikelihoods")]
-    return statistics.fmean(1.0 / c for c in counts) if counts else 0.0
+    from .eval.zero_shot import chance_accuracy
+
+    return chance_accuracy(items)
 
 
 def _task_accuracies(zs: dict, tasks: list[str]) -> dict[str, float]:
@@ -363,7 +366,7 @@ class CompareSettings:
 
 
 def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike,
-                progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+                progress: bool = True, log: Callable[[str], None] = write_line) -> dict[str, Any]:
     """Train and evaluate every (method, seed); write ``results.json``, ``report.md``, ``loss_curves.png`` under
     ``out`` and return the results. Holds ``out``'s lock throughout (``run.lock.RunLock``; each run's trainer locks
     its own folder too). Raises ``ValueError`` for bad settings before any training, for an ``out`` holding files
@@ -450,7 +453,7 @@ def aggregate(runs: list[dict]) -> dict[str, dict[str, float]]:
     without runs: every seed diverged)."""
     if not runs:
         return {"mean": {}, "std": {}}
-    keys = [k for k, _, _ in COLUMNS] + ["flops_extra_ratio"]
+    keys = [k for k, _, _ in COLUMNS] + ["train_tokens_per_s", "flops_extra_ratio"]
     accs = sorted({t for r in runs for t in r.get("task_accuracy", {})})
     mean, std = {}, {}
     for k in keys:
@@ -623,13 +626,36 @@ def render_table(results: dict) -> str:
             continue
         label = f"{name} ({len(gone)} of {n + len(gone)} seeds diverged)" if gone else name
         cells = [label] + [_cell(m["mean"][k], m["std"][k], fmt, n) for k, _, fmt in COLUMNS]
-        spread = _throughput_spread(m)
-        if spread is not None and spread > UNRELIABLE_SPREAD:
-            i = 1 + [k for k, _, _ in COLUMNS].index("train_tokens_per_s")
-            cells[i] += " †"
         cells += [_cell(m["mean"][k], m["std"][k], "{:.4f}", n) if k in m["mean"] else "" for k in tasks]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def render_throughput(results: dict) -> str:
+    """The secondary table of the report: each method's training tokens/s, timed one run after another (so under
+    the machine's changing load), with its p10–p90 spread; † marks a spread above ``UNRELIABLE_SPREAD``."""
+    lines = ["| method | train tok/s (sequential) | p10–p90 spread |", "|---|---:|---:|"]
+    for name, m in results["methods"].items():
+        if not m["runs"]:
+            continue
+        spread = _throughput_spread(m)
+        flag = " †" if spread is not None and spread > UNRELIABLE_SPREAD else ""
+        tps = _cell(m["mean"]["train_tokens_per_s"], m["std"]["train_tokens_per_s"], "{:.0f}", len(m["runs"]))
+        lines.append(f"| {name} | {tps}{flag} | {'n/a' if spread is None else f'{spread:.0%}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as a report shows it, without the machine's absolute layout: relative to the working folder when
+    inside it, ``~/...`` when under the home folder, else its last component."""
+    p = Path(path).expanduser().absolute()
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        try:
+            rel = p.relative_to(base)
+        except ValueError:
+            continue
+        return prefix + rel.as_posix() if rel.parts or prefix else "."
+    return p.name
 
 
 def _pm(d: dict, key: str = "mean", fmt: str = "{:+.4f}") -> str:
@@ -749,20 +775,23 @@ def render_report(results: dict) -> str:
         f"Methods {', '.join(s['methods'])}; preset `{s['preset']}` with overrides `{s['model_overrides']}`; "
         f"loops {s['loops']}; seeds {s['seeds']}; {t['steps']} steps × {t['batch_size'] * t['grad_accum']} × "
         f"{t['seq_len']} tokens; peak lr {t['lr']}, warm-up {t['warmup']:.0%}, cosine to {t['min_lr_ratio']} × peak; "
-        f"data `{s['data']}`.", "",
+        f"data `{shown_path(s['data'])}`.", "",
         "**a ± b** is the mean ± the sample standard deviation over seeds (omitted for one seed and for numbers that "
         "are the same for every seed). Validation loss, perplexity (= exp(loss)) and bits per byte are measured over "
         "the validation split in non-overlapping windows of the training length"
         + (f" (first {s['eval_tokens']:,d} tokens)" if s["eval_tokens"] else "") + ". "
-        + periodic_note(t) + " Train tok/s is the median of "
-        "the per-step training throughput on this machine over the steps after the first (the first step's warm-up "
-        "excluded; from metrics.jsonl). **The runs were timed one after another (sequentially, not interleaved)**, "
-        "so throughput differences include the machine's changing load: p10–p90 spread of the per-step throughput "
-        f"{spread_text or 'n/a'}; † marks a spread above {UNRELIABLE_SPREAD:.0%} (unreliable"
-        + (f": {', '.join(flagged)}" if flagged else "") + "). For a side-by-side speed measurement use "
-        "`scripts/bench.py`. Forward FLOPs/token is the analytical count (depthattn.accounting.num_flops(...).total): "
-        f"matmuls, the method's extra FLOPs and sequence attention at the training length T = {t['seq_len']}.", "",
-        render_table(results)]
+        + periodic_note(t) + " Forward FLOPs/token is the analytical count (depthattn.accounting.num_flops(...)"
+        f".total): matmuls, the method's extra FLOPs and sequence attention at the training length T = "
+        f"{t['seq_len']}.", "",
+        render_table(results),
+        "## Training throughput (indicative only)", "",
+        "Train tok/s is the median of the per-step training throughput on this machine over the steps after the "
+        "first (the first step's warm-up excluded; from metrics.jsonl). **The runs were timed one after another "
+        "(sequentially, not interleaved)**, so throughput differences include the machine's changing load: p10–p90 "
+        f"spread of the per-step throughput {spread_text or 'n/a'}; † marks a spread above "
+        f"{UNRELIABLE_SPREAD:.0%} (unreliable" + (f": {', '.join(flagged)}" if flagged else "") + "). Speed "
+        "comparisons come from `scripts/bench.py`, which interleaves the methods' steps on one machine.", "",
+        render_throughput(results)]
     paired = render_paired(results)
     if paired:
         lines += ["## Paired differences from `none`", "",
@@ -812,7 +841,7 @@ def _seed_curves(m: dict) -> tuple[list[float], list[list[float]]]:
     return xs, [[c[i]["val_loss"] for c in curves] for i in range(n)]
 
 
-def _plot_task_curves(ax, results: dict) -> None:
+def _plot_task_curves(ax, results: dict, colours: dict[str, str]) -> None:
     """The fourth panel: in-loop zero-shot accuracy averaged over the tasks (mean over seeds) vs tokens."""
     from matplotlib.ticker import FuncFormatter
 
@@ -823,20 +852,28 @@ def _plot_task_curves(ax, results: dict) -> None:
         n = min(len(c) for c in curves)
         ax.plot([curves[0][i]["tokens"] for i in range(n)],
                 [statistics.fmean(c[i].get("task/average/acc", math.nan) for c in curves) for i in range(n)],
-                marker="o", markersize=3, label=name)
+                marker="o", markersize=3, label=name, color=colours[name])
     ax.set_xlabel("training tokens")
     ax.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
     ax.set_ylabel("accuracy")
-    ax.set_title("zero-shot during training (average over tasks)")
+    ax.set_title("zero-shot accuracy (task average)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
 
 
-def plot_curves(results: dict, path: Path) -> None:
+def method_colours(results: dict) -> dict[str, str]:
+    """One matplotlib colour per method (``C0``, ``C1``, ... in the order of ``results["methods"]``), the same in
+    every panel of ``plot_curves``."""
+    return {name: f"C{i % 10}" for i, name in enumerate(results["methods"])}
+
+
+def plot_curves(results: dict, path: Path):
     """Three panels vs training tokens: validation loss (mean over seeds, min–max band), each method's difference
-    from ``none`` (per-seed paired, mean and min–max band) and training loss (20-step moving mean, seed 0); a fourth
-    with the in-loop zero-shot accuracy when a run logged it (``render_task_curves``)."""
+    from ``none`` (per-seed paired, mean and min–max band; below 0 is better than ``none``) and training loss
+    (20-step moving mean, seed 0); a fourth with the in-loop zero-shot accuracy when a run logged it
+    (``render_task_curves``). Each method has one colour in every panel (``method_colours``). Writes a PNG to
+    ``path`` and returns the (closed) ``matplotlib.figure.Figure``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -844,10 +881,11 @@ def plot_curves(results: dict, path: Path) -> None:
     from matplotlib.ticker import FuncFormatter
 
     in_loop = any(r.get("task_curve") for m in results["methods"].values() for r in m["runs"])
-    fig, axes = plt.subplots(1, 4 if in_loop else 3, figsize=(21 if in_loop else 16, 4.2))
+    fig, axes = plt.subplots(1, 4 if in_loop else 3, figsize=(21 if in_loop else 16, 4.2), layout="constrained")
     ax, axd, ax2 = axes[:3]
+    colours = method_colours(results)
     if in_loop:
-        _plot_task_curves(axes[3], results)
+        _plot_task_curves(axes[3], results, colours)
     base = results["methods"].get(BASELINE)
     base_by_seed = _by_seed(base) if base else {}
     finished: list[float] = []  # the finished runs' losses: the y-range a diverged curve may leave
@@ -857,16 +895,17 @@ def plot_curves(results: dict, path: Path) -> None:
             label = f"{name} (seed {d['seed']}: diverged at step {d['step']})"
             if d["curve"]:
                 ax.plot([c["tokens"] for c in d["curve"]], [c["val_loss"] for c in d["curve"]], linestyle="--",
-                        marker="x", markersize=4, label=label)
+                        marker="x", markersize=4, label=label, color=colours[name])
             if d["train_curve"] and not m["runs"]:
                 ax2.plot([r["tokens"] for r in d["train_curve"]], [r["loss"] for r in d["train_curve"]],
-                         linestyle="--", label=label)
+                         linestyle="--", label=label, color=colours[name])
         if not m["runs"]:
             continue
         finished += [c["val_loss"] for r in m["runs"] for c in r["curve"]]
         xs, per_point = _seed_curves(m)
         if xs:
-            line, = ax.plot(xs, [statistics.fmean(v) for v in per_point], marker="o", markersize=3, label=name)
+            line, = ax.plot(xs, [statistics.fmean(v) for v in per_point], marker="o", markersize=3, label=name,
+                            color=colours[name])
             if len(m["runs"]) > 1:
                 ax.fill_between(xs, [min(v) for v in per_point], [max(v) for v in per_point],
                                 color=line.get_color(), alpha=0.2)
@@ -876,7 +915,8 @@ def plot_curves(results: dict, path: Path) -> None:
             if k:
                 dx = [pairs[0][0]["curve"][i]["tokens"] for i in range(k)]
                 d = [[a["curve"][i]["val_loss"] - b["curve"][i]["val_loss"] for a, b in pairs] for i in range(k)]
-                line, = axd.plot(dx, [statistics.fmean(v) for v in d], marker="o", markersize=3, label=name)
+                line, = axd.plot(dx, [statistics.fmean(v) for v in d], marker="o", markersize=3, label=name,
+                                 color=colours[name])
                 if len(pairs) > 1:
                     axd.fill_between(dx, [min(v) for v in d], [max(v) for v in d], color=line.get_color(),
                                      alpha=0.2)
@@ -884,7 +924,7 @@ def plot_curves(results: dict, path: Path) -> None:
         k = max(1, min(20, len(tc) // 10))
         xs = [r["tokens"] for r in tc][k - 1:]
         ys = [statistics.fmean(r["loss"] for r in tc[i - k + 1:i + 1]) for i in range(k - 1, len(tc))]
-        ax2.plot(xs, ys, label=name)
+        ax2.plot(xs, ys, label=name, color=colours[name])
         finished_train += ys
     axd.axhline(0.0, color="black", linewidth=0.8)
     if any(d for m in results["methods"].values() for d in m.get("diverged", [])):
@@ -894,10 +934,10 @@ def plot_curves(results: dict, path: Path) -> None:
                 a.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.25 * (hi - lo + 0.1))
     windows = results["settings"]["train"].get("eval_windows")
     subset = f"≤ {windows} windows" if windows else "a subset"
-    for a, title, ylabel in ((ax, f"periodic validation loss ({subset}; mean, min–max over seeds)",
-                              "loss (nats/token)"),
-                             (axd, f"periodic validation loss − none's ({subset}, same seed)", "Δ loss (nats/token)"),
-                             (ax2, "training loss (moving mean, seed 0)", "loss (nats/token)")):
+    for a, title, ylabel in ((ax, f"validation loss ({subset})", "loss (nats/token); mean, min–max over seeds"),
+                             (axd, f"Δ val loss (below 0: better than {BASELINE})",
+                              f"loss − {BASELINE}'s, same seed (nats/token)"),
+                             (ax2, "training loss (seed 0)", "loss (nats/token), moving mean")):
         a.set_xlabel("training tokens")
         a.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
         a.set_ylabel(ylabel)
@@ -905,7 +945,7 @@ def plot_curves(results: dict, path: Path) -> None:
         a.grid(alpha=0.3)
         if a.get_legend_handles_labels()[0]:
             a.legend()
-    fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
+    return fig

@@ -278,12 +278,24 @@ class ModelConfig:
 MISSPELT_CUTOFF = 0.8
 
 
+#: Where a user finds the keys ``--set`` and a config file's tables take (``depthattn train --list-keys``).
+LIST_KEYS_HINT = "`depthattn train --list-keys` lists the ModelConfig and TrainConfig keys"
+
+
+def did_you_mean(key: str, keys) -> str:
+    """``" (did you mean eval_windows?)"`` for the one of ``keys`` closest to ``key`` (``difflib`` similarity
+    >= 0.6), else ``""``."""
+    close = difflib.get_close_matches(str(key), sorted(keys), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def check_keys(values: Mapping[str, Any], what: str) -> None:
-    """Raise ``ValueError`` naming any key of ``values`` that is not a ``ModelConfig`` field."""
+    """Raise ``ValueError`` naming any key of ``values`` that is not a ``ModelConfig`` field (and the field it
+    resembles)."""
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ValueError(f"unknown {what} key(s) {unknown}; valid keys are {sorted(names)}")
+        raise ValueError(f"unknown {what} key(s) {unknown}{did_you_mean(unknown[0], names)}; {LIST_KEYS_HINT}")
 
 
 def read_json_object(path: str | os.PathLike, what: str = "file") -> dict[str, Any]:

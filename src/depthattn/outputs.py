@@ -135,7 +135,7 @@ def check_output(out: str | os.PathLike, sources: Iterable[str | os.PathLike], k
     if not any(real.iterdir()):
         return real
     if not overwrite:
-        raise ValueError(f"{flag} {given} already exists; pass --overwrite (overwrite=True) to replace it (only a "
+        raise ValueError(f"{flag} {given} already exists; pass --overwrite to replace it (only a "
                          f"{kind.name}), or choose another {flag}")
     why = kind.foreign(real)
     if why is not None:

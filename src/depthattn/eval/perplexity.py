@@ -30,11 +30,11 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from ..checks import check_token_array
 from ..data.boundaries import window_document_ids
 from ..data.tokenizer import token_byte_lengths
+from ..progress import progress_bar
 
 
 @dataclass
@@ -102,7 +102,7 @@ def evaluate_perplexity(model: torch.nn.Module, tokens: np.ndarray, tokenizer, *
     model.eval()
     nats, count, n_bytes = 0.0, 0, 0
     n_targets = len(tokens) - 1
-    bar = tqdm(total=n_targets, desc="eval", unit="tok", unit_scale=True, disable=not progress)
+    bar = progress_bar(total=n_targets, desc="eval", unit="tok", unit_scale=True, enabled=progress)
     try:
         for w in _windows(tokens, seq_len, batch_size):
             w = w.to(device)

@@ -24,12 +24,13 @@ import os
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from ..checks import check_token_array
 from ..data.tokenizer import EOS_TOKEN
 from ..fileio import atomic_write_text
 from ..layout import ZERO_SHOT_FILES
+from ..progress import progress_bar
+from ..stats import binomial_se
 from .tasks import TASKS, Item, load_task, parse_tasks
 
 
@@ -101,7 +102,7 @@ def score_requests(model, tokenizer, pairs: list[tuple[str, str]], batch_size: i
     was_training = model.training
     model.eval()
     try:
-        for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, unit="batch"):
+        for start in progress_bar(range(0, len(order), batch_size), desc=desc, enabled=progress, unit="batch"):
             idx = order[start:start + batch_size]
             T = len(inputs[idx[0]][0])
             ids = torch.zeros(len(idx), T, dtype=torch.long)
@@ -177,15 +178,45 @@ def evaluate_task(model, tokenizer, name: str, limit: int | None = None, batch_s
     return mc_metrics(items, lls, norm=TASKS[name].norm)
 
 
-def markdown_table(metrics: dict[str, dict], average: float | None) -> str:
-    """Markdown table: one row per task (n, acc, acc_norm, perplexity) and the average accuracy."""
-    lines = ["| task | n | acc | acc_norm | perplexity |", "|---|---:|---:|---:|---:|"]
+def chance_accuracy(rows: list[dict]) -> float:
+    """The accuracy of a uniform guess on a task, from its per-item rows (``mc_metrics``' or lm-eval's ``items``):
+    the mean over items of 1 / (number of choices); 0.0 for a task scored by exact match (LAMBADA: no choices)."""
+    counts = [len(r["loglikelihoods"]) for r in rows if r.get("loglikelihoods")]
+    return sum(1.0 / c for c in counts) / len(counts) if counts else 0.0
+
+
+def with_uncertainty(metrics: dict[str, dict], items: dict[str, list[dict]]) -> dict:
+    """Each task's ``acc_se`` (binomial standard error sqrt(acc (1 − acc) / n), ``stats.binomial_se``) and
+    ``chance`` (``chance_accuracy``) added into ``metrics``; returns the average over the tasks:
+    ``{"acc", "acc_se", "chance"}`` (the standard error of a mean of independent estimates, sqrt(Σ se²) / k), or
+    ``{}`` when no task has an accuracy."""
+    for name, m in metrics.items():
+        if m.get("acc") is not None:
+            m["acc_se"] = binomial_se(m["acc"], m["n"])
+            m["chance"] = chance_accuracy(items.get(name, []))
+    scored = [m for m in metrics.values() if m.get("acc") is not None]
+    if not scored:
+        return {}
+    k = len(scored)
+    return dict(acc=sum(m["acc"] for m in scored) / k, acc_se=math.sqrt(sum(m["acc_se"] ** 2 for m in scored)) / k,
+                chance=sum(m["chance"] for m in scored) / k)
+
+
+def markdown_table(metrics: dict[str, dict], average: dict | None) -> str:
+    """Markdown table: one row per task (n, acc ± its binomial standard error, the chance level, acc_norm,
+    perplexity) and the average over the tasks (``with_uncertainty``' average: acc, acc_se, chance)."""
+    lines = ["| task | n | acc | ± s.e. | chance | acc_norm | perplexity |", "|---|---:|---:|---:|---:|---:|---:|"]
     fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
     for name, m in metrics.items():
-        lines.append(f"| {name} | {m['n']} | {fmt(m.get('acc'), '.4f')} | {fmt(m.get('acc_norm'), '.4f')} | "
+        lines.append(f"| {name} | {m['n']} | {fmt(m.get('acc'), '.4f')} | {fmt(m.get('acc_se'), '.4f')} | "
+                     f"{fmt(m.get('chance'), '.3f')} | {fmt(m.get('acc_norm'), '.4f')} | "
                      f"{fmt(m.get('perplexity'), '.2f')} |")
-    if average is not None:
-        lines.append(f"| **average acc** | | **{average:.4f}** | | |")
+    if average:
+        lines.append(f"| **average acc** | | **{average['acc']:.4f}** | {average['acc_se']:.4f} | "
+                     f"{average['chance']:.3f} | | |")
+    lines.append("")
+    lines.append("s.e.: binomial standard error sqrt(acc (1 − acc) / n) (the average's: sqrt(Σ s.e.²) / tasks); "
+                 "chance: the mean of 1 / (number of choices), 0 for LAMBADA (exact match).")
     return "\n".join(lines)
 
 
@@ -201,7 +232,9 @@ def run_zero_shot(model, tokenizer, tasks, limit: int | None = None, batch_size:
             ``lm-eval==0.4.13``).
         out_dir: when given, writes ``zero_shot.json`` (metrics and per-item predictions) and ``zero_shot.md``.
     Returns:
-        ``{"harness", "limit", "tasks": {name: metrics}, "average_acc", "markdown", "items": {name: [...]}}``.
+        ``{"harness", "limit", "tasks": {name: metrics}, "average_acc", "average_acc_se", "average_chance",
+        "markdown", "items": {name: [...]}}``; each task's metrics hold ``n``, ``acc``, ``acc_se`` (binomial standard
+        error) and ``chance`` (``with_uncertainty``), and ``acc_norm`` / ``perplexity`` where defined.
     Raises:
         ValueError: unknown task or harness, missing benchmark data, tokenizer/model vocabulary mismatch,
             bad ``limit``/``batch_size``.
@@ -219,10 +252,11 @@ def run_zero_shot(model, tokenizer, tasks, limit: int | None = None, batch_size:
     else:
         per_task = {n: evaluate_task(model, tokenizer, n, limit, batch_size, progress) for n in names}
     metrics = {n: r["metrics"] for n, r in per_task.items()}
-    accs = [m["acc"] for m in metrics.values() if m.get("acc") is not None]
-    average = sum(accs) / len(accs) if accs else None
-    result = dict(harness=harness, limit=limit, tasks=metrics, average_acc=average,
-                  markdown=markdown_table(metrics, average), items={n: r["items"] for n, r in per_task.items()})
+    items = {n: r["items"] for n, r in per_task.items()}
+    average = with_uncertainty(metrics, items)
+    result = dict(harness=harness, limit=limit, tasks=metrics, average_acc=average.get("acc"),
+                  average_acc_se=average.get("acc_se"), average_chance=average.get("chance"),
+                  markdown=markdown_table(metrics, average), items=items)
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
         atomic_write_text(os.path.join(out_dir, ZERO_SHOT_FILES[0]), json.dumps(result, indent=1) + "\n")

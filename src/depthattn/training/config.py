@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..config import ModelConfig, _finite
+from ..config import LIST_KEYS_HINT, ModelConfig, _finite, did_you_mean
 
 
 #: ``TrainConfig.data_order`` choices: windows in seeded epochs, or drawn uniformly with replacement.
@@ -256,7 +256,8 @@ class TrainConfig:
         """Build from a mapping; unknown keys raise ``ValueError`` naming them."""
         unknown = sorted(set(values) - TRAIN_KEYS)
         if unknown:
-            raise ValueError(f"unknown TrainConfig key(s) {unknown}; valid keys are {sorted(TRAIN_KEYS)}")
+            raise ValueError(f"unknown TrainConfig key(s) {unknown}{did_you_mean(unknown[0], TRAIN_KEYS)}; "
+                             f"{LIST_KEYS_HINT}")
         return cls(**dict(values))
 
     def replace(self, **overrides: Any) -> "TrainConfig":
@@ -367,9 +368,23 @@ def split_overrides(pairs: Mapping[str, Any], source: str) -> tuple[dict[str, An
         elif key in TRAIN_KEYS:
             train[key] = value
         else:
-            raise ValueError(f"{source}: unknown key {key!r}; model keys: {sorted(MODEL_KEYS)}; "
-                             f"train keys: {sorted(TRAIN_KEYS)}")
+            raise ValueError(f"{source}: unknown key {key!r}{did_you_mean(key, MODEL_KEYS | TRAIN_KEYS)}; "
+                             f"{LIST_KEYS_HINT}")
     return model, train
+
+
+def list_keys() -> str:
+    """The ``--set`` keys, one per line with their default, under a ``ModelConfig`` and a ``TrainConfig``
+    heading (``depthattn train --list-keys``)."""
+    out = []
+    for cls in (ModelConfig, TrainConfig):
+        table = "model" if cls is ModelConfig else "train"
+        out.append(f"{cls.__name__} keys (--set KEY=VALUE, or a config file's [{table}] table):")
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)")
+            out.append(f"  {f.name} = {default!r}")
+    return "\n".join(out)
 
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
@@ -405,7 +420,7 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
             raise ValueError(f"{path}: [{section}] must be a table")
         bad = sorted(set(table) - keys)
         if bad:
-            raise ValueError(f"{path}: unknown [{section}] key(s) {bad}; valid keys are {sorted(keys)}")
+            raise ValueError(f"{path}: unknown [{section}] key(s) {bad}{did_you_mean(bad[0], keys)}; {LIST_KEYS_HINT}")
         out[section] = dict(table)
     return out
 

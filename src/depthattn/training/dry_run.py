@@ -181,11 +181,17 @@ def plan_lines(d: DryRun, hours: float) -> list[str]:
     return lines
 
 
-def report(d: DryRun, model_cfg: ModelConfig, hours: float, launch: list[str] | None = None) -> str:
-    """The text ``--dry-run`` prints (``launch``: the ``launch_commands`` lines, printed last)."""
+def report(d: DryRun, model_cfg: ModelConfig, hours: float, launch: list[str] | None = None,
+           vocab_source: str | None = None) -> str:
+    """The text ``--dry-run`` prints (``launch``: the ``launch_commands`` lines, printed last). Its second line
+    names what the numbers assume: the vocabulary size (``vocab_source``: where it came from) and the sequence
+    length."""
     gib = 2 ** 30
     mode = f"FSDP over {d.nproc} ranks" if d.sharded else (f"DDP on {d.nproc} ranks" if d.nproc > 1 else "1 process")
     lines = [f"dry run: {model_cfg.cross_layer}, {d.params:,d} parameters ({mode}); nothing allocated",
+             f"assuming vocab_size {model_cfg.vocab_size:,d}"
+             + (f" ({vocab_source})" if vocab_source else "")
+             + f", seq_len {d.seq_len:,d} tokens, batch_size {d.batch_size} sequences per rank and micro-batch",
              f"FLOPs per token: forward {d.forward_flops_per_token:.4g}, training (3x) {d.train_flops_per_token:.4g}",
              "per-GPU memory (GiB):",
              f"  parameters (fp32)      {d.param_bytes / gib:9.2f}",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -118,3 +118,13 @@ class TaskSuite:
         x = torch.tensor(counts, dtype=torch.float64, device=model.lm_head.weight.device)
         torch.distributed.all_reduce(x)
         return x.tolist()
+
+
+def summary_line(row: dict[str, Any]) -> str | None:
+    """The console line of a metrics ``row`` that holds in-loop task results (None if it holds none):
+    ``"step 200 zero-shot acc: arc_easy 0.412, winogrande 0.505, average 0.459"`` (each task's ``acc``, then the
+    average over the tasks; the full keys are in ``metrics.jsonl``)."""
+    accs = [(k.split("/")[1], v) for k, v in row.items() if k.startswith("task/") and k.endswith("/acc")]
+    if not accs:
+        return None
+    return f"step {row['step']} zero-shot acc: " + ", ".join(f"{name} {v:.3f}" for name, v in accs)

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import data
 from ..checkpoint import init_from_changes, init_from_checkpoint
@@ -53,6 +52,7 @@ from ..devices import autocast_dtype, resolve_device, resolved_precision
 from ..eval.perplexity import mean_loss, next_token_loss, validation_windows
 from ..layout import TOKENIZER_FILE
 from ..model import DecoderLM
+from ..progress import progress_bar, write_line
 from ..run.checkpointer import Checkpointer
 from ..run.checkpoints import (ResumeCheckpoint, check_checkpoint_kind, checkpoint_val_losses, read_resume_checkpoint,
                                set_aside)
@@ -65,7 +65,7 @@ from .build import build_on_meta, materialize
 from .config import TrainConfig, check_vocab_size
 from .depth_stats import DepthProbe
 from .guard import LN_VOCAB_MARGIN, DivergenceError, Guard
-from .in_loop_tasks import TaskSuite
+from .in_loop_tasks import TaskSuite, summary_line as task_summary_line
 from .metrics import MetricsLogger, Throughput, progress_postfix, run_tokens_per_s
 from .optim import build_optimizer, build_scheduler, decay_rule
 from .parallelize import parallelize
@@ -145,7 +145,7 @@ class _Trainer:
 # ---------------------------------------------------------------------------------------------------- training
 def train(run_dir: str | os.PathLike, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: str | os.PathLike,
           *, resume: bool = False, init_from: str | os.PathLike | None = None, stop_after: int | None = None,
-          progress: bool = True, log: Callable[[str], None] = print,
+          progress: bool = True, log: Callable[[str], None] = write_line,
           on_step: Callable[[int, int], None] | None = None,
           decay_from: str | os.PathLike | None = None, allow_tokenizer_change: bool = False) -> TrainResult:
     """Train ``model_cfg`` on the prepared data folder ``data_dir`` into ``run_dir``.
@@ -431,8 +431,8 @@ def _build_optimizer(model: DecoderLM, cfg: TrainConfig, impl: str):
 
 def _progress_bar(t: _Trainer, progress: bool, desc: str):
     """A tqdm bar over the run's steps (rank 0, when ``progress``), closed on leaving the ``with``."""
-    return contextlib.closing(tqdm(total=t.total_steps, initial=t.step, desc=desc, unit="step",
-                                   disable=not (progress and t.is_main), dynamic_ncols=True))
+    return contextlib.closing(progress_bar(total=t.total_steps, initial=t.step, desc=desc, unit="step",
+                                           enabled=progress and t.is_main, dynamic_ncols=True))
 
 
 def _metrics_log(t: _Trainer) -> MetricsLogger:
@@ -598,6 +598,9 @@ def _log_row(t: _Trainer, row: dict[str, Any], metrics: MetricsLogger, bar, last
         metrics.log(row)  # every skipped step is logged: the summary counts them from the log
     bar.update(1)
     bar.set_postfix(**progress_postfix(row, t.validation.loss))
+    tasks = task_summary_line(row)
+    if tasks:  # in-loop zero-shot results: one line on the console per evaluation
+        t.log(tasks)
 
 
 def _watch(t: _Trainer, row: dict[str, Any]) -> None:
