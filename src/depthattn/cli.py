@@ -136,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def command_name(args: argparse.Namespace) -> str:
-    """The full sub-command, e.g. ``train`` or ``data prepare``, for error messages."""
-    return " ".join(str(n) for n in (args.command, getattr(args, "data_command", None)) if n)
+    """The full sub-command, e.g. ``train``, ``data prepare`` or ``study run``, for error messages."""
+    nested = (getattr(args, name, None) for name in ("data_command", "study_command"))
+    return " ".join(str(n) for n in (args.command, *nested) if n)
 
 
 def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

@@ -92,7 +92,7 @@ def test_a_bad_study_file_is_one_line_naming_the_file(tmp_path, capsys, extra, b
     assert str(err.value).startswith(str(path))
     assert main(["study", "status", str(path)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"depthattn study: error: {path}")
+    assert len(lines) == 1 and lines[0].startswith(f"depthattn study status: error: {path}")
 
 
 def run_states(path: Path) -> dict[str, str]:
