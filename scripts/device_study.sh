@@ -11,7 +11,7 @@
 # machine) sends the whole study back to eager, in a fresh root. `wait` packs $OUT/study.tar.gz every 20 s and at
 # the end: the published parts (docs/study/PART, the mix1/mix4/mix16 ones) and logs/ (each part's study.log, the
 # driver's log, the machine). Unpack it here with `tar -xzf study.tar.gz -C /tmp/x`, copy /tmp/x/pub/* to
-# docs/study, then `python scripts/study.py aggregate`. The prepared mix travels as runs/study/data-mix (carry it).
+# results/small-scale, then `depthattn study report --published results/small-scale`. The prepared mix travels as runs/study/data-mix (carry it).
 # If the study ends with time to spare, the `gpu`-marked tests run (logs/gpu_tests.txt).
 #
 # Settings (environment): COMMIT (the code's commit: the copy has no git history), JOBS (parts at once, default 16),

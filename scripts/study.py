@@ -54,12 +54,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from depthattn.fileio import atomic_write_text
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import study_depth  # noqa: E402  (scripts/ is not a package)
-import study_groups  # noqa: E402
-import study_report  # noqa: E402
-import study_results  # noqa: E402
+from depthattn.study import depth as study_depth
+from depthattn.study import groups as study_groups
+from depthattn.study import partfile as study_results
+from depthattn.study.published import aggregate as published_aggregate
 
 MAIN_METHODS = "none,depth_attention,denseformer,mhc,attnres,value_residual,depth_attention_uniform"
 DEFAULT_STEPS = 400  # the compare default (commands/compare_cmd.py DEFAULT_TRAIN)
@@ -434,9 +432,14 @@ def publish_part(part: Part, args) -> Path:
 
 
 # ----------------------------------------------------------------------------- aggregation
+#: The study files of the groups (``depthattn.study.published``).
+STUDIES = Path(__file__).resolve().parents[1] / "studies" / "small-scale"
+
+
 def aggregate(publish: Path, out: Path) -> str:
-    """docs/results.md (``out``) from the parts published under ``publish`` (``study_report.aggregate``)."""
-    return study_report.aggregate(publish, out, parts())
+    """docs/results.md (``out``) from the parts published under ``publish``: ``depthattn study report --published``
+    (``depthattn.study.published.aggregate``, with the study files of studies/small-scale)."""
+    return published_aggregate(Path(os.path.relpath(STUDIES)), publish, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
-"""scripts/study.py: the parts of the issue-14 study, their published files (results/small-scale) and the aggregator
-that builds docs/results.md from them."""
+"""scripts/study.py: the runner and publisher of the small-scale study's parts; and the report of its published files
+(``depthattn.study.published``, here through scripts/study.py's ``aggregate`` and the study files of
+studies/small-scale) that builds docs/results.md from them."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from depthattn.study import depth as study_depth
+from depthattn.study import partfile as study_results
+from depthattn.study import published as study_report
+from depthattn.study import trend as study_trend
 from test_compare_stats import results
 
 ROOT = Path(__file__).resolve().parents[1]
+STUDIES = ROOT / "studies" / "small-scale"
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +100,7 @@ def test_device_and_compile_go_to_the_parts_that_take_them(study):
     assert sets == [*study.MIX_SETS, "device=cuda", "compile=true"]
     cpu = study.command(table["mix16cpu-s0-none"], args)
     assert "device=cuda" not in cpu and "compile=true" not in cpu
-    published = study.study_results.load(ROOT / "results/small-scale/mix16cpu-s0-none.json")["study"]["command"]
+    published = study_results.load(ROOT / "results/small-scale/mix16cpu-s0-none.json")["study"]["command"]
     # the same command but for the folder name it ran in before the part was renamed
     assert published == "depthattn " + " ".join(cpu).replace("mix16cpu-s0-none", "mix16-s0-none")
 
@@ -107,15 +113,15 @@ def test_pairing_ignores_settings_that_do_not_change_a_trajectory(study):
                 data="d", tokens=100)
     fast = dict(none, val_loss=none["val_loss"] - 0.1,
                 train_settings=dict(none["train_settings"], compile=True, save_every=0, save_every_minutes=5))
-    pair = study.study_report.paired_runs("depth_attention", {0: fast}, {0: none})
+    pair = study_report.paired_runs("depth_attention", {0: fast}, {0: none})
     assert pair[2]["mean"] == pytest.approx(-0.1)
-    trend = study.study_report.study_trend
+    trend = study_trend
     trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: fast}}}, ["mix1", "mix16"])
     for change in ({"lr": 1.0}, {"device": "cpu"}):
         other = dict(fast, train_settings=dict(fast["train_settings"], **change))
-        with pytest.raises(SystemExit, match="other settings; cannot pair"):
-            study.study_report.paired_runs("depth_attention", {0: other}, {0: none})
-        with pytest.raises(SystemExit, match="other settings"):
+        with pytest.raises(ValueError, match="other settings; cannot pair"):
+            study_report.paired_runs("depth_attention", {0: other}, {0: none})
+        with pytest.raises(ValueError, match="other settings"):
             trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: other}}}, ["mix1", "mix16"])
 
 
@@ -129,8 +135,14 @@ def publish(folder: Path, part: str, group: str, res: dict, label: str = "", dep
             **record) -> None:
     """Publish compare's ``res`` as part ``part`` of ``group`` under ``folder``, with the runs' ``depth`` rows
     (``{method: {str(seed): rows}}``) and any other study ``record`` fields (hardware, jobs …)."""
-    from study_results import compact, dumps, path
+    from depthattn.study.partfile import compact, dumps, path
 
+    if group == "ablation":  # the cell's settings, as compare records them
+        stride, window = (x.split("=")[1] for x in label.split(", "))
+        overrides = {"depth_attention_window": int(window)}
+        if stride != "L/2":
+            overrides["depth_attention_stride"] = int(stride)
+        res = dict(res, settings=dict(res["settings"], model_overrides=overrides))
     res = dict(res, study={"part": part, "group": group, "label": label, "command": f"depthattn compare # {part}",
                            **record})
     folder.mkdir(parents=True, exist_ok=True)
@@ -148,7 +160,7 @@ def test_aggregate_pairs_across_parts(study, tmp_path):
     publish(pub, "ablation-1w0-s0", "ablation", ablation, label="stride=1, window=0")
     text = study.aggregate(pub, tmp_path / "results.md")
     assert "**Incomplete:**" in text and "main-s1" in text
-    assert f"run with the code of {study.study_report.PUBLISHED_WITH}" in text  # the tables say which code made them
+    assert f"run with the code of {study_report.PUBLISHED_WITH}" in text  # the tables say which code made them
     lines = text.splitlines()
     da = next(line for line in lines if line.startswith("| depth_attention | 3 |"))
     assert "-0.0180 ± 0.0269 | -0.0848 to +0.0488 | 2 of 3 |" in da
@@ -185,7 +197,7 @@ def test_aggregate_refuses_to_pair_other_budgets(study, tmp_path):
     del other["methods"]["none"]
     other["methods"]["depth_attention"]["runs"][0]["tokens"] = 999
     publish(pub, "ablation-1w0-s0", "ablation", other, label="stride=1, window=0")
-    with pytest.raises(SystemExit, match="other settings; cannot pair"):
+    with pytest.raises(ValueError, match="other settings; cannot pair"):
         study.aggregate(pub, tmp_path / "results.md")
 
 
@@ -205,7 +217,7 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
     assert study.main(common + ["run", "ablation-1w0-s0"]) == 0
     published = tmp_path / "pub/ablation-1w0-s0.json"
     assert sorted(p.name for p in (tmp_path / "pub").iterdir()) == [published.name]  # one file, no report or plot
-    res = study.study_results.load(published)
+    res = study_results.load(published)
     assert res["study"]["group"] == "ablation" and "--set depth_attention_stride=1" in res["study"]["command"]
     run = res["methods"]["depth_attention"]["runs"][0]
     compared = json.loads((tmp_path / "root/ablation-1w0-s0/results.json").read_text())["methods"]
@@ -225,7 +237,8 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
     assert study.status(study.parts()[5], type("A", (), {"publish": str(tmp_path / "pub"),
                                                        "root": str(tmp_path / "root")})) == "done"
     text = study.aggregate(tmp_path / "pub", tmp_path / "results.md")
-    assert "| depth_attention (stride=1, window=0) | 1 |" in text and f"**Incomplete:** {len(study.parts()) - 1} of {len(study.parts())}" in text
+    planned = len(study_report.plan(study_report.load_studies(STUDIES)))  # the study files' parts
+    assert "| depth_attention (stride=1, window=0) | 1 |" in text and f"**Incomplete:** {planned - 1} of {planned}" in text
 
 
 def test_parts_run_at_once_publish_with_the_commit_and_hardware_given(study, tmp_path, monkeypatch, capsys):
@@ -243,7 +256,7 @@ def test_parts_run_at_once_publish_with_the_commit_and_hardware_given(study, tmp
     for name in ("ablation-1w0-s0", "ablation-2w0-s0"):
         assert out.count(f"== {name} started") == 1 and f"== {name} done in" in out
         assert "== depth_attention (seed 0)" in (tmp_path / "root" / name / "study.log").read_text()
-        st = study.study_results.load(tmp_path / "pub" / f"{name}.json")["study"]
+        st = study_results.load(tmp_path / "pub" / f"{name}.json")["study"]
         assert st["commit"].split(", ")[0] == "feedbeef" and st["jobs"] == 2 and "torch" in st["hardware"]
     assert study.main(common + ["run", "--jobs", "0", "ablation-1w0-s1"]) == 2
     assert "--jobs 0 must be at least 1" in capsys.readouterr().err
@@ -275,11 +288,11 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
     publish(pub, "mix16cpu-s0-depth_attention_uniform", "mix16cpu", uniform)
     text = study.aggregate(pub, tmp_path / "docs" / "results.md")
     assert "mean over seeds 0. Seed 0: the run trained on the CPU (`mix16cpu`)." in text
-    assert (tmp_path / "docs" / study.study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "docs" / study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
     assert "| none | 0 | 5.0020 | 5.0000 | -0.0020 |" in text and "not rounding" in text
     assert "`depth_attention` − `none` on seed 0: -0.0280 nats on the CPU, -0.0260 on the GPU." in text
     assert "; on NVIDIA H200 (CUDA), torch 2.11.0, up to 16 at a time sharing it" in text
-    assert f"; on {study.study_report.CPU_MACHINE}, one after another" in text
+    assert f"; on {study_report.CPU_MACHINE}, one after another" in text
     # the CPU group says how Depth-Attention stands against its control (the GPU groups: in the trend table)
     said = "- `depth_attention` − `depth_attention_uniform`: Δ +0.014 nats on one seed: inconclusive (one seed"
     assert text.count(said) == 1 and text.index(said) > text.index("trained on the 2-core CPU")
@@ -293,22 +306,12 @@ def test_published_study_files_hold_no_machine_paths():
     assert offenders == []
 
 
-def test_the_committed_parts_rebuild_the_committed_results_md(study, tmp_path, monkeypatch):
-    """docs/results.md is generated: aggregating the committed results/small-scale gives it byte for byte (its
-    links relative to the parts, so both are placed as in the checkout; the figure goes to tmp_path)."""
-    (tmp_path / "results").symlink_to(ROOT / "results", target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    text = study.aggregate(Path("results/small-scale"), Path("docs/results.md"))
-    assert text == (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
-    assert (tmp_path / "docs" / study.study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
-
-
 def test_a_published_part_keeps_what_the_report_reads_and_drops_the_rest(study, tmp_path):
     """A part's file round-trips compare's run records but their per-step lists and sample, which it drops, as it
     drops the summaries compare recomputes from the runs; a file of another format is refused in one line."""
     from depthattn.compare import aggregate, conclusions, paired_stats
 
-    sr = study.study_results
+    sr = study_results
     res = results(seeds=(0, 1))
     res["study"] = {"part": "main-s0", "group": "main", "label": "", "command": "depthattn compare"}
     rows = [{"step": 2, "depth/L1/entropy": 1.0}, {"step": 4, "depth/L1/entropy": 0.5}]
@@ -328,7 +331,7 @@ def test_a_published_part_keeps_what_the_report_reads_and_drops_the_rest(study, 
     assert conclusions(dict(back, paired=paired_stats(back))) == res["conclusion"]
     assert back["study"] == res["study"] and back["settings"] == res["settings"] and back["history"] == res["history"]
     (tmp_path / "old.json").write_text(json.dumps(res))  # compare's own results.json is not a published part
-    with pytest.raises(SystemExit, match=r"old.json is not a published study part \(format None"):
+    with pytest.raises(ValueError, match=r"old.json is not a published study part \(format None"):
         sr.load(tmp_path / "old.json")
 
 
@@ -365,7 +368,7 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
     assert cells[1].startswith("-0.0180 ± 0.0269 [-0.0848, +0.0488] (2 of 3 lower)")
     assert cells[2].startswith("-0.1100 ± 0.0100") and cells[2].endswith("(3 of 3 lower)")
     change = [-0.10 + 0.026, -0.12 - 0.012, -0.11 + 0.040]
-    d = study.study_report.paired_difference(change, [0.0] * 3)
+    d = study_report.paired_difference(change, [0.0] * 3)
     assert d["ci95"][1] < 0
     said = next(line for line in lines if line.startswith("- `depth_attention` − `none`:"))
     assert f"change {d['mean']:+.3f} (95 % interval {d['ci95'][0]:+.3f} to {d['ci95'][1]:+.3f})" in said
@@ -373,8 +376,8 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
     uni = next(line for line in lines if line.startswith("- `depth_attention` − `depth_attention_uniform`:"))
     assert "no change detectable" in uni and "**" not in uni  # change +0.058, interval includes 0
     assert "| `depth_attention` − `depth_attention_uniform` | +0.0320" in text
-    assert (out.parent / study.study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
-    assert f"]({study.study_report.DEPTH_FIGURE.as_posix()})" in text
+    assert (out.parent / study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
+    assert f"]({study_report.DEPTH_FIGURE.as_posix()})" in text
     assert "not published yet" not in text and "Training time per run:" in text
 
 
@@ -408,13 +411,13 @@ def test_cpu_twins_have_a_trend_of_their_own_never_paired_with_the_gpus(study, t
 def test_depth_stats_are_extracted_from_metrics_rows(study, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1, "loss": 9.0}\n{"step": 100, "depth/L1/entropy": 0.5, "grad_norm/L1": 2.0}\n\n')
-    assert study.study_depth.extract(tmp_path) == [{"step": 100, "depth/L1/entropy": 0.5}]
+    assert study_depth.extract(tmp_path) == [{"step": 100, "depth/L1/entropy": 0.5}]
     metrics.write_text('{"step": 1}\n{"step": 2, "depth/L1/self": 0.25}\n{"step": 3,')  # a torn last line
     with pytest.warns(UserWarning, match="metrics.jsonl"):
-        assert study.study_depth.extract(tmp_path) == [{"step": 2, "depth/L1/self": 0.25}]
+        assert study_depth.extract(tmp_path) == [{"step": 2, "depth/L1/self": 0.25}]
     metrics.write_text('{"step": 1,\n{"step": 2}\n')
-    with pytest.raises(SystemExit, match=r"metrics.jsonl"):
-        study.study_depth.extract(tmp_path)
+    with pytest.raises(ValueError, match=r"metrics.jsonl"):
+        study_depth.extract(tmp_path)
 
 
 @pytest.mark.parametrize("first, last, word", [
@@ -424,7 +427,7 @@ def test_depth_stats_are_extracted_from_metrics_rows(study, tmp_path):
     ((0.05, 0.06, 0.04), (0.20, 0.22, 0.19), "widens"),          # a method behind falls further behind
     ((-0.20, -0.21, -0.19), (-0.20, -0.15, -0.25), None)])       # change 0 ± 0.05: inconclusive
 def test_change_sentence_words_follow_the_intervals(study, first, last, word):
-    trend = study.study_report.study_trend
+    trend = study_trend
     said = trend.change_sentence("m", "none", dict(enumerate(first)), dict(enumerate(last)))
     if word is None:
         assert "no change detectable" in said and "**" not in said
@@ -445,7 +448,7 @@ def test_trend_of_partial_publication_says_what_is_missing(study, tmp_path):
     other = results()
     other["settings"]["train"] = dict(other["settings"]["train"], lr=5e-3)
     publish(pub, "mix1-s0-none", "mix1", other)
-    with pytest.raises(SystemExit, match="budget groups were trained with other settings"):
+    with pytest.raises(ValueError, match="budget groups were trained with other settings"):
         study.aggregate(pub, tmp_path / "results.md")
 
 
@@ -475,9 +478,9 @@ def test_depth_figure_series_average_seeds_over_the_steps_every_seed_logged(stud
     rows0 = [{"step": 100, "depth/L1/entropy": 1.0, "depth/L1/from0": 0.2}, {"step": 200, "depth/L1/entropy": 0.5}]
     rows1 = [{"step": 100, "depth/L1/entropy": 0.6}, {"step": 200, "depth/L1/entropy": 0.3},
              {"step": 300, "depth/L1/entropy": 0.1}]  # step 300: seed 0 has none, so it is left out
-    series = study.study_depth.layer_series({0: rows0, 1: rows1}, "entropy")
+    series = study_depth.layer_series({0: rows0, 1: rows1}, "entropy")
     assert series == {1: ([100, 200], [pytest.approx(0.8), pytest.approx(0.4)])}
-    assert study.study_depth.layer_series({0: rows0, 1: rows1}, "from0") == {}  # seed 1 logged no layer-0 weight
+    assert study_depth.layer_series({0: rows0, 1: rows1}, "from0") == {}  # seed 1 logged no layer-0 weight
 
 
 @pytest.mark.parametrize("cuda", [False, True])
@@ -525,18 +528,18 @@ def test_the_report_leads_with_the_budget_set_that_is_complete(study, tmp_path):
     """When every part is published but some of the GPU's budget-study runs, the report says the study is complete
     on the CPU and partial on the GPU, naming the missing parts, and its CPU sections come before the GPU's; one
     missing part outside the GPU's set makes it plainly incomplete again."""
-    parts = study.parts()
+    parts = study_report.plan(study_report.load_studies(STUDIES))
     gpu = [p.name for p in parts if p.group in ("mix16", "mix4", "mix1")]
     done = {p.name for p in parts} - set(gpu[:2])
-    said = study.study_report.completeness(parts, done)[0]
+    said = study_report.completeness(parts, done)[0]
     assert said.startswith("**Complete on the 2-core CPU:** the budget study's 35 parts (groups mix16cpu, mix4cpu, "
                            "mix1cpu) are all published")
     assert f"**Partial on the GPU:** 2 of the 35 parts that train the same runs on the GPU are not yet run " \
            f"({gpu[0]}, {gpu[1]})" in said
-    assert study.study_groups.set_order(parts, done) == ["on the 2-core CPU", "on the GPU"]
-    assert study.study_groups.set_order(parts, set()) == ["on the GPU", "on the 2-core CPU"]  # a tie: the GPU's
-    assert study.study_report.completeness(parts, done - {"main-s0"})[0].startswith("**Incomplete:** 3 of 89")
-    assert study.study_report.completeness(parts, {p.name for p in parts}) == []
+    assert study_report.set_order(parts, done) == ["on the 2-core CPU", "on the GPU"]
+    assert study_report.set_order(parts, set()) == ["on the GPU", "on the 2-core CPU"]  # a tie: the GPU's
+    assert study_report.completeness(parts, done - {"main-s0"})[0].startswith("**Incomplete:** 3 of 88")
+    assert study_report.completeness(parts, {p.name for p in parts}) == []
     # the report follows that order: the CPU's 16 x table before the GPU's
     pub = tmp_path / "pub"
     gpu_run = results(seeds=(0,))
@@ -551,7 +554,7 @@ def test_the_report_leads_with_the_budget_set_that_is_complete(study, tmp_path):
 
 def test_the_trend_names_the_middle_budget_on_the_way(study):
     first, middle, last = {0: -0.1, 1: -0.1}, {0: -0.2, 1: -0.3}, {0: -0.3, 1: -0.31}
-    change_sentence = study.study_report.study_trend.change_sentence
+    change_sentence = study_trend.change_sentence
     said = change_sentence("depth_attention", "none", first, last, ("1 ×", "16 ×"), (("4 ×", middle),))
     assert said.startswith("- `depth_attention` − `none`: -0.100 nats at 1 ×, -0.250 at 4 × and -0.305 at 16 × "
                            "(seeds 0, 1); change -0.205")
@@ -567,8 +570,8 @@ def test_depth_table_sets_the_learned_weights_beside_uniform_ones(study):
                 "depth/L5/entropy": ent, "depth/L5/from0": w0, "depth/L5/from4": 0.1, "depth/L5/self": 0.5}
     by_seed = {0: [row(10, 0.2, 0.9), row(20, 0.4, 0.5), row(30, 9.0, 9.0)],  # step 30: seed 0 only
                1: [row(10, 0.4, 0.7), row(20, 0.6, 0.3)]}
-    lines = study.study_depth.table(by_seed, tokens_per_step=1000)
+    lines = study_depth.table(by_seed, tokens_per_step=1000)
     assert lines[0].startswith("At the first and last logged step (10,000 and 20,000 training tokens)")
     assert "| 1 | 2 | 0.300 → 0.500 | 0.693 | 0.800 → 0.400 | 0.500 |" in lines
     assert "| 5 | 3 | 0.300 → 0.500 | 1.099 | 0.800 → 0.400 | 0.333 |" in lines
-    assert study.study_depth.table({0: [{"step": 1, "depth/layer0": 0.5}]}, 1000) == []
+    assert study_depth.table({0: [{"step": 1, "depth/layer0": 0.5}]}, 1000) == []

@@ -475,7 +475,8 @@ def _by_seed(m: dict) -> dict[int, dict]:
     return {int(r["seed"]): r for r in m["runs"]}
 
 
-def _curve(run: dict) -> list[tuple[float, float]]:
+def val_curve(run: dict) -> list[tuple[float, float]]:
+    """A run record's periodic validation curve as ``[(tokens, val_loss), ...]`` (floats, in its order)."""
     return [(float(c["tokens"]), float(c["val_loss"])) for c in run["curve"]]
 
 
@@ -502,8 +503,8 @@ def paired_stats(results: dict, baseline: str = BASELINE) -> dict[str, dict]:
         a, b = [mine[s] for s in seeds], [base[s] for s in seeds]
         ttt = []
         for r, v in zip(a, b):
-            target = _curve(v)[-1][1] if v["curve"] else float(v["val_loss"])
-            ttt.append(tokens_to_target(_curve(r), target))
+            target = val_curve(v)[-1][1] if v["curve"] else float(v["val_loss"])
+            ttt.append(tokens_to_target(val_curve(r), target))
         base_time = sum(float(r.get("train_seconds", 0.0)) for r in b)
         out[name] = {
             "seeds": seeds,

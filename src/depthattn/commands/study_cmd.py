@@ -8,6 +8,10 @@ from pathlib import Path
 
 from ..fileio import atomic_write_text
 
+#: The published small-scale study: its study files and the report ``--published`` writes by default.
+PUBLISHED_STUDIES = "studies/small-scale"
+PUBLISHED_OUT = "docs/results.md"
+
 DESCRIPTION = """A study file (TOML; docs/study.md, studies/example.toml) names the data, preset, methods, seeds,
 budgets (multiples of a number of steps) and any grid of --set axes; it expands to parts, one `depthattn compare`
 each (every method with one seed). `run` trains the parts not done (a part interrupted is resumed, finished runs are
@@ -65,10 +69,20 @@ def status_cmd(args: argparse.Namespace) -> int:
 
 
 def report_cmd(args: argparse.Namespace) -> int:
-    """Write the study's tables (markdown) to --out (default OUT/report.md of the study)."""
+    """Write the study's tables (markdown) to --out (default OUT/report.md of the study); with --published, the
+    report of a published study (docs/results.md) from its study files and published parts."""
     from ..layout import REPORT_FILE
     from ..study.report import render
 
+    if (args.file is None) == (args.published is None):
+        raise ValueError("study report: give a study FILE, or --published FOLDER (a published study), not both")
+    if args.published is not None:
+        from ..study.published import aggregate
+
+        out = Path(args.out or PUBLISHED_OUT)
+        aggregate(Path(args.studies), Path(args.published), out)
+        print(f"wrote {out}")
+        return 0
     study = _study(args)
     text = render(study)
     out = Path(args.out) if args.out else study.out / REPORT_FILE
@@ -101,6 +115,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("file", metavar="FILE", help="the study file (TOML)")
     s.set_defaults(func=status_cmd)
     o = sub.add_parser("report", help=report_cmd.__doc__, description=report_cmd.__doc__)
-    o.add_argument("file", metavar="FILE", help="the study file (TOML)")
-    o.add_argument("--out", default=None, help="the markdown file to write (default OUT/report.md)")
+    o.add_argument("file", metavar="FILE", nargs="?", help="the study file (TOML)")
+    o.add_argument("--out", default=None, help=f"the markdown file to write (default OUT/report.md; with --published "
+                   f"{PUBLISHED_OUT})")
+    o.add_argument("--published", default=None, metavar="FOLDER", help="report a published study instead: its parts' "
+                   "files in FOLDER (e.g. results/small-scale) and its study files in --studies")
+    o.add_argument("--studies", default=PUBLISHED_STUDIES, metavar="FOLDER", help="with --published: the study "
+                   f"files, one per group (default {PUBLISHED_STUDIES})")
     o.set_defaults(func=report_cmd)

@@ -52,7 +52,7 @@ def collect(study: Study, parts: list[Part] | None = None) -> dict[str, Cell]:
         if part_status(study, part).state != "done":
             continue
         res = read_json(part.folder / RESULTS_FILE, "compare results")
-        for method in study.methods:
+        for method in part.methods:
             for r in res["methods"][method]["runs"]:
                 if int(r["seed"]) == part.seed:
                     cell.runs.setdefault(method, {})[part.seed] = r

@@ -16,6 +16,12 @@ grid is ``[grid] lr = [...]``)::
     budgets = [1, 4]            # multiples of steps (each a whole number of steps)
     loops = 1                   # compare's --loops
     eval_tokens = 0             # compare's --eval-tokens (0: the whole validation split)
+    per_method = false          # true: one part per method and seed (default: one per seed, every method)
+    cells = [...]               # instead of [grid]: the cells as a list of tables of settings, e.g.
+                                # [{depth_attention_stride = 1}, {depth_attention_window = 2}]
+
+    [method_seeds]              # a method trained on fewer seeds than `seeds` (a subset of them)
+    attnres = [0, 1]
 
     [set]                       # --set KEY=VALUE for every part (ModelConfig or TrainConfig keys)
     precision = "float32"
@@ -26,9 +32,10 @@ grid is ``[grid] lr = [...]``)::
     [slurm]                     # the SLURM launcher's defaults (flags win; ``runner.SLURM_KEYS``)
     partition = "gpu"
 
-A **part** is one ``compare`` of every method with one seed, in ``OUT/PART``; its name is its **cell** (budget and
-grid values, e.g. ``b4-lr0.002``) and ``-s<seed>``. Within a part every method trains with the same seed, so the
-same data order (compare's rule); the report pairs the parts of one cell by seed.
+A **part** is one ``compare`` of every method with one seed (of one method with one seed with ``per_method``), in
+``OUT/PART``; its name is its **cell** (budget and grid values, e.g. ``b4-lr0.002``; the study's name when the study
+has one budget and one cell) and ``-s<seed>`` (and ``-<method>`` with ``per_method``). Within a part every method
+trains with the same seed, so the same data order (compare's rule); the report pairs the parts of one cell by seed.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from typing import Any
 
 #: Top-level keys of a study file.
 TOP_KEYS = frozenset({"name", "out", "data", "preset", "quick", "methods", "reference", "seeds", "steps", "budgets",
-                      "loops", "eval_tokens", "set", "grid", "slurm"})
+                      "loops", "eval_tokens", "set", "grid", "cells", "per_method", "method_seeds", "slurm"})
 #: Settings a study sets with its own keys, so never through [set] or [grid].
 OWN_KEYS = {"seed": "seeds", "steps": "steps and budgets", "tokens": "steps and budgets", "cross_layer": "methods",
             "num_loops": "loops"}
@@ -52,8 +59,9 @@ DEFAULT_ROOT = os.path.join("runs", "study")
 
 @dataclass(frozen=True)
 class Part:
-    """One ``compare`` invocation of a study: every method with ``seed`` at ``budget`` x the base steps and the
-    grid values ``axes`` (``{key: value}``, in the file's order), in ``folder``."""
+    """One ``compare`` invocation of a study: ``methods`` (every method of the study that trains ``seed``; one with
+    ``per_method``) with ``seed`` at ``budget`` x the base steps and the cell's settings ``axes`` (``(key, value)``
+    pairs, in the file's order), in ``folder``."""
 
     name: str
     cell: str
@@ -62,6 +70,7 @@ class Part:
     steps: int
     axes: tuple[tuple[str, Any], ...]
     folder: Path
+    methods: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,9 @@ class Study:
     sets: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     slurm: dict[str, Any] = field(default_factory=dict)
+    cell_list: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    per_method: bool = False
+    method_seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -92,22 +104,39 @@ class Study:
 
         return self.data if self.data is not None else self.out / COMPARE_DATA_DIR
 
-    def parts(self) -> list[Part]:
-        """Every part: budgets, then the grid (the file's order of keys, each key's order of values), then seeds."""
+    def cells(self) -> list[tuple[tuple[str, Any], ...]]:
+        """The settings of each cell of one budget: ``cells`` as listed, else the product of the grid (the file's
+        order of keys, each key's order of values)."""
+        if self.cell_list:
+            return list(self.cell_list)
         keys = list(self.grid)
+        return [tuple(zip(keys, values)) for values in itertools.product(*(self.grid[k] for k in keys))]
+
+    def seed_methods(self, seed: int) -> tuple[str, ...]:
+        """The methods that train ``seed`` (all but those whose ``method_seeds`` leave it out), in the file's order."""
+        return tuple(m for m in self.methods if seed in self.method_seeds.get(m, self.seeds))
+
+    def parts(self) -> list[Part]:
+        """Every part: budgets, then cells (``cells``), then seeds, then (``per_method``) methods. A study of one
+        budget and one cell names its cell after itself; else a cell is ``b<budget>`` and its settings."""
+        cells = self.cells()
+        single = len(self.budgets) == 1 and len(cells) == 1
         out = []
         for budget in self.budgets:
-            for values in itertools.product(*(self.grid[k] for k in keys)):
-                axes = tuple(zip(keys, values))
-                cell = "-".join([f"b{budget:g}"] + [f"{k}{_word(v)}" for k, v in axes])
+            for axes in cells:
+                cell = self.name if single else "-".join([f"b{budget:g}"] + [f"{k}{_word(v)}" for k, v in axes])
                 for seed in self.seeds:
-                    name = f"{cell}-s{seed}"
-                    out.append(Part(name, cell, seed, budget, round(self.steps * budget), axes, self.out / name))
+                    methods = self.seed_methods(seed)
+                    groups = [(f"-{m}", (m,)) for m in methods] if self.per_method else [("", methods)]
+                    for tail, which in groups:
+                        name = f"{cell}-s{seed}{tail}"
+                        out.append(Part(name, cell, seed, budget, round(self.steps * budget), axes, self.out / name,
+                                        which))
         return out
 
     def compare_argv(self, part: Part) -> list[str]:
         """The ``depthattn compare`` arguments of ``part`` (without the program name)."""
-        argv = ["compare", "--methods", ",".join(self.methods), "--seeds", str(part.seed), "--out", str(part.folder),
+        argv = ["compare", "--methods", ",".join(part.methods), "--seeds", str(part.seed), "--out", str(part.folder),
                 "--steps", str(part.steps), "--data", str(self.data_dir), "--no-progress"]
         if self.quick:
             argv.append("--quick")
@@ -205,8 +234,10 @@ def load_study(path: str | os.PathLike) -> Study:
     for key in ("name", "out", "data", "preset"):
         _need(key not in doc or (isinstance(doc[key], str) and doc[key]), path,
               f"`{key} = {doc.get(key)!r}` must be a non-empty string")
+    per_method = doc.get("per_method", False)
+    _need(isinstance(per_method, bool), path, f"`per_method = {per_method!r}` must be true or false")
     tables = {}
-    for key in ("set", "grid", "slurm"):
+    for key in ("set", "grid", "slurm", "method_seeds"):
         tables[key] = doc.get(key, {})
         _need(isinstance(tables[key], dict), path, f"[{key}] must be a table")
     grid = {}
@@ -214,16 +245,40 @@ def load_study(path: str | os.PathLike) -> Study:
         _need(isinstance(values, list) and values, path, f"[grid] `{key} = {values!r}` must be a non-empty list")
         _need(len({set_value(v) for v in values}) == len(values), path, f"[grid] `{key}` lists a value twice")
         grid[key] = tuple(values)
-    both = sorted(set(grid) & set(tables["set"]))
-    _need(not both, path, f"{both} in both [set] and [grid]")
+    cell_list = _cells(doc, path)
+    _need(not (cell_list and grid), path, "`cells` and [grid] both given: list the cells, or give the grid")
+    cell_keys = {k for cell in cell_list for k, _ in cell}
+    both = sorted((set(grid) | cell_keys) & set(tables["set"]))
+    _need(not both, path, f"{both} in both [set] and [grid]/cells")
+    method_seeds = {}
+    for method, values in tables["method_seeds"].items():
+        _need(method in methods, path, f"[method_seeds] `{method}` is not one of methods {list(methods)}")
+        chosen = _int_list(tables["method_seeds"], method, path)
+        _need(set(chosen) <= set(seeds), path, f"[method_seeds] `{method} = {list(chosen)}` names a seed not in "
+              f"seeds {list(seeds)}")
+        method_seeds[method] = chosen
+    lonely = [s for s in seeds if not any(s in method_seeds.get(m, seeds) for m in methods)]
+    _need(not lonely, path, f"seed {lonely[0] if lonely else ''} trains no method ([method_seeds] leave it out)")
     name = doc.get("name", path.stem)
     study = Study(path=path.resolve(), name=name, out=Path(doc.get("out", os.path.join(DEFAULT_ROOT, name))).absolute(),
                   data=Path(doc["data"]).absolute() if "data" in doc else None, preset=doc.get("preset"),
                   quick=quick, methods=methods, reference=reference, seeds=seeds, steps=steps,
                   budgets=tuple(budgets), loops=loops, eval_tokens=eval_tokens, sets=dict(tables["set"]), grid=grid,
-                  slurm=dict(tables["slurm"]))
+                  slurm=dict(tables["slurm"]), cell_list=cell_list, per_method=per_method,
+                  method_seeds=method_seeds)
     _check_settings(study)
     return study
+
+
+def _cells(doc: dict, path: Path) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """The ``cells`` list of a study file as ``((key, value), ...)`` per cell (empty without one)."""
+    value = doc.get("cells", [])
+    _need(isinstance(value, list) and all(isinstance(c, dict) for c in value) and ("cells" not in doc or value),
+          path, f"`cells = {value!r}` must be a non-empty list of tables of settings")
+    cells = tuple(tuple(c.items()) for c in value)
+    words = [tuple((k, set_value(v)) for k, v in c) for c in cells]
+    _need(len(set(words)) == len(words), path, "`cells` lists a cell twice")
+    return cells
 
 
 def _check_settings(study: Study) -> None:
@@ -235,7 +290,7 @@ def _check_settings(study: Study) -> None:
     from ..training.config import split_overrides
 
     path = study.path
-    for key in [*study.sets, *study.grid]:
+    for key in [*study.sets, *study.grid, *(k for cell in study.cell_list for k, _ in cell)]:
         _need(key not in OWN_KEYS, path, f"`{key}` in [set]/[grid]: the study sets it with `{OWN_KEYS.get(key)}`")
     preset = study.preset or QUICK["preset"]
     cells = {p.cell: p for p in study.parts()}

@@ -1,7 +1,7 @@
 """Where each part of a study stands (``depthattn study status``).
 
 A part is **done** when its folder holds the ``results.json`` that ``compare`` writes last, and that file lists
-every method of the study with the part's seed (finished or diverged) at the part's number of steps; **running**
+every method of the part with its seed (finished or diverged) at the part's number of steps; **running**
 while a live process holds the lock of the part's folder or of one of its runs (``RunLock.in_use``); **incomplete**
 when it started (its folder holds runs) but is neither, e.g. a job killed mid-run: ``study run`` resumes it (compare
 resumes each run from its newest checkpoint); **missing** otherwise.
@@ -52,7 +52,7 @@ def run_state(folder: Path) -> str:
 
 
 def results_cover(study: Study, part: Part) -> bool:
-    """Whether the part's ``results.json`` answers the study: every method, the part's seed, the part's steps."""
+    """Whether the part's ``results.json`` answers the study: the part's methods, its seed, its steps."""
     path = part.folder / RESULTS_FILE
     if not path.is_file():
         return False
@@ -60,7 +60,7 @@ def results_cover(study: Study, part: Part) -> bool:
         res = read_json(path, "compare results")
         steps = res["settings"]["train"]["steps"]
         methods = res["methods"]
-        for m in study.methods:
+        for m in part.methods:
             seeds = {int(r["seed"]) for r in methods[m]["runs"] + methods[m].get("diverged", [])}
             if part.seed not in seeds:
                 return False
@@ -71,8 +71,8 @@ def results_cover(study: Study, part: Part) -> bool:
 
 def part_status(study: Study, part: Part) -> PartStatus:
     """The state of ``part`` (module docstring) and of each of its method runs."""
-    runs = {m: run_state(run_dir(study, part, m)) for m in study.methods}
-    folders = [part.folder] + [run_dir(study, part, m) for m in study.methods]
+    runs = {m: run_state(run_dir(study, part, m)) for m in part.methods}
+    folders = [part.folder] + [run_dir(study, part, m) for m in part.methods]
     if any(RunLock.in_use(f) for f in folders):
         state = "running"
     elif results_cover(study, part):

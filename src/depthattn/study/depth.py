@@ -23,13 +23,10 @@ def extract(run_dir: Path) -> list[dict]:
     """The depth-statistics rows of a run's metrics.jsonl: ``[{"step": int, "depth/...": float, ...}]`` in step
     order, only the ``depth/`` keys (gradient norms and the rest are left in the run folder). Empty if the method
     logs none. Read as the trainer reads it (``RunFolder.read_metrics``: a torn last line is dropped with a
-    warning); raises ``SystemExit`` naming the file and line on a bad row elsewhere."""
-    from depthattn.run.folder import RunFolder
+    warning); raises ``ValueError`` naming the file and line on a bad row elsewhere."""
+    from ..run.folder import RunFolder
 
-    try:
-        rows = RunFolder(run_dir).read_metrics()
-    except ValueError as e:
-        raise SystemExit(f"study: {e}") from None
+    rows = RunFolder(run_dir).read_metrics()
     depth = [{"step": int(r["step"]), **{k: v for k, v in r.items() if k.startswith("depth/")}} for r in rows]
     return sorted((r for r in depth if len(r) > 1), key=lambda r: r["step"])
 

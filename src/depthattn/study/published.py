@@ -1,37 +1,108 @@
-"""docs/results.md from the study's published parts (``scripts/study.py aggregate``): per group a table of final
-validation losses and paired differences from ``none`` (``depthattn.stats.paired_difference``: per-seed Δ, t-interval
-over seeds) with the verdicts in words, two budget trends (``study_trend``: the GPU's groups, and their CPU twins
-among themselves; the set with more of its parts published first, ``study_groups.set_order``), Depth-Attention's
-depth statistics over training (``study_depth``), a CPU-vs-GPU cross-check per CPU twin (``study_groups``) and the
-parts' commands. Reads only the published parts (``study_results``: one small committed file each), never the run
-folders. Run through
-``python scripts/study.py aggregate``, which knows the parts and puts scripts/ on the import path.
+"""docs/results.md from the small-scale study's published parts (``depthattn study report --published``).
+
+The study is one study file per group (``studies/small-scale/GROUP.toml``; ``groups.GROUPS``), its results one small
+file per part under the published folder (``partfile``; results/README.md). The report: per group a table of final
+validation losses and paired differences from ``none`` (``stats.paired_difference``: per-seed Δ, t-interval over
+seeds) with the verdicts in words, two budget trends (``trend``: the GPU's groups, and their CPU twins among
+themselves; the set with more of its parts published first, ``groups.set_order``), Depth-Attention's depth
+statistics over training (``depth``), a CPU-vs-GPU cross-check per CPU twin and the parts' commands. It reads the
+study files (which parts there are) and the published parts (what they found), never run folders.
+
+A study file's part is **published** when every run it trains (method, seed and cell settings) is in a published
+file of its group, whatever that file's own name (``loops-a.json`` holds seeds 0 and 1 of ``loops.toml``). Parts,
+planned and published, are listed group by group (``groups.RUN_ORDER``), then seed by seed, cell by cell and method
+by method, a method that trains fewer seeds (``[method_seeds]``) after the others.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from depthattn.compare import BASELINE, _curve
-from depthattn.fileio import atomic_write_text
-from depthattn.stats import paired_difference, tokens_to_target, verdict
+from ..compare import BASELINE, val_curve
+from ..fileio import atomic_write_text
+from ..stats import paired_difference, tokens_to_target, verdict
+from . import depth as study_depth
+from . import partfile as study_results
+from . import trend as study_trend
+from .groups import GROUPS, RUN_ORDER, budget_sets, cpu_twin_group, set_order
+from .spec import Study, load_study
 
-import study_depth
-import study_results
-import study_trend
-from study_groups import GROUPS, budget_sets, cpu_twin_group, set_order
-
-#: Where aggregate draws Depth-Attention's depth statistics over the 16 × runs (beside --out).
+#: Where the report draws Depth-Attention's depth statistics over the 16 × runs (beside its --out).
 DEPTH_FIGURE = Path("img") / "study_mix16_depth_attention.png"
 
 
-def load_published(publish: Path, parts: list) -> list[dict]:
-    """The published parts among ``parts`` (``study.Part``), in their order, each in compare's results.json shape
-    (``study_results.load``)."""
-    files = (study_results.path(publish, part.name) for part in parts)
-    return [study_results.load(file) for file in files if file.is_file()]
+@dataclass(frozen=True)
+class Planned:
+    """A part of a group's study file: its ``name``, ``group`` and the runs it trains (``(method, seed, cell)``,
+    cell an index into ``Study.cells``); ``key`` orders it (module docstring)."""
+
+    name: str
+    group: str
+    runs: tuple[tuple[str, int, int], ...]
+    key: tuple
+
+
+def load_studies(folder: Path) -> dict[str, Study]:
+    """``{group: Study}`` of ``folder/GROUP.toml`` for every group of ``groups.RUN_ORDER``, in that order. Raises
+    ``FileNotFoundError`` naming a missing file and ``ValueError`` for an invalid one."""
+    return {group: load_study(Path(folder) / f"{group}.toml") for group in RUN_ORDER}
+
+
+def run_key(study: Study, group: str, method: str, seed: int, cell: int) -> tuple:
+    """Where a run is listed: group, then a method of fewer seeds after the others, seed, cell, method."""
+    return (RUN_ORDER.index(group), method in study.method_seeds, seed, cell, study.methods.index(method))
+
+
+def plan(studies: dict[str, Study]) -> list[Planned]:
+    """Every part of the study files, in listing order."""
+    out = []
+    for group, study in studies.items():
+        cells = study.cells()
+        for part in study.parts():
+            runs = tuple((m, part.seed, cells.index(part.axes)) for m in part.methods)
+            out.append(Planned(part.name, group, runs, min(run_key(study, group, *r) for r in runs)))
+    return sorted(out, key=lambda p: p.key)
+
+
+def cell_of(study: Study, res: dict) -> int:
+    """The cell of ``study`` whose settings the published part ``res`` ran with (its ``model_overrides`` on the
+    cells' keys). Raises ``ValueError`` when none matches."""
+    keys = {k for cell in study.cells() for k, _ in cell}
+    overrides = res["settings"]["model_overrides"]
+    ran = {k: overrides[k] for k in keys if k in overrides}
+    for i, cell in enumerate(study.cells()):
+        if dict(cell) == ran:
+            return i
+    raise ValueError(f"published part {res['study']['part']}: its settings {ran} are no cell of {study.path}")
+
+
+def published_runs(studies: dict[str, Study], res: dict) -> list[tuple[str, int, int]]:
+    """The ``(method, seed, cell)`` of every run in the published part ``res`` (finished or diverged)."""
+    cell = cell_of(studies[res["study"]["group"]], res)
+    return [(m, int(r["seed"]), cell) for m, mm in res["methods"].items()
+            for r in mm["runs"] + mm.get("diverged", [])]
+
+
+def load_published(publish: Path, studies: dict[str, Study]) -> list[dict]:
+    """Every part published under ``publish`` (``partfile.load``), in listing order. Raises ``ValueError`` for a
+    file that is not a published part or whose group has no study in ``studies``."""
+    found = []
+    for file in sorted(Path(publish).glob("*.json")):
+        res = study_results.load(file)
+        group = res["study"]["group"]
+        if group not in studies:
+            raise ValueError(f"{file}: group {group!r} has no study file (groups {list(studies)})")
+        key = min(run_key(studies[group], group, *r) for r in published_runs(studies, res))
+        found.append((key, res))
+    return [res for _, res in sorted(found, key=lambda x: x[0])]
+
+
+def done_parts(parts: list[Planned], published: list[dict], studies: dict[str, Study]) -> set[str]:
+    """The names of the planned ``parts`` every run of which is published."""
+    have = {(res["study"]["group"], *r) for res in published for r in published_runs(studies, res)}
+    return {p.name for p in parts if all((p.group, *r) in have for r in p.runs)}
 
 
 def collect(published: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
@@ -54,7 +125,7 @@ def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
 
 def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None, ref: str = BASELINE):
     """``(runs, the reference's runs, paired_difference of final val loss)`` over the seeds both have, or None for
-    the reference itself (``ref``, default none, whose runs are ``base``) or no common seed. Raises ``SystemExit``
+    the reference itself (``ref``, default none, whose runs are ``base``) or no common seed. Raises ``ValueError``
     if a pair was trained with other settings (``study_trend.trajectory_settings``, data or tokens)."""
     common = [s for s in sorted(by_seed) if base and s in base]
     if label == ref or not common:
@@ -64,7 +135,7 @@ def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | No
     for x, y in zip(a, b):
         if same(x["train_settings"]) != same(y["train_settings"]) or x["data"] != y["data"] \
                 or x["tokens"] != y["tokens"]:
-            raise SystemExit(f"study: {label} and {ref} were trained with other settings; cannot pair")
+            raise ValueError(f"{label} and {ref} were trained with other settings; cannot pair")
     return a, b, paired_difference([x["val_loss"] for x in a], [y["val_loss"] for y in b])
 
 
@@ -107,7 +178,7 @@ def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) 
         else:
             a, b, d = pair
             ci = "n/a (one seed)" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
-            ttt = [tokens_to_target(_curve(x), _curve(y)[-1][1]) for x, y in zip(a, b)]
+            ttt = [tokens_to_target(val_curve(x), val_curve(y)[-1][1]) for x, y in zip(a, b)]
             reached = [t for t in ttt if t is not None]
             ttt_cell = (f"{sum(reached) / len(reached):,.0f} ({len(reached)}/{len(ttt)} reached)" if reached
                         else "not reached")
@@ -291,8 +362,8 @@ TREND_WHERE = {"on the GPU": " on the GPU (paired among themselves)",
                "on the 2-core CPU": " on the CPU (the CPU twins' runs, paired among themselves)"}
 
 
-def completeness(parts: list, done: set[str]) -> list[str]:
-    """What of the study (``parts``, ``study.Part``) is not yet run, as the report's opening lines: nothing when
+def completeness(parts: list[Planned], done: set[str]) -> list[str]:
+    """What of the study (``parts``, ``plan``'s) is not yet run, as the report's opening lines: nothing when
     all is done; when every missing part belongs to one of ``budget_sets`` and the other set is complete, that
     the budget study is complete on the one device and partial on the other; else the missing parts."""
     missing = [p for p in parts if p.name not in done]
@@ -313,19 +384,22 @@ def completeness(parts: list, done: set[str]) -> list[str]:
             f"({', '.join(p.name for p in missing)}); the tables below cover the finished parts only.", ""]
 
 
-def aggregate(publish: Path, out: Path, parts: list) -> str:
-    """Write docs/results.md (``out``) from the published results of ``parts`` (``study.Part``, in the study's
-    order) under ``publish``; return its text. Raises ``SystemExit`` if runs to be paired were trained with other
-    settings."""
-    published = load_published(publish, parts)
-    done = {res["study"]["part"] for res in published}
+def aggregate(studies_dir: Path, publish: Path, out: Path) -> str:
+    """Write docs/results.md (``out``) from the study files under ``studies_dir`` (``load_studies``) and the parts
+    published under ``publish``; draw its figure beside it (``DEPTH_FIGURE``); return its text. Raises
+    ``FileNotFoundError``/``ValueError`` for a missing or invalid study file or published part, or if runs to be
+    paired were trained with other settings."""
+    studies = load_studies(studies_dir)
+    parts = plan(studies)
+    published = load_published(publish, studies)
+    done = done_parts(parts, published, studies)
     lines = ["# Results: Depth-Attention and its controls at small scale", "",
-             "Generated by `python scripts/study.py aggregate` from the published study parts "
-             f"(`{publish}`); do not edit by hand.", ""]
+             f"Generated by `depthattn study report --published {publish}` from the study files in `{studies_dir}` "
+             "and their published parts; do not edit by hand.", ""]
     if not published:
-        lines += ["**The study has not been run yet.** No numbers are published here until it is. Run it in parts "
-                  "(`python scripts/study.py list`, then `python scripts/study.py run --next` until every part is "
-                  "done; each part resumes where it stopped), then `python scripts/study.py aggregate`.", ""]
+        lines += ["**The study has not been run yet.** No numbers are published here until it is. Run its study "
+                  f"files (`depthattn study run {studies_dir}/GROUP.toml`; each part resumes where it stopped), "
+                  f"publish their parts to `{publish}`, then `depthattn study report --published {publish}`.", ""]
         atomic_write_text(out, "\n".join(lines))
         return "\n".join(lines)
     lines += [code_line(published), ""]
@@ -358,6 +432,3 @@ def aggregate(publish: Path, out: Path, parts: list) -> str:
     atomic_write_text(out, text)
     return text
 
-
-if __name__ == "__main__":
-    sys.exit("study_report: run `python scripts/study.py aggregate` (it knows the study's parts)")

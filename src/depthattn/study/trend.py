@@ -1,7 +1,7 @@
 """The budget-trend section of docs/results.md (issue 28): does a method's gap to ``none`` (and Depth-Attention's gap
 to its uniform-weight control) move from 1 × to 4 × to 16 × the default budget on the public-domain mix?
 
-Input: ``{group: {label: {seed: run}}}`` (``study_report.collect``), groups ``mix1``, ``mix4``, ``mix16`` (or their
+Input: ``{group: {label: {seed: run}}}`` (``published.collect``), groups ``mix1``, ``mix4``, ``mix16`` (or their
 CPU twins ``mix1cpu`` …, a trend of their own: ``section``'s ``budgets``); a run is a
 compare results.json run record (``val_loss``, ``tokens``, ``train_seconds``). Δ is a per-seed paired difference
 of final validation loss (nats; negative: the first method is lower). Across budgets the same seeds are paired
@@ -10,15 +10,15 @@ t-interval. Only when that interval excludes 0 is the gap said to **widen** (the
 **narrow** (the opposite sign), and to **reverse** when moreover the 16 × gap's own interval excludes 0 on the other
 side; otherwise "no change detectable" (inconclusive). "Holds" is never said: that would need an equivalence margin
 this study does not set. Runs paired across budgets must have the same settings but for ``steps`` (else
-``SystemExit``).
+``ValueError``).
 """
 
 from __future__ import annotations
 
 import json
 
-from depthattn.compare import pairable_train_differences
-from depthattn.stats import paired_difference
+from ..compare import pairable_train_differences
+from ..stats import paired_difference
 
 #: The train settings two runs may differ in and still be paired: those that change neither a fresh run's initial
 #: weights nor its arithmetic beyond rounding — what a resumed run may change (``RESUMABLE_KEYS``: compile, saving,
@@ -95,7 +95,7 @@ def trajectory_settings(train: dict) -> dict:
 
 
 def check_pairable(runs: dict[str, dict[str, dict[int, dict]]], groups: list[str]) -> None:
-    """Raise ``SystemExit`` if runs of ``groups`` differ in anything but steps, seed and ``PAIRABLE_DIFFERENCES``
+    """Raise ``ValueError`` if runs of ``groups`` differ in anything but steps, seed and ``PAIRABLE_DIFFERENCES``
     (compile, saving) — train settings, device included, data, preset: their gaps would not be comparable across
     budgets."""
     seen = {}
@@ -106,7 +106,7 @@ def check_pairable(runs: dict[str, dict[str, dict[int, dict]]], groups: list[str
                 key = json.dumps([train, r.get("data"), r.get("preset")], sort_keys=True, default=str)
                 seen.setdefault(key, f"{g} {label} seed {seed}")
     if len(seen) > 1:
-        raise SystemExit(f"study: the budget groups were trained with other settings ({'; '.join(seen.values())}); "
+        raise ValueError(f"the budget groups were trained with other settings ({'; '.join(seen.values())}); "
                          "cannot compare their gaps")
 
 

@@ -1,13 +1,12 @@
-"""The study's published parts: one small JSON file per part, ``PUBLISH/PART.json`` (``scripts/study.py`` writes it
-when a part finishes, ``scripts/study_report.py`` reads it to build docs/results.md; the fields are described in
-results/README.md).
+"""A published study part: one small JSON file per part, ``PUBLISH/PART.json`` (``published`` reads them to build
+docs/results.md; the fields are described in results/README.md).
 
 A part's file is the part's ``depthattn compare`` results.json, with the study's record of it (``study``: part,
 group, label, command, commits, hardware), less what the report does not read and the run folders keep: the
 per-step training loss, throughput and text sample of each run, and the summaries recomputed from the runs
 (``compare.aggregate``'s mean and std, ``compare.paired_stats``, ``compare.conclusions``). Each run keeps its
 final metrics, its validation curve at its evaluation steps and, where its method logs them, its depth statistics
-(``study_depth.extract``), the last two as columns (``{"step": [...], key: [...]}``) so a long run stays small.
+(``depth.extract``), the last two as columns (``{"step": [...], key: [...]}``) so a long run stays small.
 
     compact(results, depth)  -> the part's record          dumps(record) -> its text
     load(path)               -> the record as compare's results.json shape (curves and depth rows as rows)
@@ -46,7 +45,7 @@ def rows(cols: dict[str, list]) -> list[dict]:
 
 def compact(results: dict, depth: dict[str, dict[str, list[dict]]]) -> dict:
     """The part's record from compare's ``results`` (with its ``study`` record) and the depth statistics of its runs
-    (``{method: {str(seed): rows}}``, rows as ``study_depth.extract`` gives them; a run without rows has none)."""
+    (``{method: {str(seed): rows}}``, rows as ``depth.extract`` gives them; a run without rows has none)."""
     methods = {}
     for name, m in results["methods"].items():
         runs = []
@@ -70,15 +69,15 @@ def expand(record: dict) -> dict:
 
 
 def load(file: Path) -> dict:
-    """The part published in ``file``, expanded (``expand``). Raises ``SystemExit`` naming the file if it is not
+    """The part published in ``file``, expanded (``expand``). Raises ``ValueError`` naming the file if it is not
     JSON or not of ``FORMAT``."""
     try:
         record = json.loads(Path(file).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"study: cannot read the published part {file}: {e}") from None
+        raise ValueError(f"cannot read the published part {file}: {e}") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         got = record.get("format") if isinstance(record, dict) else type(record).__name__
-        raise SystemExit(f"study: {file} is not a published study part (format {got!r}, expected {FORMAT!r})")
+        raise ValueError(f"{file} is not a published study part (format {got!r}, expected {FORMAT!r})")
     return expand(record)
 
 

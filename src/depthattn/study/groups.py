@@ -1,5 +1,5 @@
-"""The study's groups, one record each (``scripts/study.py`` trains their parts, ``scripts/study_report.py`` reports
-them): where a group's runs train, whose ``none`` they are paired with, its section title, and, for a CPU twin,
+"""The small-scale study's groups, one record each (``studies/small-scale/GROUP.toml`` defines a group's parts,
+``published`` reports them): where a group's runs train, whose ``none`` they are paired with, its section title, and, for a CPU twin,
 the group whose runs it repeats on the CPU. ``GROUPS`` is in the report's order.
 """
 
@@ -14,7 +14,7 @@ class Group:
     #: The section title in docs/results.md.
     title: str
     #: The device setting (``TrainConfig.device``) its published runs trained with: "cuda" (on a GPU) or "auto" (on
-    #: a machine without CUDA, so the CPU). Pairing compares the setting itself (``study_trend.PAIRABLE_DIFFERENCES``
+    #: a machine without CUDA, so the CPU). Pairing compares the setting itself (``trend.PAIRABLE_DIFFERENCES``
     #: leaves device out: a fresh run draws its initial weights on its device), so a part trains with its group's.
     device: str
     #: The group whose ``none`` runs are this group's baseline ("" = its own).
@@ -49,6 +49,11 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
 )}
 
 
+#: The groups in the order their parts are listed (the order they were trained in): the embedded corpus's, then the
+#: budget study on the GPU, 16 x first, then its CPU twins in the same order.
+RUN_ORDER = ("main", "loops", "ablation", "long", "mix16", "mix1", "mix4", "mix16cpu", "mix1cpu", "mix4cpu")
+
+
 def cpu_twin_group(name: str) -> str | None:
     """The group that repeats group ``name``'s runs on the CPU, or None."""
     return next((g.name for g in GROUPS.values() if g.twin_of == name), None)
@@ -63,7 +68,7 @@ def budget_sets() -> dict[str, tuple[str, ...]]:
 
 
 def set_order(parts: list, done: set[str]) -> list[str]:
-    """The keys of ``budget_sets``, the set with the smaller share of its ``parts`` (``study.Part``) not in
+    """The keys of ``budget_sets``, the set with the smaller share of its ``parts`` (``published.Planned``) not in
     ``done`` first (the GPU's on a tie): the report leads with the more complete set."""
     def missing_share(groups: tuple[str, ...]) -> float:
         mine = [p for p in parts if p.group in groups]
