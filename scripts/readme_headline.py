@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,14 +154,19 @@ def headline(results: dict, commit: str, torch_version: str, cpu: str) -> str:
                f"rewritten.")
     return "\n".join([
         START, "## Result of the default run", "",
-        f"**{verdict}** {numbers} {limits}", "",
+        _wrap(f"**{verdict}** {numbers} {limits}"), "",
         *table, "",
         "![validation loss of the default run, its difference from none, and training loss]"
         "(docs/img/compare_default.png)", "",
-        machine, "",
+        _wrap(machine), "",
         "Every study (three seeds, all seven methods, four and sixteen times the budget, another corpus) is in "
         "[docs/results.md](docs/results.md).",
         END])
+
+
+def _wrap(text: str) -> str:
+    """A paragraph wrapped at the repository's line length (no word or hyphenated name broken)."""
+    return textwrap.fill(text, width=118, break_long_words=False, break_on_hyphens=False)
 
 
 def write_readme(section: str) -> None:
