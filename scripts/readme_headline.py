@@ -10,7 +10,8 @@ Writes:
   (``depthattn.compare.conclusions``), a five-row table, the commit, torch version and CPU;
 - docs/img/compare_default.png: the run's ``loss_curves.png``;
 - tests/golden/compare_default_losses.json: the first ``DEFAULT_STEPS`` training losses of each method, read from the
-  run's ``metrics.jsonl`` (``tests/compare/test_golden_losses.py`` retrains those steps and compares);
+  run's ``metrics.jsonl`` once this code has retrained them to the same values (a folder trained by other code is
+  refused); ``tests/compare/test_golden_losses.py`` retrains those steps and compares;
 - tests/golden/tiny/METHOD.json for every registered method: the first ``TINY_STEPS`` losses of
   ``depthattn compare --quick --methods METHOD`` (the tiny preset).
 
@@ -44,6 +45,9 @@ DEFAULT_STEPS = 3
 #: Logged steps of each method's tiny run (`compare --quick`: 4 x 64 tokens a step).
 TINY_STEPS = 8
 REGENERATE = "python scripts/readme_headline.py"
+#: Relative tolerance per logged loss, here and in the golden test: CPU float32 training is deterministic run to run;
+#: the slack covers another thread count's summation order over a few steps, far below what a numerics change moves.
+REL_TOL = 1e-4
 
 
 # ----------------------------------------------------------------------------- training the first steps
@@ -183,23 +187,34 @@ def write_json(path: Path, doc: dict) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
-def write_default_golden(folder: Path, commit: str, torch_version: str, cpu: str) -> None:
-    """tests/golden/compare_default_losses.json from the run folder's metrics.jsonl."""
+def logged_losses(folder: Path) -> dict[str, list[float]]:
+    """Per method, the first ``DEFAULT_STEPS`` training losses seed 0 logged in a compare folder's metrics.jsonl."""
     from depthattn.compare import run_name
     from depthattn.run.folder import RunFolder
 
-    losses = {}
-    for method in run_record_methods(folder):
-        rows = RunFolder(folder / "runs" / run_name(method, 1, 0)).read_metrics()
-        losses[method] = [r["loss"] for r in rows if "loss" in r][:DEFAULT_STEPS]
+    methods = json.loads((folder / "results.json").read_text(encoding="utf-8"))["settings"]["methods"]
+    return {m: [r["loss"] for r in RunFolder(folder / "runs" / run_name(m, 1, 0)).read_metrics() if "loss" in r]
+            [:DEFAULT_STEPS] for m in methods}
+
+
+def check_same_code(folder: Path, logged: dict[str, list[float]], work: Path) -> None:
+    """``SystemExit`` (one line) unless this code retrains the run's first steps to the losses it logged: a folder
+    trained by other code would put numbers in the README that the golden test cannot tie to this code."""
+    again = first_losses(work, DEFAULT_STEPS, "--data", str(folder / "data"))
+    moved = [m for m in logged if len(again.get(m, [])) != len(logged[m])
+             or any(abs(a - b) > REL_TOL * abs(b) for a, b in zip(again[m], logged[m]))]
+    if moved:
+        raise SystemExit(f"{folder}: this code trains the first {DEFAULT_STEPS} steps of {', '.join(moved)} to other "
+                         f"losses than the run logged (it was trained by other code); rerun `depthattn compare` "
+                         f"into a new folder, or run this script without a folder")
+
+
+def write_default_golden(losses: dict[str, list[float]], commit: str, torch_version: str, cpu: str) -> None:
+    """tests/golden/compare_default_losses.json: the default run's first ``DEFAULT_STEPS`` losses per method."""
     write_json(DEFAULT_GOLDEN, {
         "what": f"the first {DEFAULT_STEPS} training losses of each method of `depthattn compare` (defaults), "
                 f"the run README.md reports", "regenerate": REGENERATE, "commit": commit, "torch": torch_version,
         "cpu": cpu, "steps": DEFAULT_STEPS, "losses": losses})
-
-
-def run_record_methods(folder: Path) -> list[str]:
-    return list(json.loads((folder / "results.json").read_text(encoding="utf-8"))["settings"]["methods"])
 
 
 def write_tiny_golden(data_dir: Path, work: Path, commit: str, torch_version: str, cpu: str) -> None:
@@ -244,12 +259,14 @@ def main(argv: list[str] | None = None) -> int:
             folder = ROOT / "runs" / "compare"
             subprocess.run([sys.executable, "-m", "depthattn.cli", "compare", "--out", str(folder)], check=True)
         results = check_default_run(folder)
+        logged = logged_losses(folder)
+        check_same_code(folder, logged, work / "again")
         record = run_record(folder, results["settings"]["methods"][0])
         commit, torch_version = record.get("git_revision") or "unknown", record["versions"]["torch"]
         write_readme(headline(results, commit, torch_version, cpu))
         FIGURE.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(folder / "loss_curves.png", FIGURE)
-        write_default_golden(folder, commit, torch_version, cpu)
+        write_default_golden(logged, commit, torch_version, cpu)
         print(f"wrote {README.relative_to(ROOT)}, {FIGURE.relative_to(ROOT)}, {DEFAULT_GOLDEN.relative_to(ROOT)}")
         write_tiny_golden(folder / "data", work, current_commit(), torch.__version__, cpu)
     return 0

@@ -15,9 +15,6 @@ import pytest
 from depthattn.cross_layer import names
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Relative tolerance per logged loss: CPU float32 training is deterministic run to run; the slack covers another
-#: thread count's summation order over a few steps, and is far below what any change to the numerics moves.
-REL_TOL = 1e-4
 
 
 def _load_script():
@@ -40,7 +37,7 @@ def _mismatches(got: list[float], want: list[float]) -> list[str]:
     if len(got) != len(want):
         return [f"{len(got)} losses logged, {len(want)} pinned"]
     return [f"step {i + 1}: {g!r} (pinned {w!r}, relative difference {abs(g - w) / abs(w):.2e})"
-            for i, (g, w) in enumerate(zip(got, want)) if not math.isclose(g, w, rel_tol=REL_TOL)]
+            for i, (g, w) in enumerate(zip(got, want)) if not math.isclose(g, w, rel_tol=headline.REL_TOL)]
 
 
 def _golden(path: Path) -> dict:
