@@ -152,7 +152,8 @@ def headline(results: dict, commit: str, torch_version: str, cpu: str) -> str:
               for label, key, fmt in rows]
     minutes, seconds = divmod(round(results["wall_seconds"]), 60)
     machine = (f"`depthattn compare` with no arguments: commit {commit[:7]}, torch {torch_version}, CPU {cpu}, "
-               f"{minutes} min {seconds:02d} s in all (preparing the corpus, training, evaluating, sampling). "
+               f"{minutes} min {seconds:02d} s in all (preparing the corpus, training, evaluating, sampling; wall time, so it "
+               f"grows with whatever else the machine ran). "
                f"`{REGENERATE}` reruns it and rewrites this section, the figure and "
                f"`tests/golden/`; a test fails when the code changes this run's first losses and they were not "
                f"rewritten.")
