@@ -164,8 +164,8 @@ def headline(results: dict, commit: str, torch_version: str, cpu: str) -> str:
         "![validation loss of the default run, its difference from none, and training loss]"
         "(docs/img/compare_default.png)", "",
         _wrap(machine), "",
-        "Every study (three seeds, all seven methods, four and sixteen times the budget, another corpus) is in "
-        "[docs/results.md](docs/results.md).",
+        _wrap("Every study (three seeds, all seven methods, four and sixteen times the budget, another corpus) is in "
+              "[docs/results.md](docs/results.md)."),
         END])
 
 
