@@ -31,6 +31,9 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from depthattn.commands.compare_cmd import DEFAULT_OUT
+from depthattn.layout import COMPARE_DATA_DIR, COMPARE_RUNS_DIR, PLOT_FILE, RESULTS_FILE, RUN_FILE
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 FIGURE = ROOT / "docs" / "img" / "compare_default.png"
@@ -71,7 +74,7 @@ def first_losses(out: Path, steps: int, *flags: str) -> dict[str, list[float]]:
     seed = settings.seeds[0]
     losses = {}
     for method, cfg in method_configs(settings, data_dir).items():
-        run_dir = out / "runs" / run_name(method, settings.loops, seed)
+        run_dir = out / COMPARE_RUNS_DIR / run_name(method, settings.loops, seed)
         train(run_dir, cfg, settings.train.replace(seed=seed), data_dir, stop_after=steps, progress=False,
               log=lambda _line: None)
         losses[method] = [r["loss"] for r in RunFolder(run_dir).read_metrics() if "loss" in r][:steps]
@@ -107,12 +110,12 @@ def check_default_run(folder: Path) -> dict:
     line otherwise)."""
     from depthattn.commands.compare_cmd import compare_settings
 
-    results_file = folder / "results.json"
+    results_file = folder / RESULTS_FILE
     if not results_file.is_file():
         raise SystemExit(f"{folder}: no results.json; give the folder of a finished `depthattn compare` run")
     results = json.loads(results_file.read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory() as tmp:  # the default settings, without preparing any data
-        _, settings, _ = compare_settings(compare_args(Path(tmp), "--data", str(folder / "data")))
+        _, settings, _ = compare_settings(compare_args(Path(tmp), "--data", str(folder / COMPARE_DATA_DIR)))
     want = {"methods": settings.methods, "seeds": settings.seeds, "loops": settings.loops, "preset": settings.preset,
             "model_overrides": settings.model_overrides,
             "train": settings.train.replace(steps=settings.train.total_steps()).to_dict(),
@@ -129,7 +132,7 @@ def run_record(folder: Path, method: str) -> dict:
     """The run.json of ``method``'s seed-0 run in a compare folder."""
     from depthattn.compare import run_name
 
-    return json.loads((folder / "runs" / run_name(method, 1, 0) / "run.json").read_text(encoding="utf-8"))
+    return json.loads((folder / COMPARE_RUNS_DIR / run_name(method, 1, 0) / RUN_FILE).read_text(encoding="utf-8"))
 
 
 def headline(results: dict, commit: str, torch_version: str, cpu: str) -> str:
@@ -193,15 +196,15 @@ def logged_losses(folder: Path) -> dict[str, list[float]]:
     from depthattn.compare import run_name
     from depthattn.run.folder import RunFolder
 
-    methods = json.loads((folder / "results.json").read_text(encoding="utf-8"))["settings"]["methods"]
-    return {m: [r["loss"] for r in RunFolder(folder / "runs" / run_name(m, 1, 0)).read_metrics() if "loss" in r]
+    methods = json.loads((folder / RESULTS_FILE).read_text(encoding="utf-8"))["settings"]["methods"]
+    return {m: [r["loss"] for r in RunFolder(folder / COMPARE_RUNS_DIR / run_name(m, 1, 0)).read_metrics() if "loss" in r]
             [:DEFAULT_STEPS] for m in methods}
 
 
 def check_same_code(folder: Path, logged: dict[str, list[float]], work: Path) -> None:
     """``SystemExit`` (one line) unless this code retrains the run's first steps to the losses it logged: a folder
     trained by other code would put numbers in the README that the golden test cannot tie to this code."""
-    again = first_losses(work, DEFAULT_STEPS, "--data", str(folder / "data"))
+    again = first_losses(work, DEFAULT_STEPS, "--data", str(folder / COMPARE_DATA_DIR))
     moved = [m for m in logged if len(again.get(m, [])) != len(logged[m])
              or any(abs(a - b) > REL_TOL * abs(b) for a, b in zip(again[m], logged[m]))]
     if moved:
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         folder = args.folder
         if folder is None:
-            folder = ROOT / "runs" / "compare"
+            folder = ROOT / DEFAULT_OUT
             subprocess.run([sys.executable, "-m", "depthattn.cli", "compare", "--out", str(folder)], check=True)
         results = check_default_run(folder)
         logged = logged_losses(folder)
@@ -266,10 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         commit, torch_version = record.get("git_revision") or "unknown", record["versions"]["torch"]
         write_readme(headline(results, commit, torch_version, cpu))
         FIGURE.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(folder / "loss_curves.png", FIGURE)
+        shutil.copyfile(folder / PLOT_FILE, FIGURE)
         write_default_golden(logged, commit, torch_version, cpu)
         print(f"wrote {README.relative_to(ROOT)}, {FIGURE.relative_to(ROOT)}, {DEFAULT_GOLDEN.relative_to(ROOT)}")
-        write_tiny_golden(folder / "data", work, current_commit(), torch.__version__, cpu)
+        write_tiny_golden(folder / COMPARE_DATA_DIR, work, current_commit(), torch.__version__, cpu)
     return 0
 
 
