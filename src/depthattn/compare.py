@@ -377,20 +377,28 @@ def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str
         return _run_compare(out, settings, data_dir, progress, log)
 
 
-def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike, progress: bool,
-                 log: Callable[[str], None]) -> dict[str, Any]:
+def method_configs(settings: CompareSettings, data_dir: str | os.PathLike) -> dict[str, ModelConfig]:
+    """The model config each of ``settings.methods`` trains with on the prepared folder ``data_dir`` (its vocabulary
+    and tokenizer); ``ValueError`` naming the field for a setting the preset refuses."""
     from .data import load_prepared
 
-    out, data_dir = Path(out), Path(data_dir)
-    t_start = time.perf_counter()
-    data = load_prepared(data_dir)
-    settings.train.total_steps()
+    data_dir = Path(data_dir)
+    vocab_size = load_prepared(data_dir).vocab_size
     cfgs = {}
-    for m in settings.methods:  # validate every config before training anything
+    for m in settings.methods:
         overrides = {**settings.model_overrides, "cross_layer": m}
         if settings.loops != 1:
             overrides["num_loops"] = settings.loops
-        cfgs[m] = resolve_model_config(settings.preset, overrides, data.vocab_size, str(data_dir / TOKENIZER_FILE))
+        cfgs[m] = resolve_model_config(settings.preset, overrides, vocab_size, str(data_dir / TOKENIZER_FILE))
+    return cfgs
+
+
+def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike, progress: bool,
+                 log: Callable[[str], None]) -> dict[str, Any]:
+    out, data_dir = Path(out), Path(data_dir)
+    t_start = time.perf_counter()
+    settings.train.total_steps()
+    cfgs = method_configs(settings, data_dir)  # every config validated before training anything
     runs: dict[str, list[dict]] = {m: [] for m in settings.methods}
     diverged: dict[str, list[dict]] = {m: [] for m in settings.methods}
     invocation: dict[str, Any] = {"started_utc": _utc_now(), "runs": {}}

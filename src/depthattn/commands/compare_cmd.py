@@ -44,9 +44,11 @@ def apply_quick(args: argparse.Namespace) -> None:
         args.eval_tokens = QUICK["eval_tokens"]
 
 
-def run_compare_cmd(args: argparse.Namespace) -> int:
-    """Train every --methods model on the same data, seed and budget, evaluate them, and write OUT/report.md,
-    OUT/results.json and OUT/loss_curves.png (per-run folders under OUT/runs/). Finished runs are reused."""
+def compare_settings(args: argparse.Namespace) -> tuple[Path, CompareSettings, Path]:
+    """(output folder, settings, prepared data folder) of a parsed ``compare`` command line: every flag checked before
+    any training (``ValueError`` naming the flag), the embedded corpus prepared into OUT/data when no --data is given.
+    The one place that turns the flags into the run ``run_compare`` trains (``scripts/readme_headline.py`` and the
+    golden-loss test train the default run's first steps from it)."""
     methods = parse_methods(args.methods)
     seeds = parse_seeds(args.seeds)
     tasks = check_task_options(args.tasks, args.limit, "--eval-tokens")  # before any training
@@ -78,6 +80,13 @@ def run_compare_cmd(args: argparse.Namespace) -> int:
         train=train_cfg, eval_tokens=None if args.eval_tokens == 0 else args.eval_tokens,
         tasks=tasks or None, limit=args.limit,
         harness=args.harness)
+    return out, settings, data_dir
+
+
+def run_compare_cmd(args: argparse.Namespace) -> int:
+    """Train every --methods model on the same data, seed and budget, evaluate them, and write OUT/report.md,
+    OUT/results.json and OUT/loss_curves.png (per-run folders under OUT/runs/). Finished runs are reused."""
+    out, settings, data_dir = compare_settings(args)
     results = run_compare(out, settings, data_dir, progress=not args.no_progress)
     print()
     print("\n".join(results["conclusion"]))
