@@ -31,22 +31,22 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .accounting import kv_cache_bytes_per_token, num_flops, num_params
-from .compat import Side, data_differs, tokenizer_differs
-from .config import ModelConfig
-from .cross_layer import names as method_names
-from .fileio import atomic_path, atomic_write_text, read_json
-from .layout import (COMPARE_DATA_DIR, COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, PREPARED_META_FILE, REPORT_FILE,
+from ..accounting import kv_cache_bytes_per_token, num_flops, num_params
+from ..compat import Side, data_differs, tokenizer_differs
+from ..config import ModelConfig
+from ..cross_layer import names as method_names
+from ..fileio import atomic_path, atomic_write_text, read_json
+from ..layout import (COMPARE_DATA_DIR, COMPARE_RUNS_DIR, EVAL_CACHE_FILE, PLOT_FILE, PREPARED_META_FILE, REPORT_FILE,
                      RESULTS_FILE, TOKENIZER_FILE, ZERO_SHOT_DIR)
-from .outputs import COMPARE_FOLDER, check_new_output
-from .progress import write_line
-from .run.folder import RunFolder
-from .run.lock import RunLock
-from .run.record import recorded_precision
-from .stats import binomial_se, paired_difference, tokens_to_target, verdict
-from .training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
-from .training.config import RESUMABLE_KEYS
-from .training.resume import plan_run
+from ..outputs import COMPARE_FOLDER, check_new_output
+from ..progress import write_line
+from ..run.folder import RunFolder
+from ..run.lock import RunLock
+from ..run.record import recorded_precision
+from ..stats import binomial_se, paired_difference, tokens_to_target, verdict
+from ..training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
+from ..training.config import RESUMABLE_KEYS
+from ..training.resume import plan_run
 
 #: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
 SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
@@ -83,7 +83,7 @@ QUICK = dict(preset="tiny", out=os.path.join("runs", "compare-quick"), eval_toke
 def prepare_default_data(out: Path, progress: bool) -> Path:
     """``OUT/data``: the embedded corpus, prepared (default settings) if it has no meta.json yet (``compare``
     without --data; every part of a study without ``data``)."""
-    from .data import load_prepared, prepare_corpus
+    from ..data import load_prepared, prepare_corpus
 
     folder = out / COMPARE_DATA_DIR
     if not (folder / PREPARED_META_FILE).is_file():
@@ -242,12 +242,12 @@ def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, t
     evaluated in float32 and a CPU run evaluated where CUDA is present is not put in bf16; cached in RUN/eval.json,
     ``_reusable_eval``), a sample from ``SAMPLE_PROMPT`` (seeded), and zero-shot results when ``tasks``. ``data_dir``:
     where the run's data is now (default: the folder its run.json records)."""
-    from .data import load_prepared
-    from .eval.inference import load_for_inference
-    from .eval.perplexity import evaluate_perplexity
-    from .eval.zero_shot import run_zero_shot
-    from .generate import generate_text
-    from .devices import autocast_dtype
+    from ..data import load_prepared
+    from ..eval.inference import load_for_inference
+    from ..eval.perplexity import evaluate_perplexity
+    from ..eval.zero_shot import run_zero_shot
+    from ..generate import generate_text
+    from ..devices import autocast_dtype
 
     files = RunFolder(run_dir)
     run = files.read_run()
@@ -329,7 +329,7 @@ def task_curve(rows: list[dict]) -> list[dict]:
 def _chance(items: list[dict]) -> float:
     """Chance accuracy of a task from its per-item predictions: the mean of 1 / (number of choices); 0 for tasks
     scored by exact match (LAMBADA: no choices)."""
-    from .eval.zero_shot import chance_accuracy
+    from ..eval.zero_shot import chance_accuracy
 
     return chance_accuracy(items)
 
@@ -380,7 +380,7 @@ def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str
 def method_configs(settings: CompareSettings, data_dir: str | os.PathLike) -> dict[str, ModelConfig]:
     """The model config each of ``settings.methods`` trains with on the prepared folder ``data_dir`` (its vocabulary
     and tokenizer); ``ValueError`` naming the field for a setting the preset refuses."""
-    from .data import load_prepared
+    from ..data import load_prepared
 
     data_dir = Path(data_dir)
     vocab_size = load_prepared(data_dir).vocab_size
