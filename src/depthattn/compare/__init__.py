@@ -47,22 +47,7 @@ from ..stats import binomial_se, paired_difference, tokens_to_target, verdict
 from ..training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
 from ..training.config import RESUMABLE_KEYS
 from ..training.resume import plan_run
-
-#: The fixed prompt of every report's sample (the opening of Pride and Prejudice, in the embedded corpus).
-SAMPLE_PROMPT = "It is a truth universally acknowledged, that"
-SAMPLE_TOKENS = 48
-
-#: Numbers of a run that the report tabulates: (key, column title, format). ``{seq_len}`` in a title is the training
-#: length, at which the FLOPs column counts sequence attention.
-COLUMNS = (
-    ("params", "parameters", "{:,.0f}"),
-    ("tokens", "tokens seen", "{:,.0f}"),
-    ("val_loss", "val loss", "{:.4f}"),
-    ("perplexity", "perplexity", "{:.3f}"),
-    ("bits_per_byte", "bits/byte", "{:.4f}"),
-    ("kv_bytes_per_token", "KV bytes/token (bf16)", "{:,.0f}"),
-    ("flops_per_token", "fwd FLOPs/token incl. attn (T={seq_len})", "{:.4g}"),
-)
+from .records import BASELINE, COLUMNS, SAMPLE_PROMPT, SAMPLE_TOKENS, by_seed, val_curve
 
 
 #: The default budget: ``small`` preset at seq_len 128, batch 8 → 1,024 tokens per step, 400 steps (410k tokens) per
@@ -476,16 +461,6 @@ def aggregate(runs: list[dict]) -> dict[str, dict[str, float]]:
 
 
 # ----------------------------------------------------------------------------- paired statistics vs none
-BASELINE = "none"
-
-
-def _by_seed(m: dict) -> dict[int, dict]:
-    return {int(r["seed"]): r for r in m["runs"]}
-
-
-def val_curve(run: dict) -> list[tuple[float, float]]:
-    """A run record's periodic validation curve as ``[(tokens, val_loss), ...]`` (floats, in its order)."""
-    return [(float(c["tokens"]), float(c["val_loss"])) for c in run["curve"]]
 
 
 def paired_stats(results: dict, baseline: str = BASELINE) -> dict[str, dict]:
@@ -499,12 +474,12 @@ def paired_stats(results: dict, baseline: str = BASELINE) -> dict[str, dict]:
     methods = results["methods"]
     if baseline not in methods:
         return {}
-    base = _by_seed(methods[baseline])
+    base = by_seed(methods[baseline])
     out = {}
     for name, m in methods.items():
         if name == baseline:
             continue
-        mine = _by_seed(m)
+        mine = by_seed(m)
         seeds = [s for s in mine if s in base]
         if not seeds:
             continue
@@ -524,7 +499,6 @@ def paired_stats(results: dict, baseline: str = BASELINE) -> dict[str, dict]:
                                  if base_time > 0 else None),
         }
     return out
-
 
 
 # ------------------------------------------------------------------------------- two runs compared side by side
@@ -896,7 +870,7 @@ def plot_curves(results: dict, path: Path):
     if in_loop:
         _plot_task_curves(axes[3], results, colours)
     base = results["methods"].get(BASELINE)
-    base_by_seed = _by_seed(base) if base else {}
+    base_by_seed = by_seed(base) if base else {}
     finished: list[float] = []  # the finished runs' losses: the y-range a diverged curve may leave
     finished_train: list[float] = []
     for name, m in results["methods"].items():
