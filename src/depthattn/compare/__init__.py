@@ -26,12 +26,11 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
 from ..accounting import kv_cache_bytes_per_token, num_flops, num_params
-from ..compat import Side, data_differs, tokenizer_differs
 from ..config import ModelConfig
 from ..cross_layer import names as method_names
 from ..fileio import atomic_write_text, read_json
@@ -42,10 +41,11 @@ from ..progress import write_line
 from ..run.folder import RunFolder
 from ..run.lock import RunLock
 from ..run.record import recorded_precision
-from ..stats import binomial_se, paired_difference, tokens_to_target, verdict
+from ..stats import binomial_se
 from ..training import DivergenceError, NonFiniteError, TrainConfig, resolve_model_config, train
-from ..training.config import RESUMABLE_KEYS
 from ..training.resume import plan_run
+from .conclusions import conclusions
+from .paired import aggregate, paired_stats, pairable_train_differences, run_differences
 from .plot import method_colours, plot_curves
 from .records import BASELINE, COLUMNS, SAMPLE_PROMPT, SAMPLE_TOKENS, by_seed, val_curve
 
@@ -211,13 +211,6 @@ def diverged_run(run_dir: Path, model_cfg: ModelConfig, seed: int) -> dict[str, 
             "curve": [{"step": r["step"], "tokens": r["tokens"], "val_loss": r["val_loss"]} for r in rows
                       if r.get("val_loss") is not None],
             "train_curve": [{"tokens": r["tokens"], "loss": r["loss"]} for r in rows if r.get("loss") is not None]}
-
-
-def _why(d: dict) -> str:
-    """Why a diverged run stopped, in words."""
-    if d.get("reason") == "val_loss" and d.get("val_loss") is not None:
-        return f"validation loss {d['val_loss']:.4f}, more than 1 nat above ln V = {d['ln_vocab']:.4f}"
-    return "a non-finite loss, gradient norm or weight"
 
 
 def evaluate_run(run_dir: Path, eval_tokens: int | None, eval_batch_size: int, tasks: list[str], limit: int | None,
@@ -441,134 +434,8 @@ def _previous_history(path: Path) -> list[dict]:
     return []
 
 
-def aggregate(runs: list[dict]) -> dict[str, dict[str, float]]:
-    """``{"mean": {key: x}, "std": {key: s}}`` over seeds for every tabulated number (std 0 for one seed; empty
-    without runs: every seed diverged)."""
-    if not runs:
-        return {"mean": {}, "std": {}}
-    keys = [k for k, _, _ in COLUMNS] + ["train_tokens_per_s", "flops_extra_ratio"]
-    accs = sorted({t for r in runs for t in r.get("task_accuracy", {})})
-    mean, std = {}, {}
-    for k in keys:
-        xs = [float(r[k]) for r in runs]
-        mean[k] = statistics.fmean(xs)
-        std[k] = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    for t in accs:
-        xs = [r["task_accuracy"][t] for r in runs if t in r.get("task_accuracy", {})]
-        mean[f"acc:{t}"] = statistics.fmean(xs)
-        std[f"acc:{t}"] = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return {"mean": mean, "std": std}
 
 
-# ----------------------------------------------------------------------------- paired statistics vs none
-
-
-def paired_stats(results: dict, baseline: str = BASELINE) -> dict[str, dict]:
-    """For every method other than ``baseline`` (default ``none``), paired over the seeds both ran: the differences
-    in final validation loss and bits per byte (``stats.paired_difference``), tokens-to-target per seed (the tokens
-    at which the method's periodic validation curve first reaches the baseline's last periodic validation loss of
-    the same seed, interpolated; None = not reached) and the training-time ratio (Σ optimizer-step seconds over
-    seeds, method / baseline). ``{}`` without a baseline run. ``results``: ``{"methods": {name: {"runs": [run
-    record, ...]}}}`` as ``results.json`` holds it (a run record needs ``seed``, ``val_loss``, ``bits_per_byte``,
-    ``tokens``, ``curve``; ``train_seconds`` optional)."""
-    methods = results["methods"]
-    if baseline not in methods:
-        return {}
-    base = by_seed(methods[baseline])
-    out = {}
-    for name, m in methods.items():
-        if name == baseline:
-            continue
-        mine = by_seed(m)
-        seeds = [s for s in mine if s in base]
-        if not seeds:
-            continue
-        a, b = [mine[s] for s in seeds], [base[s] for s in seeds]
-        ttt = []
-        for r, v in zip(a, b):
-            target = val_curve(v)[-1][1] if v["curve"] else float(v["val_loss"])
-            ttt.append(tokens_to_target(val_curve(r), target))
-        base_time = sum(float(r.get("train_seconds", 0.0)) for r in b)
-        out[name] = {
-            "seeds": seeds,
-            "val_loss": paired_difference([r["val_loss"] for r in a], [r["val_loss"] for r in b]),
-            "bits_per_byte": paired_difference([r["bits_per_byte"] for r in a], [r["bits_per_byte"] for r in b]),
-            "tokens_to_target": ttt,
-            "base_tokens": [float(r["tokens"]) for r in b],
-            "train_time_ratio": (sum(float(r.get("train_seconds", 0.0)) for r in a) / base_time
-                                 if base_time > 0 else None),
-        }
-    return out
-
-
-# ------------------------------------------------------------------------------- two runs compared side by side
-def pairable_train_differences() -> frozenset[str]:
-    """Train settings two runs may differ in and still be paired in a comparison (``compare``, ``study``): those a
-    resumed run may change (``training.config.RESUMABLE_KEYS``: compile, saving, logging) but ``device``, which
-    decides a fresh run's initial weights (drawn on the device by its own generator: a CPU and a CUDA run of one
-    seed start from other weights) and, under precision ``auto``, the arithmetic (float32 on CPU, bf16 autocast on
-    CUDA); and ``seed``, the pairing key itself."""
-    return frozenset(RESUMABLE_KEYS - {"device"}) | {"seed"}
-
-
-def run_differences(a: Mapping[str, Any], b: Mapping[str, Any], allowed: frozenset[str] | set[str] = frozenset()
-                    ) -> list[str]:
-    """``"key: A vs B"`` for everything in which two runs' ``run.json`` records ``a`` and ``b`` differ that forbids
-    pairing them: a train setting other than ``pairable_train_differences()`` and ``allowed``; the tokenizer or the
-    data (``compat.tokenizer_differs``, ``compat.data_differs``); the device type the run trained on (``run.json``'s
-    resolved ``device``, ``cpu`` or ``cuda``: other initial weights) and the resolved precision. Model settings are not
-    compared (the methods of a comparison differ there by design; a grid axis is named in ``allowed`` for the train
-    settings it changes). Empty when the two may be paired."""
-    skip = pairable_train_differences() | set(allowed)
-    ta, tb = a.get("train", {}), b.get("train", {})
-    out = [f"{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in sorted(set(ta) | set(tb))
-           if k not in skip and ta.get(k) != tb.get(k)]
-    sa, sb = Side.of_run("a", a), Side.of_run("b", b)
-    if tokenizer_differs(sa, sb):
-        out.append(f"tokenizer: {(sa.tokenizer_sha256 or '')[:12]} vs {(sb.tokenizer_sha256 or '')[:12]}")
-    if data_differs(sa, sb):
-        out.append(f"data: {(sa.data_fingerprint or '')[:12]} vs {(sb.data_fingerprint or '')[:12]}")
-    da, db = (str(r.get("device") or "unknown").split(":")[0] for r in (a, b))
-    if "unknown" not in (da, db) and da != db:
-        out.append(f"device: {da} vs {db}")
-    pa, pb = recorded_precision(dict(a)), recorded_precision(dict(b))
-    if None not in (pa, pb) and pa != pb:
-        out.append(f"precision: {pa} vs {pb}")
-    return out
-
-
-def conclusions(results: dict) -> list[str]:
-    """The report's opening sentences: one per method vs ``none`` and one on what the run cannot show."""
-    paired = results.get("paired") or {}
-    lines = []
-    for name, p in paired.items():
-        d = p["val_loss"]
-        n = d["n"]
-        size = (f"within 0.001 nats of `none`" if abs(d["mean"]) < 0.0005 else
-                f"{abs(d['mean']):.3f} nats {'lower' if d['mean'] < 0 else 'higher'} than `none`")
-        if d["std"] is None:
-            lines.append(f"`{name}` is {size} in validation loss on one seed: inconclusive (one seed gives no "
-                         f"interval; run several, e.g. --seeds 0,1,2).")
-            continue
-        lo, hi = d["ci95"]
-        lines.append(f"`{name}` is {size} in validation loss (± {d['std']:.3f} std over {n} seeds; 95 % interval "
-                     f"{lo:+.3f} to {hi:+.3f}; {d['favouring']} of {n} seeds lower): {verdict(d)}.")
-    for name, m in results["methods"].items():
-        for d in m.get("diverged", []):
-            lines.append(f"`{name}` diverged (seed {d['seed']}) at step {d['step']}: {_why(d)}; the run stopped "
-                         f"there and is left out of the means and the paired comparison.")
-    if not paired:
-        lines.append("No paired comparison: the run has no `none` (vanilla) method to compare against."
-                     if BASELINE not in results["methods"] else
-                     "No paired comparison: no seed has both `none` and another method finished.")
-    runs = [r for m in results["methods"].values() for r in m["runs"]]
-    if runs:
-        params = max(int(r["params"]) for r in runs)
-        tokens = max(int(r["tokens"]) for r in runs)
-        lines.append(f"What this cannot show: behaviour at scale or after long training — these models have at most "
-                     f"{params:,d} parameters and saw {tokens:,d} tokens each (the paper trains 1.5B–3B-parameter "
-                     f"models on billions of tokens).")
-    return lines
 
 
 def _throughput_spread(m: dict) -> float | None:
