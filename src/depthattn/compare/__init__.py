@@ -41,6 +41,7 @@ from ..run.record import recorded_precision
 from ..training import DivergenceError, NonFiniteError, TrainConfig, train
 from ..training.resume import plan_run
 from .conclusions import conclusions
+from .estimate import DurationEstimate
 from .paired import aggregate, paired_stats, pairable_train_differences, run_differences
 from .plot import method_colours, plot_curves
 from .settings import (DEFAULT_EVAL_TOKENS, DEFAULT_OUT, DEFAULT_TRAIN, QUICK, CompareSettings, method_configs,
@@ -73,53 +74,6 @@ def _train_seconds(rows: list[dict]) -> float:
 def _step_rates(rows: list[dict]) -> list[float]:
     """Per-step training throughputs after the first step (tokens/s)."""
     return [float(r["tokens_per_s"]) for r in rows if r.get("tokens_per_s") and r.get("step", 0) > 1]
-
-
-class DurationEstimate:
-    """Times the first optimizer steps of each run this invocation trains and says, in one line per run, how long
-    the training still left will take: ``ESTIMATE_STEPS`` steps after the run's first (its warm-up: compile,
-    allocation) at their mean wall time (validation and saves included), for the rest of this run and every run not
-    yet started (an upper bound: a finished run found on disk is reused, not trained). Each run measures again, so
-    the estimate follows the machine's load. The final evaluations and samples come on top (said, not timed)."""
-
-    ESTIMATE_STEPS = 10
-
-    def __init__(self, runs_to_go: int, log: Callable[[str], None]):
-        self.runs_to_go, self.log = runs_to_go, log
-        self.t0: float | None = None
-        self.first: int | None = None
-        self.done = False
-
-    def next_run(self) -> None:
-        """A new run starts: its first steps are timed afresh."""
-        self.runs_to_go -= 1
-        self.t0, self.first, self.done = None, None, False
-
-    def on_step(self, step: int, total: int) -> None:
-        if self.done:
-            return
-        if self.t0 is None:  # the first step of this session: its warm-up is not timed
-            self.t0, self.first = time.perf_counter(), step
-            return
-        timed = step - self.first
-        if timed < min(self.ESTIMATE_STEPS, total - self.first):
-            return
-        self.done = True
-        per_step = (time.perf_counter() - self.t0) / timed
-        left = (total - step) + total * self.runs_to_go
-        runs = f" and {self.runs_to_go} more run{'s' if self.runs_to_go != 1 else ''}" if self.runs_to_go else ""
-        self.log(f"estimate: about {_duration(per_step * left)} of training left for this run{runs} ({per_step:.2f} s "
-                 f"per step over steps {self.first + 1}-{step}, validation and saves included), plus each run's final "
-                 f"evaluation and sample")
-
-
-def _duration(seconds: float) -> str:
-    """``45 s``, ``12 min``, ``3.5 h``."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path,
@@ -358,5 +312,3 @@ def _previous_history(path: Path) -> list[dict]:
     if isinstance(old, dict) and isinstance(old.get("wall_seconds"), (int, float)):  # a report from before histories
         return [{"started_utc": None, "wall_seconds": float(old["wall_seconds"]), "runs": {}}]
     return []
-
-
