@@ -392,13 +392,13 @@ def test_inspect_says_what_its_flop_columns_count(capsys):
 
 
 def test_compare_throughput_is_the_median_after_the_first_step():
-    from depthattn.compare import _train_tokens_per_s
+    from depthattn.compare.evaluate import train_tokens_per_s
 
     rows = [{"step": 1, "tokens": 100, "tokens_per_s": 10.0}, {"step": 2, "tokens": 200, "tokens_per_s": 100.0},
             {"step": 3, "tokens": 300, "tokens_per_s": 110.0}, {"step": 4, "tokens": 400, "tokens_per_s": 1000.0}]
-    assert _train_tokens_per_s(rows) == 110.0  # the slow warm-up step and the outlier do not move it
-    assert _train_tokens_per_s(rows[:1]) == 10.0
-    assert math.isnan(_train_tokens_per_s([]))
+    assert train_tokens_per_s(rows) == 110.0  # the slow warm-up step and the outlier do not move it
+    assert train_tokens_per_s(rows[:1]) == 10.0
+    assert math.isnan(train_tokens_per_s([]))
 
 
 def test_generate_compile_without_a_working_compiler_prints_one_line(run_dir, capsys, monkeypatch):
