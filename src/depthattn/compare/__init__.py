@@ -26,55 +26,21 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import ModelConfig
 from ..fileio import atomic_write_text, read_json
 from ..layout import COMPARE_RUNS_DIR, PLOT_FILE, REPORT_FILE, RESULTS_FILE
 from ..outputs import COMPARE_FOLDER, check_new_output
 from ..progress import write_line
-from ..run.folder import RunFolder
 from ..run.lock import RunLock
-from ..training import DivergenceError, NonFiniteError, TrainConfig, train
-from ..training.resume import plan_run
 from .conclusions import conclusions
 from .evaluate import diverged_run, evaluate_run, task_curve, train_tokens_per_s
 from .estimate import DurationEstimate
 from .paired import aggregate, paired_stats, pairable_train_differences, run_differences
+from .reuse import ensure_trained
 from .plot import method_colours, plot_curves
 from .settings import (DEFAULT_EVAL_TOKENS, DEFAULT_OUT, DEFAULT_TRAIN, QUICK, CompareSettings, method_configs,
                        parse_methods, prepare_default_data, run_name)
 from .report import render_report, render_table, shown_path
 from .records import BASELINE, COLUMNS, SAMPLE_PROMPT, SAMPLE_TOKENS, by_seed, val_curve
-
-
-def _ensure_trained(run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, data_dir: Path,
-                    progress: bool, log: Callable[[str], None], on_step: Callable[[int, int], None] | None = None
-                    ) -> str:
-    """Train, resume (from the newest checkpoint), or reuse the run in ``run_dir`` (ValueError if it holds a
-    different config). Returns what it did: "reused", "resumed at step N", "trained", or "diverged at step N" (this
-    session's training stopped by the divergence guard or a non-finite value, or with ``on_divergence="stop"`` an
-    earlier session's verdict, from the run's ``diverged.json``, reused)."""
-    folder = RunFolder(run_dir)
-    plan = plan_run("reuse", run_dir, model_cfg=model_cfg, train_cfg=train_cfg, data_dir=data_dir)
-    for line in plan.lines:
-        log(line)
-    if plan.resume:
-        verdict = folder.read_divergence()
-        setting = "on_nonfinite=skip" if verdict and verdict.get("reason") == "nonfinite" else "on_divergence=warn"
-        if verdict is not None and getattr(train_cfg, setting.split("=")[0]) == "stop":  # the same rule would stop it
-            log(f"reusing the verdict of {run_dir}: diverged at step {verdict['step']} (to try again: delete that "
-                f"folder, or continue it past the divergence with --set {setting})")
-            return f"diverged at step {verdict['step']}"
-        if folder.summary_file.is_file() and folder.checkpoints():
-            log(f"reusing finished run {run_dir}")
-            return "reused"
-    resume = plan.resume
-    try:
-        res = train(run_dir, model_cfg, train_cfg, data_dir, progress=progress, log=log, on_step=on_step,
-                    **plan.train_kwargs())
-    except (DivergenceError, NonFiniteError) as e:  # the run stopped itself (diverged.json says why): go on
-        log(f"{run_dir}: {e}")
-        return f"diverged at step {e.step}"
-    return f"resumed at step {res.steps - res.steps_this_session}" if resume else "trained"
 
 
 def run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: str | os.PathLike,
@@ -106,7 +72,7 @@ def _run_compare(out: str | os.PathLike, settings: CompareSettings, data_dir: st
             log(f"== {m} (seed {seed}) -> {run_dir}")
             t_run = time.perf_counter()
             estimate.next_run()
-            action = _ensure_trained(run_dir, cfgs[m], tcfg, data_dir, progress, log, estimate.on_step)
+            action = ensure_trained(run_dir, cfgs[m], tcfg, data_dir, progress, log, estimate.on_step)
             if action.startswith("diverged"):
                 diverged[m].append(diverged_run(run_dir, cfgs[m], seed))
             else:
