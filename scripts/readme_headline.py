@@ -31,7 +31,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from depthattn.commands.compare_cmd import DEFAULT_OUT
+from depthattn.compare.settings import DEFAULT_OUT
 from depthattn.layout import COMPARE_DATA_DIR, COMPARE_RUNS_DIR, PLOT_FILE, RESULTS_FILE, RUN_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def first_losses(out: Path, steps: int, *flags: str) -> dict[str, list[float]]:
     settings, model configs and data as the command (``compare_settings``, ``method_configs``), trained to ``steps``
     (``train(stop_after=...)``) under ``OUT/runs``. ``--data`` in ``flags`` reuses a prepared folder."""
     from depthattn.commands.compare_cmd import compare_settings
-    from depthattn.compare import method_configs, run_name
+    from depthattn.compare.settings import method_configs, run_name
     from depthattn.run.folder import RunFolder
     from depthattn.training import train
 
@@ -83,7 +83,7 @@ def first_losses(out: Path, steps: int, *flags: str) -> dict[str, list[float]]:
 
 def prepared_corpus(out: Path) -> Path:
     """The embedded corpus prepared as ``depthattn compare`` prepares it, into ``OUT/data``."""
-    from depthattn.commands.compare_cmd import prepare_default_data
+    from depthattn.compare.settings import prepare_default_data
 
     return prepare_default_data(out, progress=False)
 
@@ -130,7 +130,7 @@ def check_default_run(folder: Path) -> dict:
 
 def run_record(folder: Path, method: str) -> dict:
     """The run.json of ``method``'s seed-0 run in a compare folder."""
-    from depthattn.compare import run_name
+    from depthattn.compare.settings import run_name
 
     return json.loads((folder / COMPARE_RUNS_DIR / run_name(method, 1, 0) / RUN_FILE).read_text(encoding="utf-8"))
 
@@ -193,7 +193,7 @@ def write_json(path: Path, doc: dict) -> None:
 
 def logged_losses(folder: Path) -> dict[str, list[float]]:
     """Per method, the first ``DEFAULT_STEPS`` training losses seed 0 logged in a compare folder's metrics.jsonl."""
-    from depthattn.compare import run_name
+    from depthattn.compare.settings import run_name
     from depthattn.run.folder import RunFolder
 
     methods = json.loads((folder / RESULTS_FILE).read_text(encoding="utf-8"))["settings"]["methods"]

@@ -60,7 +60,7 @@ from depthattn.study import partfile as study_results
 from depthattn.study.published import aggregate as published_aggregate
 
 MAIN_METHODS = "none,depth_attention,denseformer,mhc,attnres,value_residual,depth_attention_uniform"
-DEFAULT_STEPS = 400  # the compare default (commands/compare_cmd.py DEFAULT_TRAIN)
+DEFAULT_STEPS = 400  # the compare default (compare/settings.py DEFAULT_TRAIN)
 #: (stride, window) of the ablation; stride None = L/2 (the default), whose window-0 case is main's depth_attention.
 ABLATION = [(1, 0), (2, 0), (1, 2), (2, 2), (None, 2)]
 #: The tiny budget of ``--tiny`` (end-to-end check of the script only; its numbers mean nothing).

@@ -392,13 +392,13 @@ def test_inspect_says_what_its_flop_columns_count(capsys):
 
 
 def test_compare_throughput_is_the_median_after_the_first_step():
-    from depthattn.compare import _train_tokens_per_s
+    from depthattn.compare.evaluate import train_tokens_per_s
 
     rows = [{"step": 1, "tokens": 100, "tokens_per_s": 10.0}, {"step": 2, "tokens": 200, "tokens_per_s": 100.0},
             {"step": 3, "tokens": 300, "tokens_per_s": 110.0}, {"step": 4, "tokens": 400, "tokens_per_s": 1000.0}]
-    assert _train_tokens_per_s(rows) == 110.0  # the slow warm-up step and the outlier do not move it
-    assert _train_tokens_per_s(rows[:1]) == 10.0
-    assert math.isnan(_train_tokens_per_s([]))
+    assert train_tokens_per_s(rows) == 110.0  # the slow warm-up step and the outlier do not move it
+    assert train_tokens_per_s(rows[:1]) == 10.0
+    assert math.isnan(train_tokens_per_s([]))
 
 
 def test_generate_compile_without_a_working_compiler_prints_one_line(run_dir, capsys, monkeypatch):
@@ -420,7 +420,7 @@ def test_generate_compile_without_a_working_compiler_prints_one_line(run_dir, ca
 def test_interrupted_compare_resumes_the_partial_run_bit_identical(data_dir, tmp_path, monkeypatch):
     """A compare stopped inside its second run (after step 4; last checkpoint at step 3) continues that run from
     step 3, not from 0, reuses the finished one, and ends with the same weights and numbers as an uninterrupted one."""
-    import depthattn.compare as compare
+    import depthattn.compare.reuse as reuse
     from depthattn.compare import CompareSettings, run_compare
     from depthattn.training import TrainConfig
 
@@ -431,7 +431,7 @@ def test_interrupted_compare_resumes_the_partial_run_bit_identical(data_dir, tmp
                                eval_tokens=300)
     whole = run_compare(tmp_path / "whole", settings, data_dir, progress=False, log=lambda *a: None)
 
-    real_train = compare.train
+    real_train = reuse.train
 
     def interrupted(run_dir, *args, **kw):
         if Path(run_dir).name.startswith("depth_attention"):
@@ -439,10 +439,10 @@ def test_interrupted_compare_resumes_the_partial_run_bit_identical(data_dir, tmp
             raise KeyboardInterrupt
         return real_train(run_dir, *args, **kw)
 
-    monkeypatch.setattr(compare, "train", interrupted)
+    monkeypatch.setattr(reuse, "train", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_compare(tmp_path / "cut", settings, data_dir, progress=False, log=lambda *a: None)
-    monkeypatch.setattr(compare, "train", real_train)
+    monkeypatch.setattr(reuse, "train", real_train)
     logs: list[str] = []
     again = run_compare(tmp_path / "cut", settings, data_dir, progress=False, log=logs.append)
     actions = {k: v["action"] for k, v in again["history"][-1]["runs"].items()}

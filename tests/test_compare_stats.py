@@ -7,8 +7,10 @@ import math
 
 import pytest
 
-from depthattn.compare import (_previous_history, conclusions, paired_stats, render_paired, render_report,
-                               render_table, render_throughput, render_zero_shot)
+from depthattn.compare.conclusions import conclusions
+from depthattn.compare.paired import paired_stats
+from depthattn.compare.report import render_paired, render_report, render_table, render_throughput, render_zero_shot
+from depthattn.compare.runner import previous_history
 from depthattn.stats import binomial_se, paired_difference, t_quantile_975, tokens_to_target
 
 
@@ -75,7 +77,7 @@ def run(method, seed, val_loss, bpb, curve, secs=10.0, tokens=400, acc=None):
 
 
 def results(seeds=(0, 1, 2)):
-    from depthattn.compare import aggregate
+    from depthattn.compare.paired import aggregate
 
     vals = {0: 5.0, 1: 5.1, 2: 4.9}
     none = [run("none", s, vals[s], 2.0 + 0.05 * s, [(100, 6.0), (200, 5.5), (400, vals[s])], acc=0.50)
@@ -161,7 +163,7 @@ def test_throughput_with_a_large_spread_is_flagged():
 
 def test_the_report_shows_no_absolute_machine_path(monkeypatch, tmp_path):
     """The data folder is shown relative to the working folder, under ~, or by its name alone."""
-    from depthattn.compare import shown_path
+    from depthattn.compare.report import shown_path
 
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
@@ -185,8 +187,8 @@ def test_no_none_means_no_paired_comparison():
 
 
 def test_previous_history(tmp_path):
-    assert _previous_history(tmp_path / "missing.json") == []
+    assert previous_history(tmp_path / "missing.json") == []
     (tmp_path / "old.json").write_text(json.dumps({"wall_seconds": 540.0}))
-    assert _previous_history(tmp_path / "old.json") == [{"started_utc": None, "wall_seconds": 540.0, "runs": {}}]
+    assert previous_history(tmp_path / "old.json") == [{"started_utc": None, "wall_seconds": 540.0, "runs": {}}]
     (tmp_path / "bad.json").write_text("{")
-    assert _previous_history(tmp_path / "bad.json") == []
+    assert previous_history(tmp_path / "bad.json") == []

@@ -5,7 +5,8 @@ Python runs later, but which are dependencies all the same). Imports under ``if 
 only and are skipped. Layers, from the top: the CLI (``cli.py``, ``commands/``) → the application (``compare``,
 ``training``, ``eval``) → the library (model, methods, cache, generation, checkpoints, a run on disk (``run``), data,
 the HF bridge) → the functional core (``functional``, ``fileio``). A module may import its own layer or lower ones,
-never a higher one.
+never a higher one. Inside ``compare``, the renderers (``report``, ``plot``) are leaves, and no module outside the
+package imports a ``_name`` of it.
 """
 
 from __future__ import annotations
@@ -51,22 +52,24 @@ def _imports(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def from_target(node: ast.ImportFrom, name: str, path: Path) -> str:
+    """The module a ``from X import ...`` in module ``name`` (file ``path``) names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = (name if path.name == "__init__.py" else name.rpartition(".")[0]).split(".")
+    return ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+
+
 def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
     """The depthattn modules ``name`` imports (``from pkg import sub`` counts as importing ``pkg.sub`` when that is
     a module; a string that names a module, as ``importlib.import_module`` and ``__import__`` take, counts too)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(encoding="utf-8"))
     out: set[str] = set()
     for node in _imports(tree):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         else:
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = from_target(node, name, path)
             subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
             # ``from pkg import sub`` depends on the submodule; any other name makes it depend on pkg itself
             targets = subs if len(subs) == len(node.names) else [target, *subs]
@@ -152,6 +155,51 @@ def test_imports_flow_one_way():
 def test_only_the_cli_imports_commands():
     bad = [f"{a} imports {b}" for a, targets in import_graph().items() for b in targets
            if b.startswith(("depthattn.commands", "depthattn.cli")) and layer(a) != CLI]
+    assert bad == []
+
+
+#: The leaves of ``compare``: the renderers of ``results.json`` and what each may reach of the application layer
+#: (directly or through other modules): the records' vocabulary and, for the report, the conclusions in words;
+#: never the orchestration, the training or the evaluation.
+COMPARE_LEAVES = {"depthattn.compare.report": {"depthattn.compare.records", "depthattn.compare.conclusions"},
+                  "depthattn.compare.plot": {"depthattn.compare.records"}}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        for w in graph[stack.pop()] - seen:
+            seen.add(w)
+            stack.append(w)
+    return seen
+
+
+def test_compare_report_and_plot_are_leaves():
+    graph = import_graph()
+    for leaf, allowed in COMPARE_LEAVES.items():
+        application = {m for m in reachable(graph, leaf) if layer(m) == APPLICATION}
+        assert application <= allowed, f"{leaf} reaches {sorted(application - allowed)}"
+    # the check sees through a module: the orchestration reaches the evaluation and the training
+    assert {"depthattn.compare.evaluate", "depthattn.training"} <= reachable(graph, "depthattn.compare.runner")
+
+
+def test_no_private_name_of_compare_is_imported_from_outside():
+    """Outside the ``compare`` package (the package, scripts/, tests/) nothing imports a ``_name`` from it."""
+    repo = ROOT.parents[1]
+    files = [p for p in ROOT.rglob("*.py") if ROOT / "compare" not in p.parents]
+    files += sorted((repo / "scripts").rglob("*.py")) + sorted((repo / "tests").rglob("*.py"))
+    assert len(files) > 100
+    bad = []
+    for path in files:
+        name = module_name(path) if ROOT in path.parents else ""
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = from_target(node, name, path)
+            if target == "depthattn.compare" or target.startswith("depthattn.compare."):
+                bad += [f"{path.relative_to(repo)}: {target}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert bad == []
 
 

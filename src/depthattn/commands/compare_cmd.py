@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..compare import (DEFAULT_EVAL_TOKENS, DEFAULT_OUT, DEFAULT_TRAIN, QUICK, CompareSettings, parse_methods,  # noqa: F401
-                       prepare_default_data, render_table, run_compare)
+from ..compare.report import render_table
+from ..compare.runner import run_compare
+from ..compare.settings import (DEFAULT_EVAL_TOKENS, DEFAULT_OUT, DEFAULT_TRAIN, QUICK, CompareSettings,
+                                parse_methods, prepare_default_data)
 from ..layout import LOCK_FILE
 from ..outputs import COMPARE_FOLDER, check_new_output
 from ..training import TrainConfig

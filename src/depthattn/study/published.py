@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compare import BASELINE, val_curve
+from ..compare.records import BASELINE, val_curve
 from ..fileio import atomic_write_text
 from ..stats import paired_difference, tokens_to_target, verdict
 from . import depth as study_depth

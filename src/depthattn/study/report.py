@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compare import paired_stats, run_differences
+from ..compare.paired import paired_stats, run_differences
 from ..fileio import read_json
 from ..layout import RESULTS_FILE
 from ..run.folder import RunFolder

@@ -41,7 +41,7 @@ def prepare_data(study: Study, progress: bool = False) -> Path:
     """The study's data, ready before any part starts: ``data`` checked (``data.load_prepared``), or the embedded
     corpus prepared once into ``OUT/data`` (``compare.prepare_default_data``), so parallel parts never prepare it
     twice. Raises ``FileNotFoundError``/``ValueError`` naming a missing or unprepared folder."""
-    from ..compare import prepare_default_data
+    from ..compare.settings import prepare_default_data
     from ..data import load_prepared
 
     if study.data is None:

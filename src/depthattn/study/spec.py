@@ -185,7 +185,7 @@ def load_study(path: str | os.PathLike) -> Study:
     or repeated list, a budget that is not a whole number of steps, a [set]/[grid] key that is neither a
     ``ModelConfig`` nor a ``TrainConfig`` field or that the study sets itself (``OWN_KEYS``), or settings that
     ``ModelConfig.from_preset`` / ``TrainConfig`` refuse."""
-    from ..compare import DEFAULT_TRAIN, QUICK, parse_methods
+    from ..compare.settings import DEFAULT_TRAIN, QUICK, parse_methods
 
     path = Path(path)
     if not path.is_file():
@@ -284,7 +284,7 @@ def _cells(doc: dict, path: Path) -> tuple[tuple[tuple[str, Any], ...], ...]:
 def _check_settings(study: Study) -> None:
     """Every cell's [set] and [grid] values as ``compare`` would take them: known keys, none the study sets itself,
     values the configs accept (``ValueError`` naming the file)."""
-    from ..compare import DEFAULT_TRAIN, QUICK
+    from ..compare.settings import DEFAULT_TRAIN, QUICK
     from ..config import ModelConfig
     from ..training import TrainConfig
     from ..training.config import split_overrides

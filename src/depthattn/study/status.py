@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compare import run_name
+from ..compare.settings import run_name
 from ..fileio import read_json
 from ..layout import COMPARE_RUNS_DIR, RESULTS_FILE
 from ..run.folder import RunFolder

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from ..compare import pairable_train_differences
+from ..compare.paired import pairable_train_differences
 from ..stats import paired_difference
 
 #: The train settings two runs may differ in and still be paired: those that change neither a fresh run's initial
