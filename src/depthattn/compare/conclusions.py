@@ -21,7 +21,7 @@ def conclusions(results: dict) -> list[str]:
     for name, p in paired.items():
         d = p["val_loss"]
         n = d["n"]
-        size = (f"within 0.001 nats of `none`" if abs(d["mean"]) < 0.0005 else
+        size = ("within 0.001 nats of `none`" if abs(d["mean"]) < 0.0005 else
                 f"{abs(d['mean']):.3f} nats {'lower' if d['mean'] < 0 else 'higher'} than `none`")
         if d["std"] is None:
             lines.append(f"`{name}` is {size} in validation loss on one seed: inconclusive (one seed gives no "

@@ -219,8 +219,8 @@ def render_report(results: dict) -> str:
     paired = render_paired(results)
     if paired:
         lines += ["## Paired differences from `none`", "",
-                  "Per seed, the method's number minus `none`'s with the same seed (same data order); negative = "
-                  "better. Δ is the mean ± sample standard deviation of the per-seed differences; the 95 % interval "
+                  "Per seed, the method's number minus `none`'s with the same seed (same data order); negative "
+                  "= better. Δ is the mean ± sample standard deviation of the per-seed differences; the 95 % interval "
                   "is mean ± t(0.975, n − 1) · std / √n (not available with one seed). Tokens to none's final val "
                   "loss: the tokens at which the method's periodic validation curve first reaches `none`'s last "
                   "periodic validation loss (same seed), linearly interpolated, mean over seeds, of the run's "
@@ -229,8 +229,8 @@ def render_report(results: dict) -> str:
     zs = render_zero_shot(results)
     if zs:
         lines += ["## Zero-shot", "", "Accuracy is the mean over seeds; the binomial standard error is "
-                  "√(acc (1 − acc) / N) with N = items × seeds; chance is the mean of 1 / (number of choices).", "",
-                  zs]
+                  "√(acc (1 − acc) / N) with N = items × seeds; chance is the mean of 1 / (number of choices).",
+                  "", zs]
     in_loop = render_task_curves(results)
     if in_loop:
         limit = t.get("eval_tasks_limit")
