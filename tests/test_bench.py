@@ -87,6 +87,7 @@ def test_a_child_never_spawns_children_of_its_own(bench, argv):
     assert bench.child_argv(argv, Path("c.json")) == ["--rounds", "2", "--processes", "1", "--raw-out", "c.json"]
 
 
+@pytest.mark.slow
 def test_several_processes_end_to_end(tmp_path):
     out = tmp_path / "raw.json"
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--preset", "tiny", "--peer", "off",

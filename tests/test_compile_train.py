@@ -56,6 +56,7 @@ def data_dir(tmp_path_factory):
     return make_data(tmp_path_factory.mktemp("corpus"))
 
 
+@pytest.mark.compile
 def test_compiled_training_equals_eager_and_resumes(tmp_path, data_dir):
     """Inductor on CPU, 10 layers, AttnRes (sublayer bodies compiled) : losses within 1e-4 of eager, checkpoint keys
     unchanged (strict load), a compiled run resumed mid-way repeats the uninterrupted compiled curve."""

@@ -187,6 +187,7 @@ def test_packed_equals_alone_compiled_aot_eager(method):
     torch.testing.assert_close(out, alone_logits(model, pieces), atol=ATOL, rtol=0)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("method", ["depth_attention"])
 def test_packed_equals_alone_compiled_inductor(method):
     """The default backend (inductor, CPU C++ kernels) for Depth-Attention."""
@@ -205,6 +206,7 @@ def test_packed_equals_alone_compiled_inductor(method):
     torch.testing.assert_close(out, alone_logits(model, pieces), atol=ATOL, rtol=0)
 
 
+@pytest.mark.compile
 def test_flex_path_of_the_model_on_cpu(monkeypatch):
     """The CUDA path (block mask + compiled FlexAttention) run on CPU, where inductor makes FlexAttention's CPU
     kernel: equal to each document alone. (On CUDA: tests/test_gpu.py.)"""

@@ -265,6 +265,7 @@ def test_old_runs_read_log_depth_every_as_off_and_tensorboard_tags():
         "train/loss", "val/loss", "task/piqa/acc", "depth/L3/self", "grad_norm/L3"]
 
 
+@pytest.mark.compile
 @needs_data
 def test_a_compiled_run_probes_and_scores_eagerly_with_the_same_numbers(data_dir, tmp_path):
     """compile=true: the probe and the tasks bypass the compiled blocks (no graph per request shape) and give

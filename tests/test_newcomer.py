@@ -86,6 +86,7 @@ def test_a_close_validation_split_is_not_said():
     assert "12.0%" in split_share_note(lengths, np.arange(100) < 12, 0.05)
 
 
+@pytest.mark.docs
 def test_the_documented_lm_eval_command_runs_offline_and_matches_the_native_scorer(tmp_path):
     """`depthattn data lm-eval-tasks --out DIR`, then lm-eval's own CLI (`--model hf`, `--include_path DIR`) on a
     checkpoint, offline: the accuracies equal depthattn's native scorer on the same documents."""
@@ -159,6 +160,7 @@ def test_the_report_says_its_curves_and_its_table_use_other_validation_sets():
     assert "on at most 16 windows (" in text and "so the two need not agree" in text
 
 
+@pytest.mark.slow
 def test_compare_quick_runs_the_whole_job_and_estimates_its_duration(tmp_path, capsys):
     """--quick: the tiny preset and the quick budget where no flag says otherwise (here a shorter --steps and a
     prepared --data), one estimate line once the first steps are timed, the report, the plot."""
@@ -212,6 +214,7 @@ def _load_tokenizer(ckpt: Path, how: str) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
+@pytest.mark.docs
 def test_the_documented_tokenizer_routes_load_with_no_prompt_and_no_warning(tmp_path):
     """docs/hf.md: `PreTrainedTokenizerFast.from_pretrained(CKPT)` (no argument) and `AutoTokenizer` with
     `trust_remote_code=True` load the checkpoint's tokenizer silently and encode as `tokenizers` does; plain

@@ -188,6 +188,7 @@ def test_unknown_part_is_one_line(study, capsys):
     assert len(err) == 1 and "unknown part(s) ['nope']" in err[0]
 
 
+@pytest.mark.slow
 def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch):
     """End to end on a few steps: one part through ``depthattn compare`` (a subprocess), published, aggregated."""
     from test_train import make_data
@@ -219,6 +220,7 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
     assert "| depth_attention (stride=1, window=0) | 1 |" in text and f"**Incomplete:** {len(study.parts()) - 1} of {len(study.parts())}" in text
 
 
+@pytest.mark.slow
 def test_parts_run_at_once_publish_with_the_commit_and_hardware_given(study, tmp_path, monkeypatch, capsys):
     """``run --jobs 2``: two tiny parts at once, each compare's output in ROOT/PART/study.log, both published with
     the ``--commit`` given (a copy without git history) and the hardware and number of parts at once."""
