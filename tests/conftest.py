@@ -60,9 +60,9 @@ def cached_logits(model, ids, mask, chunks):
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
-    """A prepared data folder of real text (``test_train.make_data``: six embedded documents, BPE vocab 512) shared
+    """A prepared data folder of real text (``helpers.make_data``: six embedded documents, BPE vocab 512) shared
     by the training tests that do not define their own; never written to."""
-    from test_train import make_data
+    from helpers import make_data
 
     return make_data(tmp_path_factory.mktemp("corpus"))
 

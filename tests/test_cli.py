@@ -15,15 +15,9 @@ import pytest
 from depthattn.cli import main
 from depthattn.training import read_metrics
 
-from test_train import make_data
 
 TINY = ["--preset", "tiny", "--no-progress", "--set", "batch_size=4", "--set", "seq_len=64", "--set",
         "eval_windows=4", "--set", "eval_every=3", "--set", "save_every=3"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("cli_corpus"))
 
 
 @pytest.fixture(scope="module")

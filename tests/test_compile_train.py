@@ -13,7 +13,6 @@ from depthattn.checkpoint import checkpoint_dirs, load_model
 from depthattn.training import TrainConfig, read_metrics, resolve_model_config, train
 from depthattn.training.parallelize import apply_compile, check_compiler, compile_units
 
-from test_train import make_data
 
 NARROW = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
               vocab_size=128)
@@ -49,11 +48,6 @@ def test_missing_compiler_is_one_line(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match=r"^TrainConfig.compile=true: .*C\+\+ compiler.*set compile=false$"):
         check_compiler(torch.device("cpu"))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.mark.compile

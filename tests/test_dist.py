@@ -31,7 +31,6 @@ from depthattn.checkpoint import checkpoint_dirs
 from depthattn.data import load_prepared
 from depthattn.training import TrainConfig, read_metrics, read_summary, resolve_model_config, train
 
-from test_train import make_data
 
 TokenBatches = data_module.TokenBatches  # the real one (the trainer's is patched below)
 
@@ -55,11 +54,6 @@ def torchrun(args: list[str], cwd: Path, nproc: int = 2, timeout_s: float = TIME
         pytest.fail(f"torchrun did not finish in {timeout_s} s: {cmd}\n{e.stdout}\n{e.stderr}")
     assert res.returncode == 0, f"torchrun failed ({res.returncode}): {cmd}\n{res.stdout}\n{res.stderr}"
     return res
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("dist_corpus"))
 
 
 # ---------------------------------------------------------------------------------------------------- the trainer

@@ -27,7 +27,6 @@ from depthattn.run.dcp import export_checkpoint, load_sharded
 from depthattn.training.resume import keep_tokens_per_step
 
 from test_dist import torchrun as dist_torchrun
-from test_train import make_data
 
 pytestmark = pytest.mark.dist
 
@@ -64,9 +63,9 @@ def torchrun(nproc: int, args: list[str], cwd: Path) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
+def runs(tmp_path_factory, data_dir) -> Path:
     root = tmp_path_factory.mktemp("fsdp")
-    data = make_data(root)
+    data = data_dir
     script = root / "runs.py"
     script.write_text(SCRIPT, encoding="utf-8")
     torchrun(2, [str(script), str(data), str(root), json.dumps(BASE), ",".join(METHODS)], root)

@@ -27,7 +27,6 @@ from depthattn.training.depth_stats import probe_batch
 
 from test_dist import torchrun
 from test_in_loop import needs_data
-from test_train import make_data
 
 pytestmark = [pytest.mark.dist, needs_data]
 
@@ -49,9 +48,9 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
+def runs(tmp_path_factory, data_dir) -> Path:
     root = tmp_path_factory.mktemp("in_loop_dist")
-    data = make_data(root)
+    data = data_dir
     (root / "runs.py").write_text(SCRIPT, encoding="utf-8")
     torchrun([str(root / "runs.py"), str(data), str(root), json.dumps(BASE)], root, timeout_s=600)
     return root

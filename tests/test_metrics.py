@@ -9,13 +9,12 @@ from depthattn.accounting import num_flops
 from depthattn.training import TrainConfig, read_metrics, resolve_model_config, train
 from depthattn.training.metrics import MetricsLogger, Throughput, device_peak_flops, train_flops_per_token
 
-from test_train import make_data
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, data_dir):
     root = tmp_path_factory.mktemp("metrics")
-    data = make_data(root)
+    data = data_dir
     cfg = resolve_model_config("tiny", {"cross_layer": "depth_attention"}, 512, "tokenizer.json")
     train(root / "run", cfg, TrainConfig(steps=3, batch_size=2, seq_len=32, eval_every=0, eval_windows=2,
                                          peak_flops=1e12), data, progress=False)

@@ -20,15 +20,9 @@ from depthattn import cli
 from depthattn.checkpoint import load_state
 from depthattn.cli import main
 
-from test_train import make_data
 
 TINY = ["--preset", "tiny", "--no-progress", "--cross-layer", "none", "--set", "batch_size=2", "--set", "seq_len=32",
         "--set", "eval_windows=2", "--set", "eval_every=2", "--set", "save_every=2", "--set", "keep_last=2"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("rel_corpus"))
 
 
 @pytest.fixture(scope="module")

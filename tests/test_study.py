@@ -191,7 +191,7 @@ def test_unknown_part_is_one_line(study, capsys):
 @pytest.mark.slow
 def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch):
     """End to end on a few steps: one part through ``depthattn compare`` (a subprocess), published, aggregated."""
-    from test_train import make_data
+    from helpers import make_data
 
     monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path / "cache"))
     data = make_data(tmp_path)
@@ -224,7 +224,7 @@ def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch)
 def test_parts_run_at_once_publish_with_the_commit_and_hardware_given(study, tmp_path, monkeypatch, capsys):
     """``run --jobs 2``: two tiny parts at once, each compare's output in ROOT/PART/study.log, both published with
     the ``--commit`` given (a copy without git history) and the hardware and number of parts at once."""
-    from test_train import make_data
+    from helpers import make_data
 
     monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path / "cache"))
     data = make_data(tmp_path)

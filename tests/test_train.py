@@ -26,20 +26,6 @@ TRAIN = dict(steps=8, batch_size=4, seq_len=64, lr=3e-3, warmup=0.1, eval_every=
              keep_last=3)
 
 
-def make_data(folder: Path) -> Path:
-    """Real text: the first 24,000 characters of six embedded documents, BPE vocab 512."""
-    docs = embedded_corpus_documents()[:6]
-    src = folder / "slice.jsonl"
-    src.write_text("".join(json.dumps({"text": text[:24000]}) + "\n" for _, text in docs), encoding="utf-8")
-    prepare_corpus(folder / "data", [str(src)], vocab_size=512, val_fraction=0.2, progress=False)
-    return folder / "data"
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data(tmp_path_factory.mktemp("corpus"))
-
-
 @pytest.fixture(scope="module")
 def tiny_cfg(data_dir) -> ModelConfig:
     return resolve_model_config("tiny", {"cross_layer": "depth_attention"}, load_prepared(data_dir).vocab_size,
