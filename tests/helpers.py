@@ -1,10 +1,12 @@
 """Builders shared by test files in every folder of tests/ (``from helpers import make_data``; pyproject.toml puts
-tests/ on ``sys.path``): the prepared corpus, the torchrun launcher and the time limits of subprocesses. Tiny models
+tests/ on ``sys.path``): the prepared corpus, the torchrun launcher, the time limits of subprocesses and a hand-made
+``results.json``. Tiny models
 and batches are in conftest.py."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -14,6 +16,11 @@ from pathlib import Path
 import pytest
 
 from depthattn.data import embedded_corpus_documents, prepare_corpus
+
+
+#: sha256 of the embedded corpus's train token stream at the default settings, recorded with the single-file prepare
+#: (main at e38c03e) before shards existed (tests/test_data_scale.py holds the val and tokenizer ones).
+EMBEDDED_TRAIN_SHA = "84fe749cdacb6af054b7be965e814fd20de1db5fcc49769fb989fca79d26d2fb"
 
 
 def make_data(folder: Path) -> Path:
@@ -53,4 +60,46 @@ def torchrun(args: list[str], cwd: Path, *, nproc: int = 2, timeout_s: float = 1
         pytest.fail(f"torchrun did not finish in {limit:.0f} s: {cmd}\n{e.stdout}\n{e.stderr}")
     if check:
         assert res.returncode == 0, f"torchrun failed ({res.returncode}): {cmd}\n{res.stdout}\n{res.stderr}"
+    return res
+
+
+def hand_made_run(method, seed, val_loss, bpb, curve, secs=10.0, tokens=400, acc=None):
+    """One run of a hand-made ``results.json`` (the fields ``depthattn compare`` writes), ``curve`` as (tokens,
+    val_loss) pairs."""
+    r = {"run_dir": f"/x/runs/{method}-seed{seed}", "method": method, "num_loops": 1, "seed": seed,
+         "params": 1_000_000, "params_counted": 1_000_000, "tokens": tokens, "steps": 4, "val_loss": val_loss,
+         "perplexity": math.exp(val_loss), "bits_per_byte": bpb, "train_tokens_per_s": 100.0,
+         "train_seconds": secs, "step_tokens_per_s": [100.0, 101.0, 99.0, 100.0],
+         "kv_bytes_per_token": 256, "flops_per_token": 1e6, "flops_extra_ratio": 0.0,
+         "curve": [{"step": i + 1, "tokens": t, "val_loss": v} for i, (t, v) in enumerate(curve)],
+         "train_curve": [{"tokens": t, "loss": v} for t, v in curve], "sample": " and so on"}
+    if acc is not None:
+        r.update(task_accuracy={"piqa": acc, "average": acc}, task_n={"piqa": 100}, task_chance={"piqa": 0.5})
+    return r
+
+
+def hand_made_results(seeds=(0, 1, 2)):
+    """A hand-made ``results.json`` of none and depth_attention over ``seeds``, with its paired statistics and
+    conclusion."""
+    from depthattn.compare import aggregate, conclusions, paired_stats
+
+    vals = {0: 5.0, 1: 5.1, 2: 4.9}
+    none = [hand_made_run("none", s, vals[s], 2.0 + 0.05 * s, [(100, 6.0), (200, 5.5), (400, vals[s])], acc=0.50)
+            for s in seeds]
+    da = [hand_made_run("depth_attention", s, v, b, [(100, 5.8), (200, 5.0), (400, 4.9)], secs=12.0, acc=0.52)
+          for s, v, b in zip(seeds, (4.974, 5.112, 4.860), (1.990, 2.056, 2.080))]
+    res = {"settings": {"methods": ["none", "depth_attention"], "seeds": list(seeds), "loops": 1,
+                        "preset": "tiny", "model_overrides": {},
+                        "train": {"steps": 4, "batch_size": 1, "grad_accum": 1, "seq_len": 100, "lr": 1e-3,
+                                  "warmup": 0.05, "min_lr_ratio": 0.1},
+                        "data": "/d", "eval_tokens": None, "tasks": ["piqa"], "sample_prompt": "It"},
+           "methods": {"none": {"runs": none, **aggregate(none)},
+                       "depth_attention": {"runs": da, **aggregate(da)}},
+           "wall_seconds": 9.0,
+           "history": [{"started_utc": "2026-12-01T10:00:00Z", "wall_seconds": 500.0,
+                        "runs": {"none-seed0": {"action": "trained", "seconds": 250.0}}},
+                       {"started_utc": "2026-12-01T11:00:00Z", "wall_seconds": 9.0,
+                        "runs": {"none-seed0": {"action": "reused", "seconds": 4.5}}}]}
+    res["paired"] = paired_stats(res)
+    res["conclusion"] = conclusions(res)
     return res

@@ -11,6 +11,8 @@ from depthattn.compare import (_previous_history, conclusions, paired_stats, ren
                                render_zero_shot)
 from depthattn.stats import binomial_se, paired_difference, t_quantile_975, tokens_to_target
 
+from helpers import hand_made_results as results
+
 
 def test_t_quantiles():
     assert t_quantile_975(1) == 12.7062 and t_quantile_975(2) == 4.3027 and t_quantile_975(30) == 2.0423
@@ -58,45 +60,6 @@ def test_binomial_standard_error():
     assert binomial_se(0.0, 10) == 0.0
     with pytest.raises(ValueError, match="n=0"):
         binomial_se(0.5, 0)
-
-
-# ----------------------------------------------------------------------------- a hand-made results.json
-def run(method, seed, val_loss, bpb, curve, secs=10.0, tokens=400, acc=None):
-    r = {"run_dir": f"/x/runs/{method}-seed{seed}", "method": method, "num_loops": 1, "seed": seed,
-         "params": 1_000_000, "params_counted": 1_000_000, "tokens": tokens, "steps": 4, "val_loss": val_loss,
-         "perplexity": math.exp(val_loss), "bits_per_byte": bpb, "train_tokens_per_s": 100.0,
-         "train_seconds": secs, "step_tokens_per_s": [100.0, 101.0, 99.0, 100.0],
-         "kv_bytes_per_token": 256, "flops_per_token": 1e6, "flops_extra_ratio": 0.0,
-         "curve": [{"step": i + 1, "tokens": t, "val_loss": v} for i, (t, v) in enumerate(curve)],
-         "train_curve": [{"tokens": t, "loss": v} for t, v in curve], "sample": " and so on"}
-    if acc is not None:
-        r.update(task_accuracy={"piqa": acc, "average": acc}, task_n={"piqa": 100}, task_chance={"piqa": 0.5})
-    return r
-
-
-def results(seeds=(0, 1, 2)):
-    from depthattn.compare import aggregate
-
-    vals = {0: 5.0, 1: 5.1, 2: 4.9}
-    none = [run("none", s, vals[s], 2.0 + 0.05 * s, [(100, 6.0), (200, 5.5), (400, vals[s])], acc=0.50)
-            for s in seeds]
-    da = [run("depth_attention", s, v, b, [(100, 5.8), (200, 5.0), (400, 4.9)], secs=12.0, acc=0.52)
-          for s, v, b in zip(seeds, (4.974, 5.112, 4.860), (1.990, 2.056, 2.080))]
-    res = {"settings": {"methods": ["none", "depth_attention"], "seeds": list(seeds), "loops": 1,
-                        "preset": "tiny", "model_overrides": {},
-                        "train": {"steps": 4, "batch_size": 1, "grad_accum": 1, "seq_len": 100, "lr": 1e-3,
-                                  "warmup": 0.05, "min_lr_ratio": 0.1},
-                        "data": "/d", "eval_tokens": None, "tasks": ["piqa"], "sample_prompt": "It"},
-           "methods": {"none": {"runs": none, **aggregate(none)},
-                       "depth_attention": {"runs": da, **aggregate(da)}},
-           "wall_seconds": 9.0,
-           "history": [{"started_utc": "2026-12-01T10:00:00Z", "wall_seconds": 500.0,
-                        "runs": {"none-seed0": {"action": "trained", "seconds": 250.0}}},
-                       {"started_utc": "2026-12-01T11:00:00Z", "wall_seconds": 9.0,
-                        "runs": {"none-seed0": {"action": "reused", "seconds": 4.5}}}]}
-    res["paired"] = paired_stats(res)
-    res["conclusion"] = conclusions(res)
-    return res
 
 
 def test_paired_stats_of_a_hand_made_results_json(tmp_path):

@@ -32,11 +32,12 @@ from depthattn.data.encode import encode_pieces
 from depthattn.data.inputs import cut_piece
 from depthattn.data.tokenizer import train_bpe
 
+from helpers import EMBEDDED_TRAIN_SHA
+
 SLICE_IDS = ("sotu/1790_george_washington_n", "sotu/1810_james_madison_dr", "sotu/1951_harry_s_truman_d",
              "sotu/1969_lyndon_b_johnson_d")
-#: sha256 of the embedded corpus's train / val token streams and tokenizer.json at the default settings, recorded
-#: with the single-file prepare (main at e38c03e) before shards existed.
-EMBEDDED_TRAIN_SHA = "84fe749cdacb6af054b7be965e814fd20de1db5fcc49769fb989fca79d26d2fb"
+#: sha256 of the embedded corpus's val token stream and tokenizer.json at the default settings, recorded with the
+#: single-file prepare (main at e38c03e) before shards existed (the train stream's: helpers.EMBEDDED_TRAIN_SHA).
 EMBEDDED_VAL_SHA = "2dad56ea5efac4eebd0f3da83bb749009a13dd43648b70a5a9537c82064520ed"
 EMBEDDED_TOKENIZER_SHA = "d11c85a4c309c6cdcb77dee06cf913e9d28ed921f8992d24c54844fd7ded9f24"
 

@@ -13,9 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -31,29 +28,17 @@ from depthattn.checkpoint import checkpoint_dirs
 from depthattn.data import load_prepared
 from depthattn.training import TrainConfig, read_metrics, read_summary, resolve_model_config, train
 
+from helpers import torchrun
+
 
 TokenBatches = data_module.TokenBatches  # the real one (the trainer's is patched below)
 
 pytestmark = pytest.mark.dist
 
-TIMEOUT_S = 120
 STEPS, BATCH, SEQ, ACCUM = 4, 2, 32, 2
 # data_order=random: the rank-split draw of TokenBatches, patched below (tests/test_epochs.py: the epochs order)
 TRAIN_SETS = dict(data_order="random", batch_size=BATCH, seq_len=SEQ, grad_accum=ACCUM, lr=3e-3, eval_windows=4,
                   save_every=2, keep_last=3, device="cpu")
-
-
-def torchrun(args: list[str], cwd: Path, nproc: int = 2, timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node=NPROC ARGS`` (one thread per process); fails the test on a non-zero
-    exit or after ``timeout_s`` seconds, showing the processes' output."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DEPTHATTN_CACHE": str(cwd / "cache"), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    try:
-        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish in {timeout_s} s: {cmd}\n{e.stdout}\n{e.stderr}")
-    assert res.returncode == 0, f"torchrun failed ({res.returncode}): {cmd}\n{res.stdout}\n{res.stderr}"
-    return res
 
 
 # ---------------------------------------------------------------------------------------------------- the trainer

@@ -11,8 +11,6 @@ import errno
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,8 @@ from depthattn.training import TrainConfig, read_metrics, train
 from depthattn.training import config as config_module
 from depthattn.run.checkpoints import check_checkpoint_kind
 from depthattn.training.resume import keep_tokens_per_step, resumed_data_parallel
+
+from helpers import torchrun
 
 
 STEPS, BATCH, SEQ, ACCUM = 4, 2, 32, 2
@@ -220,16 +220,6 @@ def test_disk_full_during_metrics_rewrite_keeps_the_old_file_whole(stopped, tmp_
 
 
 # ---------------------------------------------------------------------------------------------------- torchrun
-def torchrun(args: list[str], cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node=2 ARGS`` (one thread per process); the completed process."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DEPTHATTN_CACHE": str(cwd / "cache"), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
-    try:
-        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish in {timeout_s} s: {cmd}\n{e.stdout}\n{e.stderr}")
-
-
 @pytest.mark.dist
 def test_one_process_run_resumes_under_torchrun_with_ddp(model_cfg, data_dir, tmp_path):
     """A one-process run (grad_accum 2) stopped at its step-2 checkpoint, resumed by ``torchrun --nproc_per_node 2
@@ -241,7 +231,8 @@ def test_one_process_run_resumes_under_torchrun_with_ddp(model_cfg, data_dir, tm
     twin = copy_run(run, tmp_path / "twin")
     uninterrupted, _ = run_quiet(tmp_path / "uninterrupted", model_cfg, data_dir)
 
-    res = torchrun(["-m", "depthattn.cli", "train", "--resume", str(run), "--no-progress"], tmp_path)
+    res = torchrun(["-m", "depthattn.cli", "train", "--resume", str(run), "--no-progress"], tmp_path, timeout_s=300,
+                   check=False)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "launched on 2 ranks it resumes with data_parallel=ddp" in out
@@ -272,7 +263,7 @@ def test_fsdp_resume_of_a_full_checkpoint_is_refused_under_torchrun_with_a_hint(
     run = copy_run(stopped, tmp_path / "run")
     before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     res = torchrun(["-m", "depthattn.cli", "train", "--resume", str(run), "--set", "data_parallel=fsdp",
-                    "--no-progress"], tmp_path)
+                    "--no-progress"], tmp_path, timeout_s=300, check=False)
     assert res.returncode != 0
     lines = [line for line in res.stderr.splitlines() if line.startswith("depthattn train: error:")]
     assert lines and all(line == lines[0] for line in lines), res.stderr

@@ -227,7 +227,7 @@ def test_resumed_on_two_ranks_it_continues_the_uninterrupted_runs_windows(uninte
     1, the same global batch): the same windows at every step, so it ends next to the uninterrupted run (measured:
     bitwise equal on CPU/gloo, as halving is exact; allowed 1e-4 for the order of the sums). With
     ``data_order="random"`` the same resume lands ~3e-3 away (tests/test_dist_resume.py)."""
-    from test_dist import torchrun
+    from helpers import torchrun
 
     run = tmp_path / "run"
     shutil.copytree(uninterrupted, run)

@@ -26,7 +26,7 @@ from depthattn.training import TrainConfig, read_metrics, read_summary
 from depthattn.run.dcp import export_checkpoint, load_sharded
 from depthattn.training.resume import keep_tokens_per_step
 
-from test_dist import torchrun as dist_torchrun
+from helpers import torchrun as dist_torchrun
 
 pytestmark = pytest.mark.dist
 

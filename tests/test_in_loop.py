@@ -228,7 +228,7 @@ def test_compare_reports_and_plots_the_in_loop_tasks_when_set(task_run, tmp_path
     from PIL import Image
 
     from depthattn.compare import plot_curves, render_report, render_task_curves, task_curve
-    from test_compare_stats import results
+    from helpers import hand_made_results as results
 
     curve = task_curve(read_metrics(task_run))
     assert [c["step"] for c in curve] == [2, 4] and "task/arc_easy/acc_norm" in curve[0] and "loss" not in curve[0]

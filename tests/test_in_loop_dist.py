@@ -25,7 +25,7 @@ from depthattn.training import read_metrics
 from depthattn.run.dcp import load_sharded
 from depthattn.training.depth_stats import probe_batch
 
-from test_dist import torchrun
+from helpers import torchrun
 from test_in_loop import needs_data
 
 pytestmark = [pytest.mark.dist, needs_data]

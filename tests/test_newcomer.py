@@ -152,7 +152,7 @@ def test_the_report_says_its_curves_and_its_table_use_other_validation_sets():
     the report says so rather than leaving two numbers that disagree."""
     from depthattn.compare import render_report
 
-    from test_compare_stats import results
+    from helpers import hand_made_results as results
 
     res = results()
     res["settings"]["train"]["eval_windows"] = 16

@@ -35,6 +35,7 @@ from depthattn.data import staging
 from depthattn.data.prepare import DATA_FOLDER
 from depthattn.outputs import MODEL_FOLDER, check_output
 
+from helpers import torchrun
 
 
 def _model_folder(path: Path, data_dir: Path, seed: int = 0) -> Path:
@@ -419,18 +420,16 @@ def test_a_dead_writers_lock_held_by_its_exiting_workers_is_waited_out(data_dir,
 # ---------------------------------------------------------------------------------------------------- torchrun
 @pytest.mark.dist
 def test_torchrun_on_an_empty_cache_prepares_once(tmp_path):
-    from test_data_scale import EMBEDDED_TRAIN_SHA
+    from helpers import EMBEDDED_TRAIN_SHA
 
     cache = tmp_path / "cache"
     folder = cache / "data" / "embedded"
     partial = _stale_partial(folder, socket.gethostname(), _dead_pid(), age_s=600)  # a killed first launch's
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DEPTHATTN_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     sets = dict(batch_size=2, seq_len=32, eval_windows=2, eval_batch_size=2, log_every=1, device="cpu",
                 data_parallel="ddp", tensorboard="false")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "depthattn.cli",
-           "train", "--preset", "tiny", "--steps", "2", "--no-progress", "--out", str(tmp_path / "run"),
-           *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
-    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    res = torchrun(["-m", "depthattn.cli", "train", "--preset", "tiny", "--steps", "2", "--no-progress", "--out",
+                    str(tmp_path / "run"), *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]], tmp_path,
+                   env={"DEPTHATTN_CACHE": str(cache)}, timeout_s=300, check=False)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     assert out.count("preparing the embedded corpus") == 1, out[-4000:]  # one process prepared it

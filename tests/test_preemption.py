@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from depthattn.run.faults import FAULT_SIGNAL_ENV
 from depthattn.training.preemption import TrainingPreempted, stop_signals
 from depthattn.training.resume import config_differences
 
+from helpers import torchrun
 from release_fixtures import copy_release_fixture, reference_losses
 from test_reliability_train import assert_checkpoints_complete, curve
 
@@ -271,10 +271,7 @@ FINISH = textwrap.dedent("""
 def launch(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     """torchrun (2 gloo processes) started with SIGINT at its default disposition (a non-interactive shell's `&`
     leaves it ignored, and an ignored signal stays ignored)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *LAUNCH, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return torchrun(args, cwd, env=env, launch=LAUNCH, timeout_s=240, check=False)
 
 
 @pytest.mark.dist

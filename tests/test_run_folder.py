@@ -28,6 +28,8 @@ from depthattn.training import loop as loop_module
 from depthattn.training import train
 from depthattn.run.checkpoints import prune_checkpoints
 
+from helpers import torchrun
+
 
 STEPS = 6
 CFG = dict(steps=STEPS, batch_size=2, seq_len=32, lr=3e-3, warmup=0.1, eval_every=0, eval_windows=2,
@@ -261,11 +263,8 @@ def test_under_torchrun_every_rank_gets_rank_0s_verdict_and_exits_2(tmp_path, da
     folder = tmp_path / "run"
     with RunLock(folder):
         before = snapshot(folder)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "DEPTHATTN_CACHE": str(tmp_path / "cache")}
-        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                              "-m", "depthattn.cli", "train", *TRAIN_FLAGS, "--data", str(data_dir), "--out",
-                              str(folder), "--set", "data_parallel=ddp", "--set", "device=cpu"],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        res = torchrun(["-m", "depthattn.cli", "train", *TRAIN_FLAGS, "--data", str(data_dir), "--out", str(folder),
+                        "--set", "data_parallel=ddp", "--set", "device=cpu"], tmp_path, timeout_s=300, check=False)
         assert snapshot(folder) == before
     lines = [line for line in (res.stdout + res.stderr).splitlines() if "in use by another trainer" in line]
     assert res.returncode != 0 and len(lines) == 2, res.stdout + res.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_compare_stats import results
+from helpers import hand_made_results as results
 
 ROOT = Path(__file__).resolve().parents[1]
 
