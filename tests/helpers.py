@@ -19,7 +19,7 @@ from depthattn.data import embedded_corpus_documents, prepare_corpus
 
 
 #: sha256 of the embedded corpus's train token stream at the default settings, recorded with the single-file prepare
-#: (main at e38c03e) before shards existed (tests/test_data_scale.py holds the val and tokenizer ones).
+#: (main at e38c03e) before shards existed (tests/data/test_data_scale.py holds the val and tokenizer ones).
 EMBEDDED_TRAIN_SHA = "84fe749cdacb6af054b7be965e814fd20de1db5fcc49769fb989fca79d26d2fb"
 
 

@@ -36,7 +36,8 @@ TokenBatches = data_module.TokenBatches  # the real one (the trainer's is patche
 pytestmark = pytest.mark.dist
 
 STEPS, BATCH, SEQ, ACCUM = 4, 2, 32, 2
-# data_order=random: the rank-split draw of TokenBatches, patched below (tests/test_epochs.py: the epochs order)
+# data_order=random: the rank-split draw of TokenBatches, patched below (tests/training/test_epochs.py: the epochs
+# order)
 TRAIN_SETS = dict(data_order="random", batch_size=BATCH, seq_len=SEQ, grad_accum=ACCUM, lr=3e-3, eval_windows=4,
                   save_every=2, keep_last=3, device="cpu")
 

@@ -1,7 +1,7 @@
 """Model options for the Depth-Attention authors' variants (issue 26, item 1): ``qk_norm_position`` (k_norm before or
 after RoPE) and ``mhc_sinkhorn`` (log- or exp-domain Sinkhorn), through the core forward, the KV cache, compiled
 decode, the HF wrapper, checkpoints, the Qwen3 export and accounting. The defaults are today's numbers (the existing
-numeric tests, e.g. tests/test_model.py and tests/test_release_fixtures.py, stay green)."""
+numeric tests, e.g. tests/model/test_model.py and tests/test_release_fixtures.py, stay green)."""
 
 from __future__ import annotations
 

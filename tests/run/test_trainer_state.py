@@ -28,7 +28,7 @@ from depthattn.training.optim import build_optimizer, build_scheduler
 
 from conftest import make_model
 
-FIXTURE = Path(__file__).parent / "fixtures" / "release-97f8652" / "run" / "checkpoints"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "release-97f8652" / "run" / "checkpoints"
 GUARD = {"armed": True, "above": False, "ema": 5.5, "ema_min": 5.25, "ema_min_step": 3, "rise_evals": 0,
          "rise_warned": False}
 

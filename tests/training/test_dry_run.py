@@ -75,7 +75,7 @@ def test_paper_configs_exist_for_every_method_and_plan_on_meta():
     from depthattn.cross_layer import names
     from depthattn.training import load_toml
 
-    root = Path(__file__).resolve().parent.parent / "configs"
+    root = Path(__file__).resolve().parents[2] / "configs"
     for size, preset in (("360m", "360m"), ("1p5b", "1.5b"), ("3b", "3b")):
         for method in names():
             doc = load_toml(root / f"{size}_{method}.toml")
@@ -94,7 +94,7 @@ def _paper(size: str = "3b", method: str = "depth_attention"):
 
     from depthattn.training import load_toml
 
-    doc = load_toml(Path(__file__).resolve().parent.parent / "configs" / f"{size}_{method}.toml")
+    doc = load_toml(Path(__file__).resolve().parents[2] / "configs" / f"{size}_{method}.toml")
     preset = {"3b": "3b", "1p5b": "1.5b", "360m": "360m"}[size]
     return ModelConfig.from_preset(preset, **doc["model"]), TrainConfig.from_dict(doc["train"])
 

@@ -20,7 +20,7 @@ from authors_reference import authors_logits, read_folder, resolve, sinkhorn_exp
 from depthattn import DecoderLM, ModelConfig
 from depthattn.cross_layer.mhc import sinkhorn
 
-FIXTURES = Path(__file__).parent / "fixtures" / "authors"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "authors"
 FOLDERS = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").exists())
 ORDER_OF_POSITION = {"k_after_rope": "sdpa", "before_rope": "fa2"}
 TOL = 1e-5

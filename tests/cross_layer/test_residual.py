@@ -423,7 +423,7 @@ def test_inspect_tables_in_docs_are_current(capsys):
 
     from depthattn.cli import main
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "methods.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "methods.md").read_text(encoding="utf-8")
     for preset in ("360m", "1.5b", "3b"):
         assert main(["inspect", "--preset", preset, "--cross-layer", "all", "--prompt-len", "2048"]) == 0
         table = capsys.readouterr().out.splitlines()[1:]

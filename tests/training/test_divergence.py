@@ -187,7 +187,7 @@ def test_new_train_config_fields_are_validated_and_old_configs_keep_their_behavi
             TrainConfig(steps=1, **{field: value})
     assert {"on_divergence", "loss_rise_margin", "loss_rise_patience"} <= RESUMABLE_KEYS
     assert TrainConfig(steps=1).on_divergence == "stop"
-    old = json.loads((Path(__file__).parent / "fixtures/release-97f8652/run/run.json").read_text())["train"]
+    old = json.loads((Path(__file__).parents[1] / "fixtures/release-97f8652/run/run.json").read_text())["train"]
     assert "on_divergence" not in old and TrainConfig.from_recorded(old).on_divergence == "warn" == \
         LEGACY_DEFAULTS["on_divergence"]
     assert TrainConfig.from_recorded({**old, "on_divergence": "stop"}).on_divergence == "stop"

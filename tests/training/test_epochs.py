@@ -226,7 +226,7 @@ def test_resumed_on_two_ranks_it_continues_the_uninterrupted_runs_windows(uninte
     """One process (grad_accum 2) stopped at step 6, resumed by ``torchrun --nproc_per_node 2`` (DDP, grad_accum
     1, the same global batch): the same windows at every step, so it ends next to the uninterrupted run (measured:
     bitwise equal on CPU/gloo, as halving is exact; allowed 1e-4 for the order of the sums). With
-    ``data_order="random"`` the same resume lands ~3e-3 away (tests/test_dist_resume.py)."""
+    ``data_order="random"`` the same resume lands ~3e-3 away (tests/training/test_dist_resume.py)."""
     from helpers import torchrun
 
     run = tmp_path / "run"

@@ -263,7 +263,7 @@ def test_unknown_toml_key(tmp_path):
 
 
 def test_shipped_configs_parse():
-    root = Path(__file__).resolve().parents[1] / "configs"
+    root = Path(__file__).resolve().parents[2] / "configs"
     files = sorted(root.glob("*.toml"))
     assert {"tiny.toml", "small.toml", "3b_depth_attention.toml"} <= {f.name for f in files}
     for f in files:
@@ -373,7 +373,7 @@ def test_small_config_is_the_compare_default_budget():
     """configs/small.toml is `depthattn compare`'s default budget for `depthattn train` (its comment says so)."""
     from depthattn.commands.compare_cmd import DEFAULT_TRAIN
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "small.toml"
+    path = Path(__file__).resolve().parents[2] / "configs" / "small.toml"
     doc = load_toml(path)
     assert doc["preset"] == "small"
     assert TrainConfig.from_dict(doc["train"]) == TrainConfig.from_dict(DEFAULT_TRAIN)

@@ -209,7 +209,7 @@ def test_packed_equals_alone_compiled_inductor(method):
 @pytest.mark.compile
 def test_flex_path_of_the_model_on_cpu(monkeypatch):
     """The CUDA path (block mask + compiled FlexAttention) run on CPU, where inductor makes FlexAttention's CPU
-    kernel: equal to each document alone. (On CUDA: tests/test_gpu.py.)"""
+    kernel: equal to each document alone. (On CUDA: tests/model/test_gpu.py.)"""
     import depthattn.model
 
     monkeypatch.setattr(depthattn.model, "flex_serves", lambda device: True)

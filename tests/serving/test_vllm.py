@@ -170,7 +170,7 @@ def _run_doc_block(doc_name: str, placeholder: str, ckpt, tmp_path) -> str:
     import sys
     from pathlib import Path
 
-    doc = (Path(__file__).parents[1] / "docs" / doc_name).read_text(encoding="utf-8")
+    doc = (Path(__file__).parents[2] / "docs" / doc_name).read_text(encoding="utf-8")
     block = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
     assert f'"{placeholder}"' in block
     (tmp_path / "snippet.py").write_text(block.replace(placeholder, str(ckpt)))
@@ -210,7 +210,7 @@ def test_the_authors_doc_serves_a_converted_depth_attention_folder(tmp_path, tok
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from authors_docs import servable_authors_folder
 
     from depthattn.checkpoint import load_model

@@ -27,7 +27,7 @@ from helpers import torchrun
 
 
 STEPS, BATCH, SEQ, ACCUM = 4, 2, 32, 2
-# data_order=random: these tests are about the with-replacement draw (tests/test_epochs.py: the epochs order)
+# data_order=random: these tests are about the with-replacement draw (tests/training/test_epochs.py: the epochs order)
 CFG = dict(data_order="random", steps=STEPS, batch_size=BATCH, seq_len=SEQ, grad_accum=ACCUM, lr=3e-3, warmup=0.1,
            eval_every=0, eval_windows=2, eval_batch_size=2, save_every=2, keep_last=3, device="cpu")
 DIFFER = "the batches of the remaining steps differ from the uninterrupted run's"

@@ -13,7 +13,7 @@ import pytest
 
 from helpers import hand_made_results as results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +284,7 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
 
 def test_published_study_files_hold_no_machine_paths():
     """docs/results.md and docs/study/ are read on other machines: no absolute path of the one that ran the study."""
-    docs = Path(__file__).parents[1] / "docs"
+    docs = Path(__file__).parents[2] / "docs"
     files = [docs / "results.md", *(docs / "study").rglob("*.json"), *(docs / "study").rglob("*.md")]
     offenders = [str(f.relative_to(docs)) for f in files
                  if any(p in f.read_text(encoding="utf-8") for p in ("/work/", "/home/", "/root/", "/tmp/"))]

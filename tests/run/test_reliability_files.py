@@ -257,7 +257,7 @@ def test_manifest_lists_every_file_of_a_checkpoint_and_verifies(run_dir):
 def test_a_rewrite_after_the_manifest_is_refused_whatever_its_mtime(run_dir, tmp_path):
     """Issue 24 item 10: a file rewritten after checksums.json (newer mtime: a bad copy, a tool that rewrote it) is
     verified like any other and refused; with the old mtime restored too. Our own writers rewrite the entry
-    (tests/test_bounds_integrity.py: save_pretrained)."""
+    (tests/run/test_bounds_integrity.py: save_pretrained)."""
     from safetensors.torch import save_file
 
     folder = _copy(_checkpoint(run_dir), tmp_path / "edited")

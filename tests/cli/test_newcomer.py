@@ -55,7 +55,7 @@ def test_output_piped_into_head_ends_quietly():
 def test_the_package_ships_py_typed():
     """pyproject.toml declares the marker as package data; the file must exist for the wheel to carry it."""
     assert importlib.resources.files("depthattn").joinpath("py.typed").is_file()
-    assert '"py.typed"' in (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert '"py.typed"' in (Path(__file__).parents[2] / "pyproject.toml").read_text()
 
 
 def test_a_coarse_validation_split_is_said(tmp_path):
@@ -139,7 +139,7 @@ def test_lm_eval_tasks_never_writes_into_a_folder_it_did_not_write(tmp_path, cap
 
 def test_set_cross_layer_none_is_the_vanilla_model(capsys):
     """configs/tiny.toml documents `--set cross_layer=none`: 'none' is the method's name there, not 'unset'."""
-    tiny = Path(__file__).parents[1] / "configs" / "tiny.toml"
+    tiny = Path(__file__).parents[2] / "configs" / "tiny.toml"
     assert main(["train", "--config", str(tiny), "--set", "cross_layer=none", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("dry run: none,")
     from depthattn.training.config import parse_value
