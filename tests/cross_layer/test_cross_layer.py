@@ -20,7 +20,8 @@ from depthattn.analyze import depth_weight_means
 from depthattn.cross_layer import MethodRecord, registered
 from depthattn.cross_layer.none import residual_model
 from depthattn.training.optim import build_optimizer
-from test_residual import assert_cache_matches_full, padded_batch
+
+from conftest import assert_cache_matches_full, padded_batch
 
 
 # ----------------------------------------------------------------------------- the toy method

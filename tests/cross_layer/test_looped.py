@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from depthattn import DecoderLM, ModelConfig, kv_cache_bytes_per_token, num_params
-from test_residual import assert_cache_matches_full, build, padded_batch
+
+from conftest import assert_cache_matches_full, build, padded_batch
 
 
 def looped_and_unrolled(method: str, L_phys: int = 2, R: int = 2, **kw) -> tuple[DecoderLM, DecoderLM]:

@@ -11,15 +11,17 @@ import math
 import pytest
 import torch
 
-from depthattn import DecoderLM, ModelConfig, generate, naive_generate, num_params
-from depthattn.accounting import inflight_bytes_per_token, kv_cache_bytes_per_token
+from depthattn import DecoderLM, ModelConfig, num_params
+from depthattn.accounting import inflight_bytes_per_token
 from depthattn.cross_layer import get as method_record
 from depthattn.cross_layer.attnres import (attnres_mix, attnres_mix_ref, kimi_schedule, kimi_source_labels,
                                            recency_schedule, source_counts)
 from depthattn.cross_layer.denseformer import dwa, dwa_blocks, dwa_ref, dwa_sources
 from depthattn.cross_layer.mhc import sinkhorn, sinkhorn_ref
 
-# (cross_layer, knobs) cases covering every method and the small block sizes.
+from conftest import build, padded_batch, perturb, tiny
+
+# (cross_layer, knobs): the residual-seam methods with the small block sizes (every method: test_method_contract.py)
 CASES = [
     ("none", {}),
     ("denseformer", {}),
@@ -36,25 +38,6 @@ CASES = [
 IDS = [m + "".join(f"-{k.split('_', 1)[1]}={v}" for k, v in kw.items()) for m, kw in CASES]
 
 
-def tiny(cross_layer: str = "none", **kw) -> ModelConfig:
-    return ModelConfig.from_preset("tiny", cross_layer=cross_layer, **kw)
-
-
-def build(cfg: ModelConfig, seed: int = 0) -> DecoderLM:
-    torch.manual_seed(seed)
-    return DecoderLM(cfg).eval()
-
-
-@torch.no_grad()
-def perturb(model: DecoderLM, scale: float = 0.3, seed: int = 1) -> DecoderLM:
-    """Move every cross-layer parameter away from its (near-vanilla) init so the mixing is non-trivial."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if "cross_layer" in name:
-            p.add_(scale * torch.randn(p.shape, generator=g))
-    return model
-
-
 def vanilla_weights_into(model: DecoderLM, vanilla: DecoderLM) -> DecoderLM:
     """Copy the backbone weights of ``vanilla``; the method's own parameters keep their init."""
     missing, unexpected = model.load_state_dict(vanilla.state_dict(), strict=False)
@@ -62,64 +45,7 @@ def vanilla_weights_into(model: DecoderLM, vanilla: DecoderLM) -> DecoderLM:
     return model
 
 
-def padded_batch(vocab: int, T: int = 11, pads: tuple[int, int] = (1, 4), seed: int = 3):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (2, T), generator=g)
-    mask = torch.ones(2, T, dtype=torch.bool)
-    for b, n in enumerate(pads):
-        mask[b, :n] = False
-        ids[b, :n] = 0
-    return ids, mask
-
-
-@torch.no_grad()
-def assert_cache_matches_full(model: DecoderLM, atol: float = 1e-5) -> None:
-    """Token-by-token and uneven chunked prefill on a left-padded batch equal the full forward at real positions;
-    each padded row equals its unpadded run; greedy cached generation equals the cache-free reference."""
-    cfg = model.config
-    ids, mask = padded_batch(cfg.vocab_size)
-    B, T = ids.shape
-    full = model(ids, attention_mask=mask).logits
-    assert torch.isfinite(full[mask]).all()
-    for chunks in ([1] * T, [3, 1, 5, 2]):
-        cache = model.new_cache(B, T)
-        assert cache.bytes_per_token() == kv_cache_bytes_per_token(cfg, torch.float32)
-        t0 = 0
-        for n in chunks:
-            out = model(ids[:, t0:t0 + n], attention_mask=mask[:, :t0 + n], cache=cache).logits
-            real = mask[:, t0:t0 + n]
-            torch.testing.assert_close(out[real], full[:, t0:t0 + n][real], atol=atol, rtol=0)
-            t0 += n
-        assert t0 == T and cache.length == T
-    for b in range(B):
-        start = int((~mask[b]).sum())
-        alone = model(ids[b:b + 1, start:]).logits[0]
-        torch.testing.assert_close(full[b, start:], alone, atol=atol, rtol=0)
-    fast = generate(model, ids, 6, temperature=0, attention_mask=mask)
-    slow = naive_generate(model, ids, 6, attention_mask=mask)
-    assert torch.equal(fast, slow)
-
-
 # ----------------------------------------------------------------------------- every method
-@pytest.mark.parametrize("method,kw", CASES, ids=IDS)
-def test_cached_decode_equals_full_forward(method, kw):
-    assert_cache_matches_full(perturb(build(tiny(method, **kw))))
-
-
-@pytest.mark.parametrize("method,kw", CASES, ids=IDS)
-def test_activation_checkpointing_gives_same_gradients(method, kw):
-    model = perturb(build(tiny(method, **kw))).train()
-    ids, mask = padded_batch(model.config.vocab_size, T=8)
-    grads = []
-    for ckpt in (False, True):
-        model.zero_grad()
-        model.activation_checkpointing = ckpt
-        model(ids, attention_mask=mask, labels=ids).loss.backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-    for n in grads[0]:
-        torch.testing.assert_close(grads[1][n], grads[0][n], atol=1e-6, rtol=0, msg=n)
-
-
 @pytest.mark.parametrize("method,kw", [c for c in CASES if c[0] != "none"], ids=IDS[1:])
 def test_gradients_reach_every_method_parameter(method, kw):
     model = build(tiny(method, **kw)).train()
