@@ -95,6 +95,7 @@ def test_real_tasks_load_and_run(model, tok, tmp_path):
     assert res["average_acc"] == pytest.approx(sum(accs) / 3)
 
 
+@pytest.mark.slow
 @needs_data
 def test_native_and_lm_eval_agree(model, tok):
     pytest.importorskip("lm_eval", reason="lm-eval==0.4.13 not installed (optional extra depthattn[lm-eval])")

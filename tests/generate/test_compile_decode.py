@@ -16,6 +16,8 @@ from depthattn.generate import CompileLimitReached, CompileUnavailable, Compiled
 
 from conftest import left_padded_batch, make_model
 
+pytestmark = pytest.mark.compile  # torch.compile throughout (dynamo tracing, inductor)
+
 CONFIGS = {
     "none": dict(cross_layer="none"),
     "depth_attention": dict(cross_layer="depth_attention"),
@@ -67,7 +69,6 @@ def test_compiled_generation_equals_eager_for_every_method(name):
     assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]  # prefill + decode, full graphs
 
 
-@pytest.mark.compile
 @pytest.mark.parametrize("cpp_wrapper,loops", [(None, 1), (False, 1), (None, 2)])
 def test_inductor_decode_equals_eager_decode(cpp_wrapper, loops):
     """The real thing: inductor-generated code for the prefill and the decode step (Depth-Attention, plain and
@@ -91,7 +92,6 @@ def test_inductor_decode_equals_eager_decode(cpp_wrapper, loops):
     assert ["def call(" in c for c in code] == [True, cpp_wrapper is False]  # the decode step's wrapper
 
 
-@pytest.mark.compile
 def test_a_cpp_wrapper_that_fails_to_build_falls_back_to_the_python_wrapper(monkeypatch):
     """A broken C++ toolchain for the wrapper (here: a compiler that does not exist, for this graph only) costs
     one warning, and the decode step still equals eager decode."""

@@ -420,6 +420,7 @@ def test_convert_help_is_plain_text(capsys):
     assert "``" not in out and "--overwrite" in out and "run folder" in out
 
 
+@pytest.mark.slow
 def test_lm_eval_harness_does_not_print_git_errors(tmp_path, monkeypatch, capfd):
     """lm-eval runs `git describe` with stderr inherited; outside a repository that printed `fatal: ...`."""
     pytest.importorskip("lm_eval", reason="lm-eval==0.4.13 not installed (optional extra depthattn[lm-eval])")

@@ -265,6 +265,7 @@ def test_trainer_gradient_accumulation_equals_one_large_batch(tmp_path, with_pad
     assert any(not torch.equal(big[k], start[k]) for k in big)  # the step did change the weights
 
 
+@pytest.mark.slow
 def test_lm_eval_hf_model_on_a_checkpoint_path_equals_native(tmp_path):
     """lm-eval's own ``--model hf`` (simple_evaluate(model="hf", model_args="pretrained=CKPT,...")) on a checkpoint
     folder scores as the native scorer does."""

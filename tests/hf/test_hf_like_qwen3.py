@@ -73,6 +73,7 @@ def greedy(model, ids):
                           return_dict_in_generate=True)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("method,kw", CASES, ids=IDS)
 def test_compiled_forward_decodes_the_eager_tokens_and_logits(method, kw):
     ours, q = pair(method, **kw)

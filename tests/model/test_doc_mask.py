@@ -173,6 +173,7 @@ def test_document_ids_with_left_padding(method):
     torch.testing.assert_close(out[mask], torch.cat(want), atol=ATOL, rtol=0)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("method", method_names())
 def test_packed_equals_alone_compiled_aot_eager(method):
     """``torch.compile`` (``aot_eager``: dynamo + AOTAutograd tracing, eager kernels; inductor's C++ compile of

@@ -140,6 +140,7 @@ def test_the_orders_agree_when_every_gain_pair_is_equal(method):
     assert (logits["before_rope"] - logits["k_after_rope"]).abs().max() <= 1e-6
 
 
+@pytest.mark.compile
 def test_compiled_decode_honours_k_after_rope():
     from depthattn.generate import CompiledDecoder, decode_one_token, prefill
 

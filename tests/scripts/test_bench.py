@@ -101,6 +101,7 @@ def test_several_processes_end_to_end(tmp_path):
     assert "| depth_attention | eager |" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     (["--processes", "0"], "--processes must be at least 1, got 0"),
     (["--proc", "2"], "unrecognized arguments: --proc 2"),  # no abbreviations: a child would spawn children

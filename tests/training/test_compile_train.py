@@ -13,6 +13,8 @@ from depthattn.checkpoint import checkpoint_dirs, load_model
 from depthattn.training import TrainConfig, read_metrics, resolve_model_config, train
 from depthattn.training.parallelize import apply_compile, check_compiler, compile_units
 
+pytestmark = pytest.mark.compile  # torch.compile throughout (dynamo tracing, inductor)
+
 
 NARROW = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
               vocab_size=128)
@@ -50,7 +52,6 @@ def test_missing_compiler_is_one_line(monkeypatch):
         check_compiler(torch.device("cpu"))
 
 
-@pytest.mark.compile
 def test_compiled_training_equals_eager_and_resumes(tmp_path, data_dir):
     """Inductor on CPU, 10 layers, AttnRes (sublayer bodies compiled) : losses within 1e-4 of eager, checkpoint keys
     unchanged (strict load), a compiled run resumed mid-way repeats the uninterrupted compiled curve."""
