@@ -542,3 +542,32 @@ def test_load_prepared_on_a_text_folder_suggests_a_new_output(tmp_path):
     assert f"depthattn data prepare --input {tmp_path} --out NEW_DIR" in str(e.value)
     with pytest.raises(ValueError, match=r"--input TEXT --out .*missing"):
         load_prepared(tmp_path / "missing")
+
+
+# ------------------------------------------------------------------------------ the validation split's share
+def test_a_coarse_validation_split_is_said(tmp_path):
+    """Six equal documents cannot give 5 %: the one held out is 1/6 of the text, and prepare says so."""
+    import json
+
+    from depthattn.data import prepare_corpus
+    from depthattn.data.corpus import embedded_corpus_documents
+
+    src = tmp_path / "six.jsonl"
+    src.write_text("".join(json.dumps({"text": text[:6000]}) + "\n" for _, text in embedded_corpus_documents()[:6]),
+                   encoding="utf-8")
+    lines: list[str] = []
+    prepare_corpus(tmp_path / "data", [str(src)], vocab_size=300, val_fraction=0.05, progress=False,
+                   log=lines.append)
+    notes = [ln for ln in lines if ln.startswith("note: the validation split holds")]
+    assert len(notes) == 1 and "16.7% of the characters (1 of 6 documents)" in notes[0], lines
+    assert "--val-fraction 0.05 target (5.0%)" in notes[0]
+
+
+def test_a_close_validation_split_is_not_said():
+    import numpy as np
+
+    from depthattn.data.prepare import split_share_note
+
+    lengths = np.full(100, 1000, dtype=np.int64)
+    assert split_share_note(lengths, np.arange(100) < 5, 0.05) is None
+    assert "12.0%" in split_share_note(lengths, np.arange(100) < 12, 0.05)
