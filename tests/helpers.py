@@ -33,6 +33,18 @@ def make_data(folder: Path) -> Path:
     return folder / "data"
 
 
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (symlinks as their target path), by relative path."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = str(p.relative_to(folder))
+        if p.is_symlink():
+            out[rel] = b"-> " + os.readlink(p).encode()
+        elif p.is_file():
+            out[rel] = p.read_bytes()
+    return out
+
+
 def machine_timeout(seconds: float) -> float:
     """A time limit of ``seconds`` on an idle 2-core machine, scaled to this one: times the load per core when it is
     above 1 (a shared machine), times 2 / cores on fewer than 2 cores, times ``DEPTHATTN_TEST_TIMEOUT_SCALE`` (default
