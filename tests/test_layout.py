@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import machine_timeout
+
 IMPORTED = "import sys; print('transformers' in sys.modules, 'depthattn.hf' in sys.modules)"
 
 
 def fresh_python(code: str) -> str:
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=machine_timeout(120))
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout.strip().splitlines()[-1]
 

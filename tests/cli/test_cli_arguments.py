@@ -12,6 +12,8 @@ import pytest
 
 from depthattn.cli import main
 
+from helpers import machine_timeout
+
 
 def test_a_mistyped_flag_gets_did_you_mean(capsys):
     with pytest.raises(SystemExit) as e:
@@ -47,7 +49,7 @@ def test_the_same_bad_value_from_set_does_not_name_a_file(capsys):
 
 def test_output_piped_into_head_ends_quietly():
     proc = subprocess.run(f"{sys.executable} -m depthattn.cli train --preset tiny --dry-run | head -1", shell=True,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=machine_timeout(120))
     assert proc.stdout.startswith("dry run:")
     assert proc.stderr == ""
 

@@ -20,6 +20,8 @@ from depthattn import cli
 from depthattn.checkpoint import load_state
 from depthattn.cli import main
 
+from helpers import machine_timeout
+
 
 TINY = ["--preset", "tiny", "--no-progress", "--cross-layer", "none", "--set", "batch_size=2", "--set", "seq_len=32",
         "--set", "eval_windows=2", "--set", "eval_every=2", "--set", "save_every=2", "--set", "keep_last=2"]
@@ -131,7 +133,7 @@ def test_an_unexpected_exception_is_one_line_and_points_to_debug(run_dir, monkey
 def test_prompt_bytes_that_are_not_utf8(run_dir):
     """Real argv bytes (Python decodes them with surrogateescape): one line naming --prompt and the byte."""
     p = subprocess.run([sys.executable, "-m", "depthattn.cli", "generate", os.fsencode(str(run_dir)), "--prompt",
-                        b"caf\xe9 au lait", "--max-new-tokens", "2"], capture_output=True, timeout=300,
+                        b"caf\xe9 au lait", "--max-new-tokens", "2"], capture_output=True, timeout=machine_timeout(300),
                        env={**os.environ, "PYTHONIOENCODING": "utf-8"})
     err = p.stderr.decode("utf-8", "replace")
     assert p.returncode == 2 and p.stdout == b"" and "Traceback" not in err

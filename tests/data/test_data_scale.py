@@ -32,7 +32,7 @@ from depthattn.data.encode import encode_pieces
 from depthattn.data.inputs import cut_piece
 from depthattn.data.tokenizer import train_bpe
 
-from helpers import EMBEDDED_TRAIN_SHA
+from helpers import EMBEDDED_TRAIN_SHA, machine_timeout
 
 SLICE_IDS = ("sotu/1790_george_washington_n", "sotu/1810_james_madison_dr", "sotu/1951_harry_s_truman_d",
              "sotu/1969_lyndon_b_johnson_d")
@@ -233,7 +233,7 @@ def test_a_50_mb_document_prepares_under_1_gb(ref, docs, tmp_path):
     n_bytes = len(text.encode("utf-8")) + len(book[:20_000].encode("utf-8"))
     del text
     run = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "out"), str(src), str(ref / "tokenizer.json"),
-                          "2"], capture_output=True, text=True, timeout=900)
+                          "2"], capture_output=True, text=True, timeout=machine_timeout(900))
     assert run.returncode == 0, run.stderr[-2000:]
     rss = json.loads(run.stdout.strip().splitlines()[-1])
     assert max(rss.values()) < 1_000_000, rss  # KiB: the main process and every encoding worker

@@ -24,7 +24,7 @@ from depthattn.cli import main
 from depthattn.data import load_prepared, prepare_corpus
 from depthattn.data import staging
 
-from helpers import EMBEDDED_TRAIN_SHA, snapshot, torchrun
+from helpers import EMBEDDED_TRAIN_SHA, machine_timeout, snapshot, torchrun
 
 
 def _stale_partial(out: Path, host: str, pid: int, age_s: float = 0.0) -> Path:
@@ -120,7 +120,7 @@ def test_a_second_preparer_waits_for_the_first_and_uses_its_folder(data_dir, tmp
     lines: list[str] = []
     meta = prepare_corpus(out, [str(src)], tokenizer=tok, val_fraction=0.2, seed=9, progress=False,
                           log=lines.append, overwrite=True, wait_s=120, if_missing=True)
-    assert writer.wait(timeout=120) == 0
+    assert writer.wait(timeout=machine_timeout(120)) == 0
     assert any(f"waiting for pid {writer.pid} on host" in line for line in lines), lines
     assert meta["seed"] == 0 == load_prepared(out).meta["seed"]  # the first one's folder, not prepared again
     assert not partial.exists()

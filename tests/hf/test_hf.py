@@ -16,6 +16,8 @@ from depthattn.cross_layer import names as method_names  # noqa: E402
 from depthattn.hf import DepthAttnCache, DepthAttnConfig, DepthAttnForCausalLM  # noqa: E402
 from depthattn.hf.convert import load_any_model, load_qwen3, qwen3_to_model_config, save_qwen3  # noqa: E402
 
+from helpers import machine_timeout
+
 METHODS = list(method_names())
 
 
@@ -105,7 +107,7 @@ def test_save_pretrained_round_trip_and_remote_code(tmp_path):
             f"m=AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval(); "
             "print(type(m).__module__); torch.manual_seed(0); "
             "print(m(torch.arange(1, 9)[None]).logits.sum().item())")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=machine_timeout(120),
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
     module, total = res.stdout.split()[-2:]

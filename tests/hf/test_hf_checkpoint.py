@@ -23,6 +23,8 @@ from depthattn.data.tokenizer import EOS_TOKEN  # noqa: E402
 from depthattn.hf import DepthAttnConfig, DepthAttnForCausalLM  # noqa: E402
 from depthattn.training import TrainConfig, train  # noqa: E402
 
+from helpers import machine_timeout
+
 HF_FILES = {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "configuration.py", "modeling.py"}
 
@@ -100,7 +102,7 @@ def test_trust_remote_code_in_a_process_that_imports_only_transformers(run_dir):
             "assert 'depthattn.hf' not in sys.modules, sorted(k for k in sys.modules if k.startswith('depthattn')); "
             "print(type(m).__module__, t.eos_token); "
             "print(m(torch.arange(1, 9)[None]).logits.double().sum().item())")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=machine_timeout(180),
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
     module, eos, total = res.stdout.split()[-3:]

@@ -12,6 +12,8 @@ import pytest
 
 from depthattn.cli import main
 
+from helpers import machine_timeout
+
 
 @pytest.mark.docs
 def test_the_documented_lm_eval_command_runs_offline_and_matches_the_native_scorer(tmp_path):
@@ -40,8 +42,8 @@ def test_the_documented_lm_eval_command_runs_offline_and_matches_the_native_scor
            "--tasks", "depthattn_arc_easy,depthattn_winogrande", "--limit", "4", "--output_path",
            str(tmp_path / "out")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL,
-                          cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=machine_timeout(600), env=env,
+                          stdin=subprocess.DEVNULL, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["results"]
     model, tok, _, _ = load_for_inference(ckpt, device="cpu")
@@ -70,7 +72,7 @@ def _load_tokenizer(ckpt: Path, how: str) -> subprocess.CompletedProcess:
     """The probe in a fresh interpreter with an open stdin holding "n" (as a terminal user would answer)."""
     import os
     return subprocess.run([sys.executable, "-c", _TOKENIZER_PROBE, str(ckpt), how], input="n\n", text=True,
-                          capture_output=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          capture_output=True, timeout=machine_timeout(300), env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 @pytest.mark.docs

@@ -24,6 +24,7 @@ from depthattn.cross_layer.depth_attention import depth_mix
 from depthattn.cross_layer.mhc import sinkhorn, sinkhorn_exp, sinkhorn_exp_ref
 
 from conftest import cached_logits, left_padded_batch, make_model
+from helpers import machine_timeout
 
 POSITIONS = list(QK_NORM_POSITIONS)
 
@@ -194,7 +195,7 @@ def test_hf_wrapper_equals_the_core_and_a_checkpoint_keeps_both_options(tmp_path
             f"m=AutoModelForCausalLM.from_pretrained({str(tmp_path / 'ck')!r}, trust_remote_code=True).eval(); "
             "c=m.config.to_model_config(); print(type(m).__module__, c.qk_norm_position, c.mhc_sinkhorn); "
             "print(m(torch.arange(1, 9)[None]).logits.sum().item())")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=machine_timeout(180),
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
     module, position, form, total = res.stdout.split()[-4:]

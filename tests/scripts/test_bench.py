@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import machine_timeout
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -93,7 +95,7 @@ def test_several_processes_end_to_end(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--preset", "tiny", "--peer", "off",
                            "--rounds", "1", "--decode-steps", "1", "--context", "8", "--decode-batches", "2",
                            "--batch-size", "1", "--seq-len", "8", "--processes=2", "--raw-out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=machine_timeout(600))
     assert done.returncode == 0, done.stderr[-2000:]
     raws = json.loads(out.read_text())
     assert len(raws) == 2 and all(len(r["decode_s"]["depth_attention/eager/2"]) == 1 for r in raws)
@@ -112,5 +114,5 @@ def test_several_processes_end_to_end(tmp_path):
     (["--raw-out", "/nonexistent-folder/x.json"], "must name a file in an existing folder")])
 def test_bad_arguments_get_one_line(argv, message):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), *argv], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=machine_timeout(120))
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr

@@ -26,7 +26,7 @@ from depthattn.training import TrainConfig, read_metrics, read_summary
 from depthattn.run.dcp import export_checkpoint, load_sharded
 from depthattn.training.resume import keep_tokens_per_step
 
-from helpers import torchrun as dist_torchrun
+from helpers import machine_timeout, torchrun as dist_torchrun
 
 pytestmark = pytest.mark.dist
 
@@ -136,7 +136,7 @@ def test_world_size_that_cannot_keep_the_batch_is_refused(tmp_path):
 def test_export_of_fsdp_checkpoint_evaluates_to_the_logged_val_loss(runs, tmp_path):
     out = tmp_path / "exported"
     res = subprocess.run([sys.executable, "-m", "depthattn.cli", "export", str(runs / "depth_attention_fsdp"),
-                          "--out", str(out)], capture_output=True, text=True, timeout=TIMEOUT_S)
+                          "--out", str(out)], capture_output=True, text=True, timeout=machine_timeout(TIMEOUT_S))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == ["checksums.json", "config.json", "configuration.py",
                                                       "generation_config.json",
@@ -147,7 +147,8 @@ def test_export_of_fsdp_checkpoint_evaluates_to_the_logged_val_loss(runs, tmp_pa
     assert n_windows <= BASE["eval_windows"]  # the run validated on every window of the split
     res = subprocess.run([sys.executable, "-m", "depthattn.cli", "eval", str(out), "--data", str(runs / "data"),
                           "--seq-len", "32", "--max-tokens", str(n_windows * 32), "--no-progress", "--device", "cpu",
-                          "--out", str(tmp_path / "eval.json")], capture_output=True, text=True, timeout=TIMEOUT_S)
+                          "--out", str(tmp_path / "eval.json")], capture_output=True, text=True,
+                         timeout=machine_timeout(TIMEOUT_S))
     assert res.returncode == 0, res.stderr
     loss = json.loads((tmp_path / "eval.json").read_text())["loss"]
     logged = read_metrics(runs / "depth_attention_fsdp")[-1]["val_loss"]
@@ -188,7 +189,7 @@ def test_sharded_checkpoint_is_described_as_hf_and_eval_says_to_export_it(runs):
     assert (last / "generation_config.json").is_file() and (last / "tokenizer_config.json").is_file()
     res = subprocess.run([sys.executable, "-m", "depthattn.cli", "eval", str(runs / "depth_attention_fsdp"),
                           "--data", str(runs / "data"), "--no-progress", "--device", "cpu"],
-                         capture_output=True, text=True, timeout=TIMEOUT_S)
+                         capture_output=True, text=True, timeout=machine_timeout(TIMEOUT_S))
     assert res.returncode == 2 and res.stdout == ""
     err = res.stderr.strip().splitlines()
     assert len(err) == 1 and "sharded FSDP checkpoint" in err[0] and f"depthattn export {last}" in err[0], err
