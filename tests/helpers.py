@@ -1,7 +1,6 @@
 """Builders shared by test files in every folder of tests/ (``from helpers import make_data``; pyproject.toml puts
-tests/ on ``sys.path``): the prepared corpus, the torchrun launcher, the time limits of subprocesses and a hand-made
-``results.json``. Tiny models
-and batches are in conftest.py."""
+tests/ on ``sys.path``): the prepared corpus, a folder's snapshot, the time limits of subprocesses, the torchrun
+launcher and a hand-made ``results.json``. Tiny models and batches are in conftest.py."""
 
 from __future__ import annotations
 
