@@ -133,7 +133,7 @@ def test_world_size_that_cannot_keep_the_batch_is_refused(tmp_path):
         keep_tokens_per_step(tmp_path, TrainConfig(steps=1, batch_size=2, seq_len=64), print)
 
 
-def test_export_of_fsdp_checkpoint_evaluates_to_the_logged_val_loss(runs, tmp_path):
+def test_export_of_fsdp_checkpoint_evaluates_to_the_logged_val_loss(runs, data_dir, tmp_path):
     out = tmp_path / "exported"
     res = subprocess.run([sys.executable, "-m", "depthattn.cli", "export", str(runs / "depth_attention_fsdp"),
                           "--out", str(out)], capture_output=True, text=True, timeout=machine_timeout(TIMEOUT_S))
@@ -143,9 +143,9 @@ def test_export_of_fsdp_checkpoint_evaluates_to_the_logged_val_loss(runs, tmp_pa
                                                       "model.safetensors", "modeling.py", "tokenizer.json",
                                                       "tokenizer_config.json"]  # a Hugging Face model folder
     assert json.loads((out / "config.json").read_text())["model_type"] == "depthattn"
-    n_windows = (len(__import__("depthattn").data.load_prepared(runs / "data").val) - 1) // 32
+    n_windows = (len(__import__("depthattn").data.load_prepared(data_dir).val) - 1) // 32
     assert n_windows <= BASE["eval_windows"]  # the run validated on every window of the split
-    res = subprocess.run([sys.executable, "-m", "depthattn.cli", "eval", str(out), "--data", str(runs / "data"),
+    res = subprocess.run([sys.executable, "-m", "depthattn.cli", "eval", str(out), "--data", str(data_dir),
                           "--seq-len", "32", "--max-tokens", str(n_windows * 32), "--no-progress", "--device", "cpu",
                           "--out", str(tmp_path / "eval.json")], capture_output=True, text=True,
                          timeout=machine_timeout(TIMEOUT_S))
@@ -181,14 +181,14 @@ def test_sharded_checkpoint_with_a_missing_shard_or_other_config_is_refused(runs
         load_sharded(other, model, None)
 
 
-def test_sharded_checkpoint_is_described_as_hf_and_eval_says_to_export_it(runs):
+def test_sharded_checkpoint_is_described_as_hf_and_eval_says_to_export_it(runs, data_dir):
     """A sharded checkpoint carries the Hugging Face config files (model_type, generation and tokenizer configs);
     opening it for inference is one line naming the folder and the `depthattn export` command."""
     last = checkpoint_dirs(runs / "depth_attention_fsdp")[-1]
     assert json.loads((last / "config.json").read_text())["model_type"] == "depthattn"
     assert (last / "generation_config.json").is_file() and (last / "tokenizer_config.json").is_file()
     res = subprocess.run([sys.executable, "-m", "depthattn.cli", "eval", str(runs / "depth_attention_fsdp"),
-                          "--data", str(runs / "data"), "--no-progress", "--device", "cpu"],
+                          "--data", str(data_dir), "--no-progress", "--device", "cpu"],
                          capture_output=True, text=True, timeout=machine_timeout(TIMEOUT_S))
     assert res.returncode == 2 and res.stdout == ""
     err = res.stderr.strip().splitlines()

@@ -67,10 +67,10 @@ def _model(run: Path, step: int) -> DecoderLM:
 
 
 @pytest.mark.parametrize("dp", ["ddp", "fsdp"])
-def test_two_ranks_give_the_counts_of_one(runs, dp):
+def test_two_ranks_give_the_counts_of_one(runs, data_dir, dp):
     rows = read_metrics(runs / dp)
     assert [r["step"] for r in rows if "task/arc_easy/acc" in r] == [2, 4]
-    tok = load_tokenizer(runs / "data" / "tokenizer.json")
+    tok = load_tokenizer(data_dir / "tokenizer.json")
     for step in (2, 4):
         row = next(r for r in rows if r["step"] == step)
         model = _model(runs / dp, step)
@@ -84,9 +84,9 @@ def test_two_ranks_give_the_counts_of_one(runs, dp):
                                                                                  rel=1e-5)
 
 
-def test_fsdp_depth_statistics_and_grad_norms(runs):
+def test_fsdp_depth_statistics_and_grad_norms(runs, data_dir):
     rows = read_metrics(runs / "fsdp")
-    probe = probe_batch(validation_windows(load_prepared(runs / "data").val, 32, BASE["eval_windows"]))
+    probe = probe_batch(validation_windows(load_prepared(data_dir).val, 32, BASE["eval_windows"]))
     for step in (2, 4):
         row = next(r for r in rows if r["step"] == step)
         res = depth_weight_means(_model(runs / "fsdp", step), probe)
