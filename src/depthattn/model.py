@@ -365,15 +365,15 @@ class DecoderLM(nn.Module):
         padded positions ignored). With a ``cache``, the tokens continue the cached ones at slot ``cache.length``.
 
         ``document_ids`` (integer ``[B, T]``): packed documents (document masking, as torchtitan's block-causal
-        FlexAttention and OLMo-core's intra-document masking). A document is a run of equal ids along a row; a
-        token attends only to earlier tokens of its own document (block-diagonal causal), and RoPE positions
-        restart at 0 at each document (unless ``position_ids`` are given, which are then used as they are). The
-        depth mix of every method is per position, so nothing else changes: a document packed after others gets
-        the logits it gets alone (tests/test_doc_mask.py). Combines with a left-padding ``attention_mask`` (keys must
-        be real tokens of the query's document; positions count real tokens). Sequence attention is FlexAttention
-        with a block mask on CUDA (``functional.document_block_mask``), SDPA with an additive ``[B, 1, T, T]`` mask
-        elsewhere. A training-time feature: ``ValueError`` with a ``cache`` (no KV-cache decode of packed rows).
-        The loss is not changed: the target of a document's last token is the next document's first.
+        FlexAttention and OLMo-core's intra-document masking). A document is a run of equal ids along a row; a token
+        attends only to earlier tokens of its own document (block-diagonal causal), and RoPE positions restart at 0 at
+        each document (unless ``position_ids`` are given, which are then used as they are). The depth mix of every
+        method is per position, so nothing else changes: a document packed after others gets the logits it gets alone
+        (tests/model/test_doc_mask.py). Combines with a left-padding ``attention_mask`` (keys must be real tokens of the
+        query's document; positions count real tokens). Sequence attention is FlexAttention with a block mask on CUDA
+        (``functional.document_block_mask``), SDPA with an additive ``[B, 1, T, T]`` mask elsewhere. A training-time
+        feature: ``ValueError`` with a ``cache`` (no KV-cache decode of packed rows). The loss is not changed: the
+        target of a document's last token is the next document's first.
 
         Only shapes are checked here (no device synchronisation); the values of user input are checked once at
         the boundary (``depthattn.checks.check_forward_inputs``: ``generate``, evaluation, the HF forward)."""

@@ -13,7 +13,7 @@ import pytest
 from depthattn.cli import main
 from depthattn.progress import progress_bar, stream_is_terminal
 
-from test_train import make_data
+from helpers import machine_timeout, make_data
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--no-verify", "--steps", "3", "--set", "batch_size=2", "--set", "seq_len=32", "--set", "eval_windows=2",
@@ -172,8 +172,8 @@ def test_pytest_names_the_gpu_tests_it_deselects():
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider",
-                          str(ROOT / "tests/test_gpu.py")], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300).stdout
+                          str(ROOT / "tests/model/test_gpu.py")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=machine_timeout(300)).stdout
     found = re.search(r"^(\d+) GPU tests deselected \(.*-m gpu runs them on a CUDA machine\)$", out, re.M)
     assert found and f"({found.group(1)} deselected)" in out
 

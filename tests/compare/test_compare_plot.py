@@ -9,7 +9,7 @@ from matplotlib.colors import to_hex
 
 from depthattn.compare import BASELINE, method_colours, plot_curves
 
-from test_compare_stats import results
+from helpers import hand_made_results as results
 
 
 def _lines(ax) -> dict[str, str]:

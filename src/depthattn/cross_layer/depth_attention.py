@@ -202,7 +202,7 @@ def _mix_unrolled(q_BHTD: Tensor, keys: Sequence[Tensor], values: Sequence[Tenso
     1.044 (1.033–1.055), so the form alone is not a measured gain; the decode step of this form with the C++
     wrapper measures 1.015 and 1.018 × vanilla in two six-process runs, ``_mix_forward`` 1.019 in a third: no
     difference beyond the run-to-run spread (docs/benchmarks.md). Equal to the float64 twin within float32
-    rounding; a bf16 result is rounded once from float32 (tests/test_functional.py)."""
+    rounding; a bf16 result is rounded once from float32 (tests/model/test_functional.py)."""
     K, G, D = keys[0].shape[1], q_BHTD.shape[1] // keys[0].shape[1], q_BHTD.shape[-1]
     qsum_BKTD = _query_sum(q_BHTD, K) * (1.0 / (G * math.sqrt(D)))
     logits_BKTN = (_acc(torch.stack(keys, dim=-2)) * qsum_BKTD.unsqueeze(-2)).sum(-1)

@@ -49,9 +49,9 @@ def sinkhorn(logits_SS: Tensor, iters: int) -> Tensor:
     any scale stay finite and exact zeros never appear. Rows are normalised last, so they sum to 1 (up to rounding)
     and equal streams stay equal.
 
-    **Bound** (tested, ``tests/test_residual.py``): rows within 1e-6 of 1 at any scale; columns within 1e-3 of 1 for
-    S ≤ 4 and logits ``s · N(0, 1)`` with s ≤ 30 after ``iters`` ≥ 2000 rounds. Sinkhorn converges only like 1/t
-    when the logits spread widely (measured worst column error ≈ 1.5 / t at s = 30, S = 4), so the paper's 20 rounds
+    **Bound** (tested, ``tests/cross_layer/test_residual.py``): rows within 1e-6 of 1 at any scale; columns within 1e-3
+    of 1 for S ≤ 4 and logits ``s · N(0, 1)`` with s ≤ 30 after ``iters`` ≥ 2000 rounds. Sinkhorn converges only like
+    1/t when the logits spread widely (measured worst column error ≈ 1.5 / t at s = 30, S = 4), so the paper's 20 rounds
     (the default ``mhc_sinkhorn_iters``) leave columns up to ~0.05 off at s ≥ 3 and up to 1 off at s = 30: raise
     ``mhc_sinkhorn_iters`` where Hres must be doubly stochastic to 1e-3.
 

@@ -13,7 +13,7 @@ time, so that no more than one tensor (plus the file system's page cache) is hel
 written: the safetensors layout (8-byte little-endian header length, the JSON header padded with spaces to a
 multiple of 8, then each tensor's bytes in header order; safetensors' own format description) is written directly,
 because ``safetensors.torch.save_file`` first copies every tensor of a file into one ``bytes`` object. Files it
-writes are read back by ``safetensors`` itself in the tests (``tests/test_authors_import.py``). Errors are one
+writes are read back by ``safetensors`` itself in the tests (``tests/folders/test_authors_import.py``). Errors are one
 ``ValueError`` naming the file.
 """
 

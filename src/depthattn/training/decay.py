@@ -7,7 +7,7 @@ recorded one with ``steps = S + N`` (``S`` the checkpoint's step, ``N`` the deca
 ``decay_fraction = N / (S + N)`` (so ``decay_steps()`` is ``N``) and the source's warm-up kept as a fraction of the
 new budget (the same number of warm-up steps): its schedule is the one of an uninterrupted WSD run of ``S + N`` steps
 whose decay starts at ``S``, and since the training windows are a function of the step (the data position), the
-new run repeats that run's steps ``S + 1 .. S + N`` (bit for bit on float32 CPU; tests/test_schedules.py).
+new run repeats that run's steps ``S + 1 .. S + N`` (bit for bit on float32 CPU; tests/training/test_schedules.py).
 
 The source must be in its stable phase at ``S``: its learning rate at ``S`` is the peak (``lr_schedule`` ``"wsd"``
 before its own decay, or ``"constant"``, past warm-up). The new run folder records the source checkpoint

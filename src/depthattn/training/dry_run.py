@@ -14,8 +14,8 @@ process keep them whole):
   in-flight state, ``accounting.inflight_bytes_per_token``) and one block's activations live during recompute.
   Elements are 4 B in float32, 2 B in bf16 (logits stay float32).
 
-The counts were measured with ``torch.autograd.graph.saved_tensors_hooks`` on CPU float32 (tests/test_dry_run.py
-keeps the estimate within 30 % of a measured step at the ``small`` preset).
+The counts were measured with ``torch.autograd.graph.saved_tensors_hooks`` on CPU float32
+(tests/training/test_dry_run.py keeps the estimate within 30 % of a measured step at the ``small`` preset).
 
 The plan is the config's on ``nproc`` ranks: with ``global_batch_tokens`` set, ``grad_accum`` follows for that world
 size (``TrainConfig.for_world``), so the global batch and the budget are the ones the config was written for;

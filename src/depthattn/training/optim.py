@@ -136,7 +136,7 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1, beta
                     method_params: bool = False) -> tuple[torch.optim.AdamW, dict[str, list[str]]]:
     """AdamW over ``param_groups(model, weight_decay, method_params)``; returns the optimizer and the group names.
     ``impl``: a resolved ``adamw_impl`` (``resolve_adamw_impl``; the same update up to rounding,
-    tests/test_schedules.py)."""
+    tests/training/test_schedules.py)."""
     groups, names = param_groups(model, weight_decay, method_params)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **adamw_kwargs(impl)), names
 
