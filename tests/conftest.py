@@ -145,17 +145,25 @@ def model_cfg(data_dir):
                                 "tokenizer.json")
 
 
-# ---------------------------------------------------------------------------------------------------- GPU tests
-#: Tests marked ``gpu`` that ``-m`` (the default ``-m 'not gpu'`` of pyproject.toml) deselected in this session.
-_GPU_DESELECTED: list = []
+# ---------------------------------------------------------------------------------------------------- deselected
+#: Tests the default ``-m`` of pyproject.toml (or the one given) deselected in this session.
+_DESELECTED: list = []
+#: The markers of the tests CI's second step runs (pyproject.toml's addopts leaves them out).
+SECOND_STEP = ("slow", "dist", "docs", "compile")
 
 
 def pytest_deselected(items) -> None:
-    _GPU_DESELECTED.extend(i for i in items if i.get_closest_marker("gpu") is not None)
+    _DESELECTED.extend(items)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Say what the "N deselected" of the summary are when they are GPU tests."""
-    if _GPU_DESELECTED:
-        terminalreporter.write_line(f"{len(_GPU_DESELECTED)} GPU tests deselected (pyproject.toml's -m 'not gpu'; "
+    """Say what the "N deselected" of the summary are: GPU tests, and the slower tests of CI's second step."""
+    gpu = [i for i in _DESELECTED if i.get_closest_marker("gpu") is not None]
+    slower = [i for i in _DESELECTED if i.get_closest_marker("gpu") is None
+              and any(i.get_closest_marker(m) is not None for m in SECOND_STEP)]
+    if gpu:
+        terminalreporter.write_line(f"{len(gpu)} GPU tests deselected (pyproject.toml's -m; "
                                     f"-m gpu runs them on a CUDA machine)")
+    if slower:
+        terminalreporter.write_line(f"{len(slower)} slower tests deselected ({', '.join(SECOND_STEP)}; "
+                                    f"-m \"({' or '.join(SECOND_STEP)}) and not gpu\" runs them)")
