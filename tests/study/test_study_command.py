@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
