@@ -6,6 +6,7 @@ were made; ``copy_release_fixture`` copies one and points those records at the c
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -31,3 +32,9 @@ def reference_losses() -> list[float]:
     """The training losses, step by step, of the uninterrupted old-release run."""
     rows = [json.loads(line) for line in (FIXTURES / "reference" / "metrics.jsonl").read_text().splitlines() if line]
     return [r["loss"] for r in rows]
+
+
+def resumed_to_step_8(out: str) -> bool:
+    """Whether ``train``'s last line says it trained the steps from the fixture's checkpoint to step 8."""
+    found = re.search(r"trained (\d+) steps \(steps (\d+)-8 of the run\)", out)
+    return bool(found) and int(found.group(1)) == 8 - int(found.group(2)) + 1

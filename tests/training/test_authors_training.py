@@ -66,7 +66,7 @@ def test_init_from_a_padded_vocabulary_trains_and_the_extra_rows_are_never_targe
                  "--no-progress", *_sets()]) == 0
     out = capsys.readouterr().out
     assert "note: the new model differs" not in out  # same config: nothing to say
-    loss = float(out.rsplit("final val loss ", 1)[1].split(";")[0])
+    loss = float(out.rsplit("final val loss ", 1)[1].split()[0])
     assert math.isfinite(loss) and loss < math.log(TOKENIZER_ROWS)
     assert json.loads((run / "run.json").read_text())["model"]["vocab_size"] == PADDED
     trained = ckpt.load_model(ckpt.latest_checkpoint(run))

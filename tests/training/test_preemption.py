@@ -36,7 +36,7 @@ from depthattn.training.preemption import TrainingPreempted, stop_signals
 from depthattn.training.resume import config_differences
 
 from helpers import torchrun
-from release_fixtures import copy_release_fixture, reference_losses
+from release_fixtures import copy_release_fixture, reference_losses, resumed_to_step_8
 from test_reliability_train import assert_checkpoints_complete, curve
 
 STEPS = 8
@@ -150,7 +150,7 @@ def test_cli_exits_128_plus_n_with_one_line_and_resume_if_exists_continues(tmp_p
                    f"resume with: the same command (it has --resume-if-exists)"]
     monkeypatch.delenv(FAULT_SIGNAL_ENV)
     assert main(command) == 0
-    assert f"trained {STEPS} steps" in capsys.readouterr().out
+    assert f"trained {STEPS - 3} steps (steps 4-{STEPS} of the run)" in capsys.readouterr().out
     assert_same_run(out, reference)
     assert read_run(out)["train"]["save_every_minutes"] == 30  # the recorded value
 
@@ -221,7 +221,7 @@ def test_a_run_recorded_before_save_every_minutes_reads_it_as_0_and_resumes_unch
     requested = ModelConfig.from_dict(recorded["model"]).to_dict()  # as a resume builds it: every field
     assert config_differences(recorded, requested, TrainConfig.from_recorded(recorded["train"]).to_dict()) == []
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
-    assert "trained 8 steps" in capsys.readouterr().out
+    assert resumed_to_step_8(capsys.readouterr().out)
     assert [r["loss"] for r in read_metrics(run)] == reference_losses()
     assert read_run(run)["train"]["save_every_minutes"] == 0
 

@@ -305,7 +305,8 @@ def test_nan_loss_stop_then_resume_with_skip_equals_a_skipping_run(tmp_path, mod
     inject_nan_loss(monkeypatch, {1})  # the resumed session's first step is step 5 again
     capsys.readouterr()
     assert main(["train", "--resume", str(stop), "--on-nonfinite", "skip", "--no-progress"]) == 0  # as the hint says
-    assert f"trained {STEPS} steps (1 of them skipped: non-finite loss" in capsys.readouterr().out
+    assert (f"trained {STEPS - 4} steps (steps 5-{STEPS} of the run) (1 of the run's steps skipped: non-finite loss"
+            in capsys.readouterr().out)
     assert json.loads((stop / "summary.json").read_text())["skipped_steps"] == 1
     assert json.loads((stop / "run.json").read_text())["train"]["on_nonfinite"] == "skip"
 
