@@ -10,30 +10,13 @@ import torch
 from depthattn.cross_layer import names
 
 from conftest import assert_cache_matches_full, build, padded_batch, perturb, tiny
+from test_controls import CONTROLS
+from test_residual import CASES as RESIDUAL_CASES
 
-# (cross_layer, knobs): every registered method, with the small block sizes, strides and loops of each
-CASES = [
-    ("none", {}),
-    ("depth_attention", {}),
-    ("depth_attention", {"depth_attention_stride": 1}),
-    ("denseformer", {}),
-    ("denseformer", {"denseformer_dilation": 2}),
-    ("denseformer", {"denseformer_period": 2}),
-    ("mhc", {}),
-    ("mhc", {"mhc_num_streams": 3}),
-    ("attnres", {}),
-    ("attnres", {"attnres_block_size": 2}),
-    ("attnres", {"attnres_block_size": 3}),
-    ("attnres", {"attnres_block_size": 2, "attnres_recency_bias": 3.0}),
-    ("attnres", {"attnres_block_size": 3, "attnres_recency_bias": 1.0}),
-    ("value_residual", {}),
-    ("value_residual", {"value_residual_lambda": 0.2}),
-    ("value_residual", {"value_residual_learnable": True}),
-    ("depth_attention_uniform", {}),
-    ("depth_attention_uniform", {"depth_attention_stride": 1}),
-    ("depth_attention_uniform", {"depth_attention_window": 2, "depth_attention_stride": 3}),
-    ("depth_attention_uniform", {"num_loops": 2}),
-]
+#: Every method: the residual-seam cases of test_residual.py (small block sizes, strides), Depth-Attention's, and
+#: the controls of test_controls.py (loops included).
+CASES = [RESIDUAL_CASES[0], ("depth_attention", {}), ("depth_attention", {"depth_attention_stride": 1}),
+         *RESIDUAL_CASES[1:], *CONTROLS]
 IDS = [m + "".join(f"-{k}={v}" for k, v in kw.items()) for m, kw in CASES]
 
 
