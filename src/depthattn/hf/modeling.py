@@ -221,6 +221,19 @@ class DepthAttnPreTrainedModel(PreTrainedModel):
                 asked[key] = value
         return asked
 
+    def _run_backbone(self, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache,
+                      document_ids, labels, asked: dict):
+        """The forward's inputs, checked and made ready (``_prepare_backbone``), through ``_backbone()``:
+        ``(cache, hidden states [B, T, C] after the final norm, recorded)``, ``recorded`` the output fields
+        ``asked`` for (``_asked``) as ``recorded_outputs`` gives them ({} when none)."""
+        cache, kv, document_ids = self._prepare_backbone(input_ids, inputs_embeds, attention_mask, position_ids,
+                                                         cache, use_cache, document_ids, labels)
+        record = {key: [] for key in asked} or None
+        hidden = self._backbone()(input_ids, attention_mask, position_ids, kv, validate=False,
+                                  document_ids=document_ids, inputs_embeds=inputs_embeds,
+                                  **({} if record is None else {"record": record}))
+        return cache, hidden, recorded_outputs(record, asked.get("hidden_states"))
+
     def _prepare_backbone(self, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache,
                           document_ids, labels):
         """The forward's inputs made ready for the ``Backbone``: ``(cache, core KVCache or None, document_ids)``, with
@@ -413,13 +426,10 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
                 **kwargs) -> DepthAttnCausalLMOutputWithPast:
         shift_labels = kwargs.get("shift_labels")
         targets = shift_labels if labels is not None and shift_labels is not None else labels
-        cache, kv, document_ids = self._prepare_backbone(input_ids, inputs_embeds, attention_mask, position_ids,
-                                                         past_key_values if cache is None else cache, use_cache,
-                                                         document_ids, targets)
         asked = self._asked(output_hidden_states, output_attentions, output_depth_weights)
-        record = {key: [] for key in asked} or None
-        hidden = self.model(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids,
-                            inputs_embeds=inputs_embeds, **({} if record is None else {"record": record}))
+        cache, hidden, recorded = self._run_backbone(input_ids, inputs_embeds, attention_mask, position_ids,
+                                                     past_key_values if cache is None else cache, use_cache,
+                                                     document_ids, targets, asked)
         logits = self.lm_head(hidden)
         loss = None if labels is None else causal_lm_loss(logits, labels, attention_mask, shift_labels,
                                                           kwargs.get("num_items_in_batch"))
@@ -427,7 +437,6 @@ class DepthAttnForCausalLM(DepthAttnPreTrainedModel, GenerationMixin):
             logits = logits[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
             logits = logits[:, logits_to_keep]
-        recorded = recorded_outputs(record, asked.get("hidden_states"))
         out = DepthAttnCausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, **recorded)
         return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
@@ -491,15 +500,11 @@ class DepthAttnModel(DepthAttnPreTrainedModel):
                 use_cache: bool | None = None, past_key_values: Cache | None = None, return_dict: bool | None = None,
                 document_ids: Tensor | None = None, output_hidden_states: bool | int | list[int] | None = None,
                 output_attentions: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
-        cache, kv, document_ids = self._prepare_backbone(input_ids, inputs_embeds, attention_mask, position_ids,
-                                                         past_key_values if cache is None else cache, use_cache,
-                                                         document_ids, None)
         asked = self._asked(output_hidden_states, output_attentions, False)
-        record = {key: [] for key in asked} or None
-        hidden = self._core(input_ids, attention_mask, position_ids, kv, validate=False, document_ids=document_ids,
-                            inputs_embeds=inputs_embeds, **({} if record is None else {"record": record}))
-        out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache,
-                                      **recorded_outputs(record, asked.get("hidden_states")))
+        cache, hidden, recorded = self._run_backbone(input_ids, inputs_embeds, attention_mask, position_ids,
+                                                     past_key_values if cache is None else cache, use_cache,
+                                                     document_ids, None, asked)
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache, **recorded)
         return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
 
