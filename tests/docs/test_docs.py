@@ -87,12 +87,14 @@ def test_documented_blocks_run(doc: Path, tmp_path):
 
 
 def test_committed_docs_hold_no_absolute_path_of_the_machine_that_wrote_them():
-    """Benchmark logs and pages show paths relative to the checkout, or none (a temporary folder, a venv's
-    site-packages); example paths a reader replaces (/shared/..., /path/to/...) are not a machine's."""
+    """Pages, benchmark logs (results/bench) and published results show paths relative to the checkout, or none (a
+    temporary folder, a venv's site-packages); example paths a reader replaces (/shared/..., /path/to/...) are not a
+    machine's."""
     import re
 
     machine = re.compile(r"(?<![\w.~])/(?:tmp|work|home|root|Users|farm|var/folders)/[\w.-]")
-    files = [p for p in (ROOT / "docs").rglob("*") if p.suffix in (".md", ".txt", ".json")] + [ROOT / "README.md"]
+    files = [p for folder in ("docs", "results") for p in (ROOT / folder).rglob("*")
+             if p.suffix in (".md", ".txt", ".json")] + [ROOT / "README.md"]
     found = [f"{p.relative_to(ROOT)}:{n}" for p in files
              for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
              if machine.search(line)]
