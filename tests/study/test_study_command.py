@@ -48,11 +48,11 @@ def test_a_study_expands_to_named_parts_whose_commands_compare_accepts(tmp_path)
                                       'depth_attention_window = [0, 2]\n')
     study = load_study(path)
     parts = study.parts()
-    assert [p.name for p in parts][:5] == ["b1-lr0.001-depth_attention_window0-s0",
-                                           "b1-lr0.001-depth_attention_window0-s1",
-                                           "b1-lr0.001-depth_attention_window2-s0",
-                                           "b1-lr0.001-depth_attention_window2-s1",
-                                           "b1-lr0.002-depth_attention_window0-s0"]
+    assert [p.name for p in parts][:5] == ["toy-b1-lr0.001-depth_attention_window0-s0",
+                                           "toy-b1-lr0.001-depth_attention_window0-s1",
+                                           "toy-b1-lr0.001-depth_attention_window2-s0",
+                                           "toy-b1-lr0.001-depth_attention_window2-s1",
+                                           "toy-b1-lr0.002-depth_attention_window0-s0"]
     assert len(parts) == 2 * 2 * 2 * 2 and len({p.name for p in parts}) == 16
     assert {p.steps for p in parts} == {3, 6} and study.reference == "depth_attention"
     assert {p.cell for p in parts if p.seed == 0} == {p.cell for p in parts if p.seed == 1}  # paired by seed
@@ -60,7 +60,7 @@ def test_a_study_expands_to_named_parts_whose_commands_compare_accepts(tmp_path)
     args = build_parser().parse_args(study.compare_argv(part))  # the compare command line, as the CLI reads it
     assert (args.command, args.methods, args.seeds, args.steps, args.preset) == \
         ("compare", "none,depth_attention", "1", 6, "tiny")
-    assert Path(args.out) == tmp_path / "out" / "b2-lr0.002-depth_attention_window2-s1"
+    assert Path(args.out) == tmp_path / "out" / "toy-b2-lr0.002-depth_attention_window2-s1"
     from depthattn.training.config import parse_value
 
     sets = dict(item.split("=", 1) for item in args.set)
@@ -77,7 +77,7 @@ def test_a_study_expands_to_named_parts_whose_commands_compare_accepts(tmp_path)
     ("", ("budgets = [1, 2]", "budgets = [1, 1.5]"), r"budget 1.5 x steps 3 is not a whole number of steps"),
     ("", ("seq_len = 32", "seq_lenn = 32"), r"unknown key 'seq_lenn'"),
     ("", ("preset = \"tiny\"\n", ""), r"`preset` is missing"),
-    ("[grid]\nlr = [-1.0]\n", None, r"part b1-lr-1.0: .*lr"),
+    ("[grid]\nlr = [-1.0]\n", None, r"part toy-b1-lr-1.0: .*lr"),
 ])
 def test_a_bad_study_file_is_one_line_naming_the_file(tmp_path, capsys, extra, body_edit, message):
     text = TOY.format(out=tmp_path / "out", data="D", extra=extra)
@@ -107,27 +107,27 @@ def test_run_resumes_an_interrupted_part_and_reports_compares_statistics(data_di
     path = write_study(tmp_path, data=data_dir)
     assert set(run_states(path).values()) == {"missing"}
     monkeypatch.setenv("DEPTHATTN_FAULT_PHASE", "step:5")  # SIGKILL at the 5th optimizer step of the part's process
-    assert main(["study", "run", str(path), "b2-s0"]) == 1
+    assert main(["study", "run", str(path), "toy-b2-s0"]) == 1
     monkeypatch.delenv("DEPTHATTN_FAULT_PHASE")
     from depthattn.study.status import part_status
 
     study = load_study(path)
-    killed = part_status(study, next(p for p in study.parts() if p.name == "b2-s0"))
+    killed = part_status(study, next(p for p in study.parts() if p.name == "toy-b2-s0"))
     assert killed.state == "incomplete" and killed.runs == {"none": "at step 3", "depth_attention": "not started"}
     assert main(["study", "run", str(path), "--jobs", "2"]) == 0
     assert set(run_states(path).values()) == {"done"}
-    resumed = json.loads((tmp_path / "out/b2-s0/results.json").read_text())
+    resumed = json.loads((tmp_path / "out/toy-b2-s0/results.json").read_text())
     assert {k: v["action"] for k, v in resumed["history"][-1]["runs"].items()} == \
         {"none-seed0": "resumed at step 3", "depth_attention-seed0": "trained"}
     assert main(["study", "run", str(path)]) == 0  # nothing left: no part trains again
     assert main(["study", "report", str(path)]) == 0
     report = (tmp_path / "out/report.md").read_text()
 
-    # compare's own statistics over the same runs: the b1 cell's four runs in one compare folder, reused
+    # compare's own statistics over the same runs: the toy-b1 cell's four runs in one compare folder, reused
     cmp = tmp_path / "cmp"
     for seed in (0, 1):
         for m in ("none", "depth_attention"):
-            shutil.copytree(tmp_path / f"out/b1-s{seed}/runs/{m}-seed{seed}", cmp / f"runs/{m}-seed{seed}")
+            shutil.copytree(tmp_path / f"out/toy-b1-s{seed}/runs/{m}-seed{seed}", cmp / f"runs/{m}-seed{seed}")
     argv = study.compare_argv(study.parts()[0])
     argv[argv.index("--seeds") + 1] = "0,1"
     argv[argv.index("--out") + 1] = str(cmp)
@@ -136,13 +136,13 @@ def test_run_resumes_an_interrupted_part_and_reports_compares_statistics(data_di
     assert {r["action"] for r in theirs["history"][-1]["runs"].values()} == {"reused"}
     from depthattn.study.report import cell_stats, collect
 
-    ours = cell_stats(study, collect(study)["b1"])["depth_attention"]
+    ours = cell_stats(study, collect(study)["toy-b1"])["depth_attention"]
     want = theirs["paired"]["depth_attention"]
     assert ours["seeds"] == want["seeds"] == [0, 1]
     for key in ("val_loss", "bits_per_byte"):
         assert ours[key] == want[key]
     d = want["val_loss"]
-    row = (f"| b1 | `depth_attention` | {d['mean']:+.4f} ± {d['std']:.4f} | {d['ci95'][0]:+.4f} to "
+    row = (f"| toy-b1 | `depth_attention` | {d['mean']:+.4f} ± {d['std']:.4f} | {d['ci95'][0]:+.4f} to "
            f"{d['ci95'][1]:+.4f} | {d['favouring']} of 2 |")
     assert row in report
     assert "### Across budget" in report and "| — | `depth_attention` |" in report
@@ -151,7 +151,7 @@ def test_run_resumes_an_interrupted_part_and_reports_compares_statistics(data_di
     from depthattn.compare import run_differences
     from depthattn.run.folder import RunFolder
 
-    record = RunFolder(tmp_path / "out/b1-s0/runs/none-seed0").read_run()
+    record = RunFolder(tmp_path / "out/toy-b1-s0/runs/none-seed0").read_run()
     assert run_differences(record, dict(record)) == []
     assert run_differences(record, {**record, "device": "cuda:0"}) == ["device: cpu vs cuda"]
     assert run_differences(record, {**record, "train": {**record["train"], "lr": 1.0}}, {"lr"}) == []
@@ -259,6 +259,6 @@ def test_the_documented_example_study_is_the_committed_file_and_expands_to_twelv
     assert shown == "\n".join(line for line in committed.splitlines(keepends=False)
                               if not line.startswith("#")).lstrip("\n") + "\n"
     study = load_study(root / "studies/example.toml")
-    assert [p.name for p in study.parts()] == [f"b{b}-lr{lr}-s{s}" for b in (1, 4) for lr in ("0.001", "0.002")
+    assert [p.name for p in study.parts()] == [f"example-b{b}-lr{lr}-s{s}" for b in (1, 4) for lr in ("0.001", "0.002")
                                                for s in (0, 1, 2)]
     assert {p.steps for p in study.parts()} == {400, 1600} and study.slurm["timeout_min"] == 120

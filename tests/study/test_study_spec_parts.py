@@ -46,8 +46,8 @@ def test_listed_cells_are_the_cells_in_their_order_and_a_many_cell_study_keeps_b
     s = study(tmp_path, "cells = [{depth_attention_window = 2, depth_attention_stride = 1}, "
                         "{depth_attention_window = 0}]\nbudgets = [1, 2]\n")
     assert [p.name for p in s.parts() if p.seed == 0] == [
-        "b1-depth_attention_window2-depth_attention_stride1-s0", "b1-depth_attention_window0-s0",
-        "b2-depth_attention_window2-depth_attention_stride1-s0", "b2-depth_attention_window0-s0"]
+        "s-b1-depth_attention_window2-depth_attention_stride1-s0", "s-b1-depth_attention_window0-s0",
+        "s-b2-depth_attention_window2-depth_attention_stride1-s0", "s-b2-depth_attention_window0-s0"]
     argv = s.compare_argv(s.parts()[0])
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == ["depth_attention_window=2",
                                                                         "depth_attention_stride=1"]

@@ -33,9 +33,10 @@ grid is ``[grid] lr = [...]``)::
     partition = "gpu"
 
 A **part** is one ``compare`` of every method with one seed (of one method with one seed with ``per_method``), in
-``OUT/PART``; its name is its **cell** (budget and grid values, e.g. ``b4-lr0.002``; the study's name when the study
-has one budget and one cell) and ``-s<seed>`` (and ``-<method>`` with ``per_method``). Within a part every method
-trains with the same seed, so the same data order (compare's rule); the report pairs the parts of one cell by seed.
+``OUT/PART``; its name is its **cell** (the study's name, the budget and the grid values, e.g.
+``example-b4-lr0.002``; the study's name alone when it has one budget and one cell) and ``-s<seed>`` (and
+``-<method>`` with ``per_method``). Within a part every method trains with the same seed, so the same data order
+(compare's rule); the report pairs the parts of one cell by seed.
 """
 
 from __future__ import annotations
@@ -118,13 +119,16 @@ class Study:
 
     def parts(self) -> list[Part]:
         """Every part: budgets, then cells (``cells``), then seeds, then (``per_method``) methods. A study of one
-        budget and one cell names its cell after itself; else a cell is ``b<budget>`` and its settings."""
+        budget and one cell names its cell after itself; else a cell is the study's name, ``b<budget>`` (with two
+        budgets or more) and its settings, so part names stay unique across studies (one published folder)."""
         cells = self.cells()
         single = len(self.budgets) == 1 and len(cells) == 1
         out = []
         for budget in self.budgets:
             for axes in cells:
-                cell = self.name if single else "-".join([f"b{budget:g}"] + [f"{k}{_word(v)}" for k, v in axes])
+                cell = self.name if single else "-".join(
+                    [self.name] + ([f"b{budget:g}"] if len(self.budgets) > 1 else [])
+                    + [f"{k}{_word(v)}" for k, v in axes])
                 for seed in self.seeds:
                     methods = self.seed_methods(seed)
                     groups = [(f"-{m}", (m,)) for m in methods] if self.per_method else [("", methods)]
