@@ -24,6 +24,7 @@ from ..compare.records import BASELINE, val_curve
 from ..fileio import atomic_write_text
 from ..stats import paired_difference, tokens_to_target, verdict
 from . import depth as study_depth
+from . import multiplier as study_multiplier
 from . import partfile as study_results
 from . import trend as study_trend
 from .groups import GROUPS, RUN_ORDER, budget_sets, cpu_twin_group, set_order
@@ -425,6 +426,7 @@ def aggregate(studies_dir: Path, publish: Path, out: Path) -> str:
         groups = budget_sets()[where]
         budgets = tuple((g if g in groups else cpu_twin_group(g), name) for g, name in study_trend.BUDGETS)
         lines += study_trend.section(runs, BASELINE, budgets, TREND_WHERE[where])
+        lines += study_multiplier.section(runs, budgets, where, parts, done, out)  # a set whose parts are all published
     sixteen = [g for where in order for g in budget_sets()[where] if g.startswith("mix16")]
     lines += depth_section(published, out, runs, sixteen)
     lines += group_sections(runs, order) + long_trend(runs) + parts_table(published, publish, out)
