@@ -226,3 +226,13 @@ def test_a_launcher_stopped_by_sigterm_stops_its_compare_children(tmp_path, data
     assert left == [], f"compare children {left} run on after their launcher was stopped"
     assert launcher.returncode == 128 + signal.SIGTERM, out
     assert f"{PART}: started" in out
+
+
+def test_run_skip_published_leaves_out_the_parts_already_published(trained, tmp_path, data_dir, monkeypatch, capsys):
+    """A fresh machine with the published files but no run folders trains only what is not published."""
+    monkeypatch.chdir(tmp_path)
+    write_toy(tmp_path, data_dir)
+    shutil.copytree(trained / "pub", tmp_path / "pub")
+    assert main(["study", "run", "toy.toml", "--skip-published"]) == 0
+    assert "every part is done" in capsys.readouterr().out
+    assert not (tmp_path / "runs" / "toy" / PART).exists()
