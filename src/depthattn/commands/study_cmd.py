@@ -37,8 +37,10 @@ def run_cmd(args: argparse.Namespace) -> int:
 
     study = _study(args)
     parts = find_parts(study, args.parts)
+    skipped = 0
     if args.skip_published:
-        parts = [p for p in parts if not partfile.path(_publish_dir(study, None), p.name).is_file()]
+        kept = [p for p in parts if not partfile.path(_publish_dir(study, None), p.name).is_file()]
+        parts, skipped = kept, len(parts) - len(kept)
     if args.slurm:
         flags = {"partition": args.partition, "gpus_per_node": args.gpus, "timeout_min": args.time,
                  "cpus_per_task": args.cpus, "array_parallelism": args.jobs_at_once}
@@ -50,8 +52,8 @@ def run_cmd(args: argparse.Namespace) -> int:
     prepare_data(study, progress=not args.no_progress)
     pending = todo(study, parts)
     if not pending:
-        print(f"{study.path}: every part is done ({len(parts)}); `depthattn study report {args.file}` writes the "
-              f"tables")
+        print(f"{study.path}: every part is done ({len(parts)}" + (f"; {skipped} more published" if skipped else "")
+              + f"); `depthattn study report {args.file}` writes the tables")
         return 0
     if args.slurm:
         jobs = slurm.submit(study, pending, flags, commit=args.commit)
