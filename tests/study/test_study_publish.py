@@ -170,10 +170,13 @@ def test_a_part_not_done_is_refused_by_name_and_publish_needs_a_folder(tmp_path,
     write_toy(tmp_path, data_dir, publish="")
     assert main(["study", "publish", "toy.toml"]) == 2
     assert "names no `publish` folder; give --to DIR" in capsys.readouterr().err
-    write_toy(tmp_path, data_dir, publish='publish = "pub"', extra=f'\n[slurm]\n').write_text(
-        (tmp_path / "toy.toml").read_text().replace('out = "runs/toy"', f'out = "{tmp_path}/runs"'))
+    path = write_toy(tmp_path, data_dir)  # a study that publishes names its folders relative to the current one
+    path.write_text(path.read_text().replace('out = "runs/toy"', f'out = "{tmp_path}/runs"'))
     assert main(["study", "status", "toy.toml"]) == 2
-    assert "`out = " in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"`out = '{tmp_path}/runs'` is an absolute path" in err[0]
+    assert main(["study", "run", "toy.toml", "--skip-published"]) == 2  # refused before anything trains
+    assert not (tmp_path / "runs").exists()
 
 
 def test_label_and_portable_paths(tmp_path, data_dir, monkeypatch):
@@ -236,3 +239,30 @@ def test_run_skip_published_leaves_out_the_parts_already_published(trained, tmp_
     assert main(["study", "run", "toy.toml", "--skip-published"]) == 0
     assert "every part is done" in capsys.readouterr().out
     assert not (tmp_path / "runs" / "toy" / PART).exists()
+
+
+def test_a_failed_publication_is_named_and_the_other_parts_go_on(tmp_path, data_dir, monkeypatch):
+    """``run_local`` calls ``on_done`` as each part finishes (``study run`` publishes there); a part whose
+    publication fails is named and counted as failed, the next one still runs and publishes, and each start is
+    recorded in OUT/logs/PART.jsonl."""
+    from depthattn.study import runner
+
+    monkeypatch.chdir(tmp_path)
+    study = load_study(write_toy(tmp_path, data_dir, extra="[grid]\nlr = [0.001, 0.002]\n"))
+    monkeypatch.setattr(runner, "command", lambda study, part: [sys.executable, "-c", "pass"])  # a part that succeeds
+    said = []
+
+    def on_done(part):
+        if part.name.startswith("toy-lr0.001"):
+            raise ValueError(f"{part.name}: refused")
+        return f"published {part.name}"
+
+    failed = runner.run_local(study, study.parts(), jobs=1, log=said.append, poll_s=0.05, commit="feedc0de",
+                              on_done=on_done)
+    assert failed == ["toy-lr0.001-s0"]
+    assert "toy-lr0.001-s0: trained, but not published: toy-lr0.001-s0: refused" in said
+    assert "toy-lr0.002-s0: published toy-lr0.002-s0" in said
+    for part in study.parts():
+        (row,) = [json.loads(line) for line in (tmp_path / "runs/toy/logs" / f"{part.name}.jsonl").read_text()
+                  .splitlines()]
+        assert row["commit"] == "feedc0de" and row["jobs"] == 1 and f"--out {part.folder}" in row["command"]

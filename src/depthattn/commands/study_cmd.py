@@ -39,7 +39,9 @@ def run_cmd(args: argparse.Namespace) -> int:
     parts = find_parts(study, args.parts)
     skipped = 0
     if args.skip_published:
-        kept = [p for p in parts if not partfile.path(_publish_dir(study, None), p.name).is_file()]
+        if study.publish is None:
+            raise ValueError(f"--skip-published: {study.path} names no `publish` folder (add publish = \"DIR\")")
+        kept = [p for p in parts if not partfile.path(study.publish, p.name).is_file()]
         parts, skipped = kept, len(parts) - len(kept)
     if args.slurm:
         flags = {"partition": args.partition, "gpus_per_node": args.gpus, "timeout_min": args.time,
