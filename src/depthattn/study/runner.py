@@ -73,20 +73,43 @@ def tail(path: Path, lines: int = 5) -> str:
     return "\n".join("    " + line for line in text[-lines:]) or "    (no output)"
 
 
-@contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``SystemExit(143)`` (so ``finally`` clauses run, as on Ctrl-C); the old
-    handler is restored after. Outside the main thread (where no handler can be set) nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class StopGate:
+    """SIGTERM as an exception: ``handler`` raises ``SystemExit(128 + n)`` (so ``finally`` clauses run, as on
+    Ctrl-C), except within ``held()``, which defers it to the block's end (a child started and not yet recorded
+    would be left running)."""
 
-    def stop(signum, _frame):
+    def __init__(self) -> None:
+        self.holding = False
+        self.pending: int | None = None
+
+    def handler(self, signum, _frame) -> None:
+        if self.holding:
+            self.pending = signum
+            return
         raise SystemExit(128 + signum)
 
-    old = signal.signal(signal.SIGTERM, stop)
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            if self.pending is not None:
+                raise SystemExit(128 + self.pending)
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[StopGate]:
+    """Within the block, SIGTERM goes to a ``StopGate`` (it raises); the old handler is restored after. Outside the
+    main thread (where no handler can be set) SIGTERM keeps its handler."""
+    gate = StopGate()
+    if threading.current_thread() is not threading.main_thread():
+        yield gate
+        return
+    old = signal.signal(signal.SIGTERM, gate.handler)
     try:
-        yield
+        yield gate
     finally:
         signal.signal(signal.SIGTERM, old)
 
@@ -104,7 +127,7 @@ def run_local(study: Study, parts: list[Part], jobs: int = 1, log: Callable[[str
     if jobs < 1:
         raise ValueError(f"--jobs {jobs} must be at least 1")
     pending, running, failed = list(parts), {}, []
-    with sigterm_raises():
+    with sigterm_raises() as gate:
         try:
             while pending or running:
                 while pending and len(running) < jobs:
@@ -112,12 +135,12 @@ def run_local(study: Study, parts: list[Part], jobs: int = 1, log: Callable[[str
                     path = log_file(study, part)
                     path.parent.mkdir(parents=True, exist_ok=True)
                     invocation(study, part, jobs, commit).record()
-                    with open(path, "a", encoding="utf-8") as f:
+                    with open(path, "a", encoding="utf-8") as f, gate.held():  # started, then recorded
                         f.write(f"== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command(study, part))}\n")
                         f.flush()
                         proc = subprocess.Popen(command(study, part), stdout=f, stderr=subprocess.STDOUT,
                                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-                    running[part.name] = (part, proc, time.perf_counter())
+                        running[part.name] = (part, proc, time.perf_counter())
                     log(f"{part.name}: started ({len(running)} running, {len(pending)} waiting); log {path}")
                 time.sleep(poll_s)
                 for name, (part, proc, t0) in list(running.items()):
