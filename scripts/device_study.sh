@@ -49,7 +49,8 @@ pack() {
 
 finished() {  # how many of the groups' parts are published in the work folders
   local g
-  for g in $STUDY_GROUPS; do ls "$W"/work*/results/small-scale/"$g"-*.json 2>/dev/null; done | xargs -rn1 basename | sort -u | wc -l
+  for g in $STUDY_GROUPS; do ls "$W"/work*/results/small-scale/"$g"-*.json 2>/dev/null; done \
+    | xargs -rn1 basename | sort -u | wc -l
 }
 
 running() { [ -f "$W/driver.pid" ] && kill -0 "$(cat "$W/driver.pid")" 2>/dev/null; }

@@ -3,8 +3,8 @@
 
 Every array task records its start on its node (``invocations``: commit, machine) and runs one part's ``depthattn
 compare`` (``runner.command``) in a child process of its own session (``PartJob``); when the study names
-``publish``, a task whose part finishes publishes it (``study.publish``). Requeue-safe: SLURM warns a task before its time limit (submitit's ``--signal=USR2@90``) or on
-preemption; submitit then calls ``PartJob.checkpoint``, which sends the child SIGUSR1 (the trainer writes the
+``publish``, a task whose part finishes publishes it (``study.publish``). Requeue-safe: SLURM warns a task before
+its time limit (submitit's ``--signal=USR2@90``) or on preemption; submitit then calls ``PartJob.checkpoint``, which sends the child SIGUSR1 (the trainer writes the
 checkpoint of its current step and exits, ``training.preemption``) and returns the same call, which submitit
 requeues; the requeued task runs the same compare, which reuses finished runs and resumes the interrupted one from
 that checkpoint. A part is never lost, at most the step in flight.
