@@ -88,7 +88,9 @@ COMPARE_RUNS_DIR = "runs"
 COMPARE_DATA_DIR = "data"
 #: The files of a compare folder that ``compare`` replaces atomically (the report and plot only beside its results).
 COMPARE_FILES = (RESULTS_FILE, REPORT_FILE, PLOT_FILE)
-#: Every name ``compare`` creates in its folder, and the logs ``scripts/study.py`` keeps beside each compare it runs.
+#: Every name ``compare`` creates in its folder, and the two logs an earlier study runner kept beside each compare
+#: (``study.log``, ``study_invocations.jsonl``; ``depthattn study`` keeps its logs in ``OUT/logs``), so such folders
+#: stay reusable.
 COMPARE_FOLDER_NAMES = COMPARE_FILES + (COMPARE_RUNS_DIR, COMPARE_DATA_DIR, ".data.partial", LOCK_FILE, "study.log",
                                         "study_invocations.jsonl")
 

@@ -164,7 +164,7 @@ def test_compare_rerun_on_its_own_folder_reuses_its_runs(data_dir, tmp_path, cap
     argv = [*COMPARE, "--data", str(data_dir), "--out", str(out)]
     assert main(argv) == 0
     first = json.loads((out / "results.json").read_text())
-    (out / "study.log").write_text("the study driver's log\n")  # scripts/study.py keeps its logs beside the outputs
+    (out / "study.log").write_text("the study driver's log\n")  # an earlier study runner's log beside the outputs
     runs = {k: v for k, v in hashes(out).items() if k.startswith("runs/") and "/checkpoints/" in k}
     capsys.readouterr()
     assert main(argv) == 0

@@ -185,15 +185,17 @@ def test_a_slurm_part_checkpoints_its_child_and_is_requeued_with_the_same_comman
     pytest.importorskip("submitit")
     import pickle
 
+    from depthattn.study.invocations import Invocation
     from depthattn.study.slurm import PartJob
 
     marker = tmp_path / "marker"
     cmd = [sys.executable, "-c", CHILD, str(marker)]
+    start = Invocation(tmp_path / "logs" / "part.jsonl", "depthattn compare ...", "auto", 1, "abcdef12")
     job, errors = PartJob(), []
 
     def call():
         try:
-            job(cmd)
+            job(cmd, start)
         except RuntimeError as e:
             errors.append(str(e))
 
@@ -202,12 +204,15 @@ def test_a_slurm_part_checkpoints_its_child_and_is_requeued_with_the_same_comman
     deadline = time.time() + 30
     while not (marker.is_file() and marker.read_text() == "started") and time.time() < deadline:
         time.sleep(0.05)
-    again = job.checkpoint(cmd)  # what submitit calls on SLURM's USR2 (time limit) or preemption
+    again = job.checkpoint(cmd, start)  # what submitit calls on SLURM's USR2 (time limit) or preemption
     thread.join(30)
     assert marker.read_text() == "checkpointed"
     assert errors and "exit 138" in errors[0]
+    (row,) = [json.loads(line) for line in start.file.read_text().splitlines()]  # the task recorded its start
+    assert (row["commit"], row["jobs"], row["command"]) == ("abcdef12", 1, "depthattn compare ...") and row["hardware"]
     requeued = pickle.loads(pickle.dumps(again))  # submitit pickles the requeued call
-    assert isinstance(requeued.function, PartJob) and requeued.args == (cmd,) and requeued.function.proc is None
+    assert isinstance(requeued.function, PartJob) and requeued.args == (cmd, start, None)
+    assert requeued.function.proc is None
 
 
 def test_slurm_submits_one_array_task_per_part_with_the_files_and_flags_resources(tmp_path, monkeypatch):
@@ -216,6 +221,7 @@ def test_slurm_submits_one_array_task_per_part_with_the_files_and_flags_resource
     from submitit.slurm.test_slurm import mocked_slurm
 
     from depthattn.study import slurm
+    from depthattn.study.invocations import invocation
     from depthattn.study.runner import command
 
     path = write_study(tmp_path, extra='[slurm]\npartition = "gpu"\ntimeout_min = 240\ncpus_per_task = 8\n')
@@ -237,7 +243,8 @@ def test_slurm_submits_one_array_task_per_part_with_the_files_and_flags_resource
         assert line in text.splitlines(), (line, text)
     for job, part in zip(jobs, study.parts()):
         sub = DelayedSubmission.load(job.paths.submitted_pickle)
-        assert isinstance(sub.function, slurm.PartJob) and sub.args == (command(study, part),)
+        assert isinstance(sub.function, slurm.PartJob)
+        assert sub.args == (command(study, part), invocation(study, part, 1), None)  # no `publish`: nothing to publish
 
 
 def test_slurm_without_submitit_is_one_line(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,9 @@ grid is ``[grid] lr = [...]``)::
     name = "example"            # default: the file's stem
     out = "runs/study/example"  # the parts' folders (default runs/study/NAME); relative to the current folder
     data = "runs/data"          # a prepared data folder; default: the embedded corpus, prepared once into OUT/data
+    publish = "results/study"   # where ``study publish`` writes one small file per part done (``study.publish``);
+                                # with it, ``study run`` publishes each part as it finishes, and ``out`` and
+                                # ``data`` must be relative (a published file names no folder of this machine)
     preset = "small"            # compare's --preset (required unless quick)
     quick = false               # compare's --quick (its tiny budget; a smoke test, not a result)
     methods = ["none", "depth_attention"]
@@ -51,7 +54,8 @@ from typing import Any
 
 #: Top-level keys of a study file.
 TOP_KEYS = frozenset({"name", "out", "data", "preset", "quick", "methods", "reference", "seeds", "steps", "budgets",
-                      "loops", "eval_tokens", "set", "grid", "cells", "per_method", "method_seeds", "slurm"})
+                      "loops", "eval_tokens", "set", "grid", "cells", "per_method", "method_seeds", "slurm",
+                      "publish"})
 #: Settings a study sets with its own keys, so never through [set] or [grid].
 OWN_KEYS = {"seed": "seeds", "steps": "steps and budgets", "tokens": "steps and budgets", "cross_layer": "methods",
             "num_loops": "loops"}
@@ -76,7 +80,8 @@ class Part:
 
 @dataclass(frozen=True)
 class Study:
-    """A study file, read and checked (``load_study``). Paths are absolute."""
+    """A study file, read and checked (``load_study``). Paths are absolute; ``named`` holds ``out`` and ``data`` as
+    the file names them (``out`` defaulting to ``runs/study/NAME``; ``data`` absent without one)."""
 
     path: Path
     name: str
@@ -97,6 +102,8 @@ class Study:
     cell_list: tuple[tuple[tuple[str, Any], ...], ...] = ()
     per_method: bool = False
     method_seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    publish: Path | None = None
+    named: dict[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -188,7 +195,8 @@ def load_study(path: str | os.PathLike) -> Study:
     naming the file and the key for invalid TOML, an unknown key, a method not in ``cross_layer.names()``, an empty
     or repeated list, a budget that is not a whole number of steps, a [set]/[grid] key that is neither a
     ``ModelConfig`` nor a ``TrainConfig`` field or that the study sets itself (``OWN_KEYS``), or settings that
-    ``ModelConfig.from_preset`` / ``TrainConfig`` refuse."""
+    ``ModelConfig.from_preset`` / ``TrainConfig`` refuse, or, in a study that names ``publish``, an absolute
+    ``out`` or ``data`` (``check_portable``)."""
     from ..compare.settings import DEFAULT_TRAIN, QUICK, parse_methods
 
     path = Path(path)
@@ -235,7 +243,7 @@ def load_study(path: str | os.PathLike) -> Study:
           f"`eval_tokens = {eval_tokens!r}` must be an integer >= 0 (0: the whole validation split)")
     _need("preset" in doc or quick, path, "`preset` is missing (say which, e.g. preset = \"small\"; only a quick "
           "study has compare's --quick preset)")
-    for key in ("name", "out", "data", "preset"):
+    for key in ("name", "out", "data", "preset", "publish"):
         _need(key not in doc or (isinstance(doc[key], str) and doc[key]), path,
               f"`{key} = {doc.get(key)!r}` must be a non-empty string")
     per_method = doc.get("per_method", False)
@@ -264,14 +272,27 @@ def load_study(path: str | os.PathLike) -> Study:
     lonely = [s for s in seeds if not any(s in method_seeds.get(m, seeds) for m in methods)]
     _need(not lonely, path, f"seed {lonely[0] if lonely else ''} trains no method ([method_seeds] leave it out)")
     name = doc.get("name", path.stem)
-    study = Study(path=path.resolve(), name=name, out=Path(doc.get("out", os.path.join(DEFAULT_ROOT, name))).absolute(),
+    named = {"out": doc.get("out", os.path.join(DEFAULT_ROOT, name)),
+             **({"data": doc["data"]} if "data" in doc else {})}
+    study = Study(path=path.resolve(), name=name, out=Path(named["out"]).absolute(),
                   data=Path(doc["data"]).absolute() if "data" in doc else None, preset=doc.get("preset"),
                   quick=quick, methods=methods, reference=reference, seeds=seeds, steps=steps,
                   budgets=tuple(budgets), loops=loops, eval_tokens=eval_tokens, sets=dict(tables["set"]), grid=grid,
                   slurm=dict(tables["slurm"]), cell_list=cell_list, per_method=per_method,
-                  method_seeds=method_seeds)
+                  method_seeds=method_seeds, publish=Path(doc["publish"]).absolute() if "publish" in doc else None,
+                  named=named)
+    if study.publish is not None:
+        check_portable(study)
     _check_settings(study)
     return study
+
+
+def check_portable(study: Study) -> None:
+    """``ValueError`` naming the file and the key if the study's ``out`` or ``data`` is an absolute path: a
+    published part names them as the file does, and must name no folder of the machine that ran it."""
+    for key, value in study.named.items():
+        _need(not os.path.isabs(value), study.path, f"`{key} = {value!r}` is an absolute path; a published study "
+              f"names its folders relative to the current folder (its files must name no folder of this machine)")
 
 
 def _cells(doc: dict, path: Path) -> tuple[tuple[tuple[str, Any], ...], ...]:

@@ -1,14 +1,12 @@
-"""scripts/study.py: the runner and publisher of the small-scale study's parts; and the report of its published files
-(``depthattn.study.published``, here through scripts/study.py's ``aggregate`` and the study files of
-studies/small-scale) that builds docs/results.md from them."""
+"""The report of the small-scale study's published files (``depthattn.study.published``, with the study files of
+studies/small-scale) that builds docs/results.md from them: pairing, verdicts, budget trends, the CPU twins'
+cross-check, depth statistics; and a part's file (``partfile``), which keeps what the report reads."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,89 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 STUDIES = ROOT / "studies" / "small-scale"
 
 
-@pytest.fixture(scope="module")
-def study():
-    spec = importlib.util.spec_from_file_location("study", ROOT / "scripts" / "study.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["study"] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop("study", None)
+def aggregate(publish: Path, out: Path) -> str:
+    """docs/results.md (``out``) from the parts published under ``publish`` and the study files of
+    studies/small-scale (``depthattn study report --published``)."""
+    return study_report.aggregate(STUDIES, publish, out)
 
 
-def test_parts_cover_the_study(study):
-    parts = study.parts()
-    assert len({p.name for p in parts}) == len(parts)
-    main = [p for p in parts if p.group == "main"]
-    assert sorted(p.seeds for p in main) == ["0", "1", "2"]
-    assert all(p.methods.split(",") == ["none", "depth_attention", "denseformer", "mhc", "attnres",
-                                        "value_residual", "depth_attention_uniform"] for p in main)
-    loops = [p for p in parts if p.group == "loops"]
-    assert all(p.loops == 2 and p.methods == "none,depth_attention" for p in loops)
-    assert sorted(s for p in loops for s in p.seeds.split(",")) == ["0", "1", "2"]
-    ablation = {(tuple(p.sets), p.seeds) for p in parts if p.group == "ablation"}
-    assert len(ablation) == 10  # 5 candidate sets beyond main's default × 2 seeds
-    long = [p for p in parts if p.group == "long"]
-    assert {m for p in long for m in p.methods.split(",")} == {"none", "depth_attention", "attnres"}
-    assert all(p.steps_scale == 4 for p in long) and {p.seeds for p in long} == {"0", "1"}
-    assert all(p.minutes <= 45 for p in parts if p.steps_scale != 16)
-
-
-def test_mix_parts_run_in_the_issues_stopping_order(study):
-    """Issue 28: none, depth_attention, depth_attention_uniform × 3 seeds at 16 × first (one run a part), then
-    attnres × 2 seeds at 16 ×, then the four at 1 × and 4 × (one run a part, so they can run at once); all on the
-    mix, in float32, with time-based saves only; the CPU twins last."""
-    mix = [p for p in study.parts() if p.group in ("mix16", "mix1", "mix4")]
-    sixteen = [(p.methods, p.seeds) for p in mix[:9]]
-    assert sixteen == [(m, s) for s in "012" for m in ("none", "depth_attention", "depth_attention_uniform")]
-    assert [(p.methods, p.seeds) for p in mix[9:11]] == [("attnres", "0"), ("attnres", "1")]
-    assert all(p.steps_scale == 16 and p.group == "mix16" for p in mix[:11])
-    four = ["none", "depth_attention", "depth_attention_uniform", "attnres"]
-    for group, scale in (("mix1", 1), ("mix4", 4)):
-        got = [p for p in mix if p.group == group]
-        assert all(p.steps_scale == scale for p in got)
-        assert [(p.seeds, p.methods) for p in got] == [(s, m) for s in "012" for m in four]
-    assert all(p.corpus == "mix" and p.sets == list(study.MIX_SETS) for p in mix)
-    assert "precision=float32" in study.MIX_SETS and "save_every=0" in study.MIX_SETS
-    cpu = [p for p in study.parts() if p.group.endswith("cpu")]
-    # the CPU twins: the same runs, 16 x first then 1 x and 4 x, with the settings the first two 16 x CPU runs had
-    order = mix[:11] + [p for p in mix if p.group == "mix1"] + [p for p in mix if p.group == "mix4"]
-    assert [p.name.replace("cpu", "", 1) for p in cpu] == [p.name for p in order]
-    assert [p.group for p in cpu] == [p.group + "cpu" for p in order]
-    assert [study.cpu_twin(p) for p in order] == [p.name for p in cpu]  # found by its runs, not by name
-    assert {study.cpu_twin(p) for p in cpu} == {None}
-    assert sorted(study.CPU_TWIN_ORDER) == sorted(g.twin_of for g in study.study_groups.GROUPS.values() if g.twin_of)
-    assert all(p.steps_scale == q.steps_scale and p.sets == list(study.CPU_CHECK_SETS) and not p.device_sets
-               for p, q in zip(cpu, order))
-    assert [p.group for p in study.parts()][-len(mix) - len(cpu):] == [p.group for p in mix + cpu]
-    assert {p.group for p in study.parts()} == set(study.study_groups.GROUPS)  # every group has one record
-    args = type("A", (), {"data": None, "mix_data": None, "root": "R", "tiny": False})
-    argv = study.command(mix[0], args)
-    assert argv[argv.index("--data") + 1] == str(Path("R") / "data-mix")
-    assert argv[argv.index("--steps") + 1] == str(16 * study.DEFAULT_STEPS)
-    assert study.command(study.parts()[0], args)[study.command(study.parts()[0], args).index("--data") + 1] \
-        == str(Path("R") / "data")
-
-
-def test_device_and_compile_go_to_the_parts_that_take_them(study):
-    """--device / --compile add their settings to every part but those published with other settings (the CPU
-    cross-check keeps the command it ran); the CPU cross-check's command is the one it was published with."""
-    args = type("A", (), {"data": None, "mix_data": None, "root": "runs/study", "tiny": False, "device": "cuda",
-                          "compile": True})
-    table = {p.name: p for p in study.parts()}
-    argv = study.command(table["mix4-s2-attnres"], args)
-    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
-    assert sets == [*study.MIX_SETS, "device=cuda", "compile=true"]
-    cpu = study.command(table["mix16cpu-s0-none"], args)
-    assert "device=cuda" not in cpu and "compile=true" not in cpu
-    published = study_results.load(ROOT / "results/small-scale/mix16cpu-s0-none.json")["study"]["command"]
-    # the same command but for the folder name it ran in before the part was renamed
-    assert published == "depthattn " + " ".join(cpu).replace("mix16cpu-s0-none", "mix16-s0-none")
-
-
-def test_pairing_ignores_settings_that_do_not_change_a_trajectory(study):
+def test_pairing_ignores_settings_that_do_not_change_a_trajectory():
     """Runs that differ in compile or saving pair; in lr or in device they do not (a fresh run draws its initial
     weights on its device, so a CPU and a CUDA run of one seed start from other weights)."""
     base = results(seeds=(0,))
@@ -125,8 +47,8 @@ def test_pairing_ignores_settings_that_do_not_change_a_trajectory(study):
             trend.check_pairable({"mix1": {"none": {0: none}}, "mix16": {"x": {0: other}}}, ["mix1", "mix16"])
 
 
-def test_aggregate_without_parts_says_not_run(study, tmp_path):
-    text = study.aggregate(tmp_path / "pub", tmp_path / "results.md")
+def test_aggregate_without_parts_says_not_run(tmp_path):
+    text = aggregate(tmp_path / "pub", tmp_path / "results.md")
     assert "**The study has not been run yet.**" in text and "|" not in text
     assert (tmp_path / "results.md").read_text() == text
 
@@ -149,7 +71,7 @@ def publish(folder: Path, part: str, group: str, res: dict, label: str = "", dep
     path(folder, part).write_text(dumps(compact(res, depth or {})))
 
 
-def test_aggregate_pairs_across_parts(study, tmp_path):
+def test_aggregate_pairs_across_parts(tmp_path):
     pub = tmp_path / "pub"
     main = results(seeds=(0, 1, 2))
     publish(pub, "main-s0", "main", main)
@@ -158,7 +80,7 @@ def test_aggregate_pairs_across_parts(study, tmp_path):
     for r, v in zip(ablation["methods"]["depth_attention"]["runs"], (4.9, 5.2)):
         r["val_loss"] = v
     publish(pub, "ablation-1w0-s0", "ablation", ablation, label="stride=1, window=0")
-    text = study.aggregate(pub, tmp_path / "results.md")
+    text = aggregate(pub, tmp_path / "results.md")
     assert "**Incomplete:**" in text and "main-s1" in text
     assert f"run with the code of {study_report.PUBLISHED_WITH}" in text  # the tables say which code made them
     lines = text.splitlines()
@@ -172,7 +94,7 @@ def test_aggregate_pairs_across_parts(study, tmp_path):
     assert "`depthattn compare # main-s0`" in text and "[main-s0](pub/main-s0.json)" in text
 
 
-def test_aggregate_states_each_result_in_words(study, tmp_path):
+def test_aggregate_states_each_result_in_words(tmp_path):
     pub = tmp_path / "pub"
     main = results(seeds=(0, 1, 2))  # depth_attention: Δ = −0.026, +0.012, −0.040 (interval includes 0)
     publish(pub, "main-s0", "main", main)
@@ -181,7 +103,7 @@ def test_aggregate_states_each_result_in_words(study, tmp_path):
     for r, v in zip(clear["methods"]["depth_attention"]["runs"], (4.80, 4.91)):  # Δ = −0.20, −0.19
         r["val_loss"] = v
     publish(pub, "ablation-1w0-s0", "ablation", clear, label="stride=1, window=0")
-    text = study.aggregate(pub, tmp_path / "results.md")
+    text = aggregate(pub, tmp_path / "results.md")
     assert ("- `depth_attention`: Δ -0.018 ± 0.027 nats over 3 seeds (95 % interval -0.085 to +0.049; 2 of 3 seeds "
             "lower): inconclusive at this budget (the 95 % interval includes 0).") in text
     half = 12.7062 * 0.01 / math.sqrt(2) / math.sqrt(2)  # t(1) · std / √2, std of (−0.20, −0.19) = 0.01/√2
@@ -190,7 +112,7 @@ def test_aggregate_states_each_result_in_words(study, tmp_path):
             "interval excludes 0).") in text
 
 
-def test_aggregate_refuses_to_pair_other_budgets(study, tmp_path):
+def test_aggregate_refuses_to_pair_other_budgets(tmp_path):
     pub = tmp_path / "pub"
     publish(pub, "main-s0", "main", results(seeds=(0,)))
     other = results(seeds=(0,))
@@ -198,84 +120,10 @@ def test_aggregate_refuses_to_pair_other_budgets(study, tmp_path):
     other["methods"]["depth_attention"]["runs"][0]["tokens"] = 999
     publish(pub, "ablation-1w0-s0", "ablation", other, label="stride=1, window=0")
     with pytest.raises(ValueError, match="other settings; cannot pair"):
-        study.aggregate(pub, tmp_path / "results.md")
+        aggregate(pub, tmp_path / "results.md")
 
 
-def test_unknown_part_is_one_line(study, capsys):
-    assert study.main(["run", "nope"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown part(s) ['nope']" in err[0]
-
-
-@pytest.mark.slow
-def test_a_tiny_part_runs_publishes_and_aggregates(study, tmp_path, monkeypatch):
-    """End to end on a few steps: one part through ``depthattn compare`` (a subprocess), published, aggregated."""
-    from helpers import make_data
-
-    monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path / "cache"))
-    data = make_data(tmp_path)
-    common = ["--tiny", "--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub"), "--data", str(data)]
-    assert study.main(common + ["run", "ablation-1w0-s0"]) == 0
-    published = tmp_path / "pub/ablation-1w0-s0.json"
-    assert sorted(p.name for p in (tmp_path / "pub").iterdir()) == [published.name]  # one file, no report or plot
-    res = study_results.load(published)
-    assert res["study"]["group"] == "ablation" and "--set depth_attention_stride=1" in res["study"]["command"]
-    run = res["methods"]["depth_attention"]["runs"][0]
-    compared = json.loads((tmp_path / "root/ablation-1w0-s0/results.json").read_text())["methods"]
-    assert run["steps"] == study.TINY_STEPS and run["val_loss"] == compared["depth_attention"]["runs"][0]["val_loss"]
-    assert run["curve"] == compared["depth_attention"]["runs"][0]["curve"]  # the validation curve, every eval step
-    assert [c["step"] for c in run["curve"]] == [2, 4] and "train_curve" not in run
-    assert [r["step"] for r in run["depth"]] == [2, 4] and all("depth/L1/entropy" in r for r in run["depth"])
-    assert res["study"]["corpus"] == "embedded" and res["study"]["commit"]
-    before = published.read_text()
-    published.unlink()
-    assert study.main(common + ["publish", "ablation-1w0-s0"]) == 0  # again from --root, without training
-    assert published.read_text() == before
-    with pytest.raises(SystemExit, match="no finished compare"):
-        study.main(common + ["publish", "ablation-1w0-s1"])
-    assert str(tmp_path / "root") not in before  # no path of the machine that ran it: the root reads runs/study
-    assert "--out runs/study/ablation-1w0-s0" in res["study"]["command"]
-    assert study.status(study.parts()[5], type("A", (), {"publish": str(tmp_path / "pub"),
-                                                       "root": str(tmp_path / "root")})) == "done"
-    text = study.aggregate(tmp_path / "pub", tmp_path / "results.md")
-    planned = len(study_report.plan(study_report.load_studies(STUDIES)))  # the study files' parts
-    assert "| depth_attention (stride=1, window=0) | 1 |" in text and f"**Incomplete:** {planned - 1} of {planned}" in text
-
-
-@pytest.mark.slow
-def test_parts_run_at_once_publish_with_the_commit_and_hardware_given(study, tmp_path, monkeypatch, capsys):
-    """``run --jobs 2``: two tiny parts at once, each compare's output in ROOT/PART/study.log, both published with
-    the ``--commit`` given (a copy without git history) and the hardware and number of parts at once."""
-    from helpers import make_data
-
-    monkeypatch.setenv("DEPTHATTN_CACHE", str(tmp_path / "cache"))
-    data = make_data(tmp_path)
-    common = ["--tiny", "--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub"), "--data", str(data),
-              "--commit", "feedbeef"]
-    assert study.main(common + ["run", "--jobs", "2", "ablation-1w0-s0", "ablation-2w0-s0", "ablation-1w0-s0"]) == 0
-    out = capsys.readouterr().out
-    assert "== ablation-2w0-s0 started (2 running, 0 waiting)" in out  # both at once; the repeated name runs once
-    for name in ("ablation-1w0-s0", "ablation-2w0-s0"):
-        assert out.count(f"== {name} started") == 1 and f"== {name} done in" in out
-        assert "== depth_attention (seed 0)" in (tmp_path / "root" / name / "study.log").read_text()
-        st = study_results.load(tmp_path / "pub" / f"{name}.json")["study"]
-        assert st["commit"].split(", ")[0] == "feedbeef" and st["jobs"] == 2 and "torch" in st["hardware"]
-    assert study.main(common + ["run", "--jobs", "0", "ablation-1w0-s1"]) == 2
-    assert "--jobs 0 must be at least 1" in capsys.readouterr().err
-
-
-def test_a_failing_part_is_named_with_its_log_and_the_others_go_on(study, tmp_path, capsys):
-    """Parts given a folder that holds no prepared data fail at once: each is named with the end of its log (the
-    compare's one-line error), the run returns 1 and says how many failed, and nothing is published."""
-    common = ["--tiny", "--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub"), "--data", str(tmp_path)]
-    assert study.main(common + ["run", "--jobs", "2", "ablation-1w0-s0", "ablation-2w0-s0"]) == 1
-    err = capsys.readouterr().err
-    assert "study: part ablation-1w0-s0 failed (exit 2)" in err and "study: part ablation-2w0-s0 failed" in err
-    assert "is not a prepared data folder" in err and "study: 2 of 2 part(s) failed" in err
-    assert not (tmp_path / "pub").exists()
-
-
-def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
+def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(tmp_path):
     pub = tmp_path / "pub"
     gpu = results(seeds=(0,))  # none 5.0, depth_attention 4.974 on seed 0
     cpu = copy.deepcopy(gpu)
@@ -288,7 +136,7 @@ def test_cross_check_compares_the_cpu_and_gpu_runs_of_a_seed(study, tmp_path):
     publish(pub, "mix16-s0-none", "mix16", gpu, hardware="NVIDIA H200 (CUDA), torch 2.11.0", jobs=16)
     publish(pub, "mix16cpu-s0-none", "mix16cpu", cpu, depth={"depth_attention": {"0": rows}})
     publish(pub, "mix16cpu-s0-depth_attention_uniform", "mix16cpu", uniform)
-    text = study.aggregate(pub, tmp_path / "docs" / "results.md")
+    text = aggregate(pub, tmp_path / "docs" / "results.md")
     assert "mean over seeds 0. Seed 0: the run trained on the CPU (`mix16cpu`)." in text
     assert (tmp_path / "docs" / study_report.DEPTH_FIGURE).read_bytes()[:4] == b"\x89PNG"
     assert "| none | 0 | 5.0020 | 5.0000 | -0.0020 |" in text and "not rounding" in text
@@ -308,7 +156,7 @@ def test_published_study_files_hold_no_machine_paths():
     assert offenders == []
 
 
-def test_a_published_part_keeps_what_the_report_reads_and_drops_the_rest(study, tmp_path):
+def test_a_published_part_keeps_what_the_report_reads_and_drops_the_rest(tmp_path):
     """A part's file round-trips compare's run records but their per-step lists and sample, which it drops, as it
     drops the summaries compare recomputes from the runs; a file of another format is refused in one line."""
     from depthattn.compare import aggregate, conclusions, paired_stats
@@ -349,7 +197,7 @@ def with_method(res: dict, method: str, offsets: dict[int, float]) -> dict:
     return res
 
 
-def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_path):
+def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(tmp_path):
     """The mix's trend table and sentences: Δ per budget, and the change 1 × → 16 × paired over seeds, called a
     widening only when its interval excludes 0 (issue 28)."""
     pub = tmp_path / "pub"
@@ -363,7 +211,7 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
             {"step": 4, "depth/L1/entropy": 0.8, "depth/L1/from0": 0.6, "depth/L2/entropy": 0.9}]
     publish(pub, "mix16-s0-none", "mix16", sixteen, depth={"depth_attention": {"0": rows, "1": rows}})
     out = tmp_path / "docs" / "results.md"
-    text = study.aggregate(pub, out)
+    text = aggregate(pub, out)
     lines = text.splitlines()
     row = next(line for line in lines if line.startswith("| `depth_attention` − `none` |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -383,7 +231,7 @@ def test_budget_trend_pairs_seeds_across_budgets_and_says_what_moved(study, tmp_
     assert "not published yet" not in text and "Training time per run:" in text
 
 
-def test_cpu_twins_have_a_trend_of_their_own_never_paired_with_the_gpus(study, tmp_path):
+def test_cpu_twins_have_a_trend_of_their_own_never_paired_with_the_gpus(tmp_path):
     """The budget trend of the CPU twins (mix1cpu … mix16cpu) is a section of its own: paired among themselves,
     while the GPU's trend, whose runs have another device setting, says what it lacks."""
     pub = tmp_path / "pub"
@@ -396,7 +244,7 @@ def test_cpu_twins_have_a_trend_of_their_own_never_paired_with_the_gpus(study, t
     publish(pub, "mix1-s0-none", "mix1", gpu)
     publish(pub, "mix1cpu-s0-none", "mix1cpu", one)
     publish(pub, "mix16cpu-s0-none", "mix16cpu", sixteen)
-    text = study.aggregate(pub, tmp_path / "docs" / "results.md")
+    text = aggregate(pub, tmp_path / "docs" / "results.md")
     # the CPU's set has more of its parts published (2 of 35 against 1 of 35), so its trend comes first
     cpu_trend, gpu_trend = text.split("## Public-domain mix on the GPU")[:2]
     cpu_trend = cpu_trend.split("## Public-domain mix on the CPU")[1]
@@ -410,7 +258,7 @@ def test_cpu_twins_have_a_trend_of_their_own_never_paired_with_the_gpus(study, t
     assert "## Cross-check: the same 1 × runs on the CPU and on the GPU" in text
 
 
-def test_depth_stats_are_extracted_from_metrics_rows(study, tmp_path):
+def test_depth_stats_are_extracted_from_metrics_rows(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1, "loss": 9.0}\n{"step": 100, "depth/L1/entropy": 0.5, "grad_norm/L1": 2.0}\n\n')
     assert study_depth.extract(tmp_path) == [{"step": 100, "depth/L1/entropy": 0.5}]
@@ -428,7 +276,7 @@ def test_depth_stats_are_extracted_from_metrics_rows(study, tmp_path):
     ((-0.20, -0.21, -0.19), (-0.30, -0.32, -0.31), "widens"),
     ((0.05, 0.06, 0.04), (0.20, 0.22, 0.19), "widens"),          # a method behind falls further behind
     ((-0.20, -0.21, -0.19), (-0.20, -0.15, -0.25), None)])       # change 0 ± 0.05: inconclusive
-def test_change_sentence_words_follow_the_intervals(study, first, last, word):
+def test_change_sentence_words_follow_the_intervals(first, last, word):
     trend = study_trend
     said = trend.change_sentence("m", "none", dict(enumerate(first)), dict(enumerate(last)))
     if word is None:
@@ -437,46 +285,24 @@ def test_change_sentence_words_follow_the_intervals(study, first, last, word):
         assert f"the gap **{word}** with training" in said
 
 
-def test_trend_of_partial_publication_says_what_is_missing(study, tmp_path):
+def test_trend_of_partial_publication_says_what_is_missing(tmp_path):
     pub = tmp_path / "pub"
     only_none = results()
     del only_none["methods"]["depth_attention"]
     publish(pub, "mix16-s0-none", "mix16", only_none)
-    text = study.aggregate(pub, tmp_path / "results.md")
+    text = aggregate(pub, tmp_path / "results.md")
     assert "No method beside `none` is published yet." in text and "| `depth_attention` − `none` |" not in text
     publish(pub, "mix16-s0-depth_attention", "mix16", results())
-    text = study.aggregate(pub, tmp_path / "results.md")
+    text = aggregate(pub, tmp_path / "results.md")
     assert "The 1 × parts are not published yet" in text
     other = results()
     other["settings"]["train"] = dict(other["settings"]["train"], lr=5e-3)
     publish(pub, "mix1-s0-none", "mix1", other)
     with pytest.raises(ValueError, match="budget groups were trained with other settings"):
-        study.aggregate(pub, tmp_path / "results.md")
+        aggregate(pub, tmp_path / "results.md")
 
 
-def test_mix_parts_refuse_another_corpus_and_publish_portable_paths(study, tmp_path, capsys):
-    assert study.main(["--data", str(tmp_path), "run", "mix16-s0-none"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--mix-data" in err[0] and "mix16-s0-none" in err[0]
-    args = type("A", (), {"root": str(tmp_path / "root"), "mix_data": str(tmp_path / "elsewhere" / "mix")})
-    text = f"--data {tmp_path / 'elsewhere' / 'mix'} --out {tmp_path / 'root' / 'mix1-s0'}"
-    assert study.portable(text, args) == "--data runs/study/data-mix --out runs/study/mix1-s0"
-
-
-def test_a_part_publishes_every_commit_it_ran_under(study, tmp_path):
-    part = next(p for p in study.parts() if p.name == "mix1-s0-none")
-    args = type("A", (), {"root": str(tmp_path)})
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "run.json").write_text(json.dumps({"git_revision": "cccccccc" + "0" * 32 + "-dirty"}))
-    (tmp_path / "mix1-s0-none").mkdir()
-    (tmp_path / "mix1-s0-none" / "study_invocations.jsonl").write_text(
-        '{"commit": "aaaaaaaa"}\n{"commit": "bbbbbbbb+dirty"}\n{"commit": "aaaa')
-    res = {"methods": {"none": {"runs": [{"run_dir": str(run_dir)}]}}}
-    assert study.part_commits(part, args, res) == "aaaaaaaa, bbbbbbbb+dirty, cccccccc+dirty"
-
-
-def test_depth_figure_series_average_seeds_over_the_steps_every_seed_logged(study):
+def test_depth_figure_series_average_seeds_over_the_steps_every_seed_logged():
     rows0 = [{"step": 100, "depth/L1/entropy": 1.0, "depth/L1/from0": 0.2}, {"step": 200, "depth/L1/entropy": 0.5}]
     rows1 = [{"step": 100, "depth/L1/entropy": 0.6}, {"step": 200, "depth/L1/entropy": 0.3},
              {"step": 300, "depth/L1/entropy": 0.1}]  # step 300: seed 0 has none, so it is left out
@@ -485,48 +311,7 @@ def test_depth_figure_series_average_seeds_over_the_steps_every_seed_logged(stud
     assert study_depth.layer_series({0: rows0, 1: rows1}, "from0") == {}  # seed 1 logged no layer-0 weight
 
 
-@pytest.mark.parametrize("cuda", [False, True])
-def test_a_part_trains_only_with_its_groups_device_setting(study, tmp_path, monkeypatch, capsys, cuda):
-    """A part trains with the device setting its group's published runs have (pairing compares the setting; a fresh
-    run draws its initial weights on its device): named otherwise, it is refused in one line that says what to do;
-    --next / --all leave it out and say so; --tiny runs anywhere."""
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    ran = []
-    monkeypatch.setattr(study, "run_part", lambda part, args: ran.append(part.name))
-    common = ["--root", str(tmp_path / "root"), "--publish", str(tmp_path / "pub")]
-
-    def refused(argv, *said):
-        assert study.main(common + argv) == 2 and ran == []
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "not paired" in err[0] and all(x in err[0] for x in said), err
-        return err[0]
-
-    refused(["--device", "cpu", "run", "mix16-s2-depth_attention"], "run it on a GPU with --device cuda")
-    refused(["--device", "cuda:1", "run", "mix4-s0-none"], "CUDA_VISIBLE_DEVICES picks the GPU")
-    refused(["--device", "cuda", "run", "main-s0"], "leave --device out")
-    if cuda:
-        refused(["run", "mix1-s0-none"], "with --device cuda")  # auto is not the setting the group ran with
-        refused(["run", "mix16cpu-s1-none"], "CUDA_VISIBLE_DEVICES=''")
-        refused(["--device", "cuda", "run", "mix1cpu-s0-none"], "on the CPU", "CUDA_VISIBLE_DEVICES=''")
-        assert "twin" not in refused(["--device", "cpu", "run", "mix16-s1-none"], "mix16-s1-none")  # refused here too
-        assert study.main(common + ["--device", "cuda", "run", "--next"]) == 0
-        assert ran == ["mix16-s0-none"]  # the first pending part the GPU may run
-    else:
-        refused(["run", "mix16-s0-depth_attention"], "or here its CPU twin mix16cpu-s0-depth_attention")
-        refused(["run", "mix4-s2-attnres"], "or here its CPU twin mix4cpu-s2-attnres")
-        refused(["--device", "cpu", "run", "mix1cpu-s0-none"], "leave --device out")  # refused, not ignored
-        assert study.main(common + ["run", "--next"]) == 0
-        assert ran == ["main-s0"]
-        assert study.main(common + ["--device", "cuda", "run", "mix4-s2-none"]) == 0  # as asked: CUDA's absence is
-        assert ran[-1] == "mix4-s2-none"  # the part's own error
-    assert "leaving out" in capsys.readouterr().err
-    assert study.main(common + ["--tiny", "run", "mix16-s1-none", "mix16cpu-s2-none"]) == 0
-    assert ran[-2:] == ["mix16-s1-none", "mix16cpu-s2-none"]
-
-
-def test_the_report_leads_with_the_budget_set_that_is_complete(study, tmp_path):
+def test_the_report_leads_with_the_budget_set_that_is_complete(tmp_path):
     """When every part is published but some of the GPU's budget-study runs, the report says the study is complete
     on the CPU and partial on the GPU, naming the missing parts, and its CPU sections come before the GPU's; one
     missing part outside the GPU's set makes it plainly incomplete again."""
@@ -549,12 +334,12 @@ def test_the_report_leads_with_the_budget_set_that_is_complete(study, tmp_path):
     publish(pub, "mix16-s0-none", "mix16", gpu_run)
     publish(pub, "mix16cpu-s0-none", "mix16cpu", results(seeds=(0,)))
     publish(pub, "mix16cpu-s1-none", "mix16cpu", results(seeds=(1,)))
-    text = study.aggregate(pub, tmp_path / "docs" / "results.md")
+    text = aggregate(pub, tmp_path / "docs" / "results.md")
     assert text.index("## Public-domain mix, 16 ×, trained on the 2-core CPU") < text.index(
         "## Public-domain mix, 16 × the default budget (6.55 M tokens), trained on the GPU")
 
 
-def test_the_trend_names_the_middle_budget_on_the_way(study):
+def test_the_trend_names_the_middle_budget_on_the_way():
     first, middle, last = {0: -0.1, 1: -0.1}, {0: -0.2, 1: -0.3}, {0: -0.3, 1: -0.31}
     change_sentence = study_trend.change_sentence
     said = change_sentence("depth_attention", "none", first, last, ("1 ×", "16 ×"), (("4 ×", middle),))
@@ -564,7 +349,7 @@ def test_the_trend_names_the_middle_budget_on_the_way(study):
     assert "-0.100 nats at 1 × and -0.305 at 16 ×" in partial  # a middle budget lacking a seed is not named
 
 
-def test_depth_table_sets_the_learned_weights_beside_uniform_ones(study):
+def test_depth_table_sets_the_learned_weights_beside_uniform_ones():
     """Per layer: N counts the layer's own value and every source it logged a weight for; the entropy and layer-0
     weight at the first and last step both seeds logged are their means, beside ln N and 1/N."""
     def row(step, ent, w0):
