@@ -5,7 +5,8 @@ is compared with the study's reference by ``compare.paired_stats`` — the stati
 (``stats.paired_difference``: per-seed differences, their mean ± sample standard deviation, the 95 % t-interval,
 the seeds on which the method is lower). A method's run and the reference's run of one seed are paired only when
 their ``run.json`` records allow it (``compare.run_differences``: same train settings, data, tokenizer, device type
-and precision); a pair that does not is left out and named.
+and precision; but for the keys the study sets per method, ``[method_set]``); a pair that does not is left out and
+named.
 
 **Trends**: for every axis with two values or more (the budget, each grid key) and every combination of the other
 axes, each method's Δ at each value of the axis, and the change of Δ from the first value to the last, paired by
@@ -63,18 +64,20 @@ def collect(study: Study, parts: list[Part] | None = None) -> dict[str, Cell]:
 
 def cell_stats(study: Study, cell: Cell) -> dict[str, dict]:
     """``compare.paired_stats`` of every method against the reference over the cell's seeds, each method with the
-    seeds whose pair may be paired (``compare.run_differences``; the others are added to ``cell.excluded``)."""
+    seeds whose pair may be paired (``compare.run_differences``, allowing the keys of the two methods'
+    ``[method_set]``, which differ by design; the others are added to ``cell.excluded``)."""
     ref = study.reference
     base = cell.runs.get(ref, {})
     out = {}
     for method in study.methods:
         if method == ref or method not in cell.runs:
             continue
+        allowed = study.method_set_keys(method, ref)
         seeds = []
         for seed in sorted(cell.runs[method]):
             if seed not in base:
                 continue
-            diffs = run_differences(cell.records[method][seed], cell.records[ref][seed])
+            diffs = run_differences(cell.records[method][seed], cell.records[ref][seed], allowed)
             if diffs:
                 cell.excluded.append(f"{cell.name}: `{method}` seed {seed} not paired with `{ref}`: "
                                      f"{'; '.join(diffs)}")
