@@ -80,7 +80,8 @@ def test_mix_parts_run_in_the_issues_stopping_order(study):
     assert all(p.steps_scale == q.steps_scale and p.sets == list(study.CPU_CHECK_SETS) and not p.device_sets
                for p, q in zip(cpu, order))
     assert [p.group for p in study.parts()][-len(mix) - len(cpu):] == [p.group for p in mix + cpu]
-    assert {p.group for p in study.parts()} == set(study.study_groups.GROUPS)  # every group has one record
+    # every group this script trains has one record (the learning-rate study's run as `depthattn study run`)
+    assert {p.group for p in study.parts()} == set(study.study_groups.GROUPS) - set(study.study_groups.lr_groups())
     args = type("A", (), {"data": None, "mix_data": None, "root": "R", "tiny": False})
     argv = study.command(mix[0], args)
     assert argv[argv.index("--data") + 1] == str(Path("R") / "data-mix")
@@ -540,7 +541,12 @@ def test_the_report_leads_with_the_budget_set_that_is_complete(study, tmp_path):
            f"({gpu[0]}, {gpu[1]})" in said
     assert study_report.set_order(parts, done) == ["on the 2-core CPU", "on the GPU"]
     assert study_report.set_order(parts, set()) == ["on the GPU", "on the 2-core CPU"]  # a tie: the GPU's
-    assert study_report.completeness(parts, done - {"main-s0"})[0].startswith("**Incomplete:** 3 of 88")
+    assert study_report.completeness(parts, done - {"main-s0"})[0].startswith("**Incomplete:** 3 of 138 parts")
+    assert study_report.completeness(parts, done - {"lr4cpu-s0-none"})[0].startswith(  # said apart
+        "**Complete on the 2-core CPU:** the budget study's 35 parts (groups mix16cpu, mix4cpu, mix1cpu) are all "
+        "published, and so is every part outside the budget study and the learning-rate study.")
+    assert study_report.completeness(parts, done - {"lr4cpu-s0-none"})[2].startswith(
+        "**The learning-rate study is not complete:** published parts per group: lr1cpu 32 of 32, lr4cpu 11 of 12,")
     assert study_report.completeness(parts, {p.name for p in parts}) == []
     # the report follows that order: the CPU's 16 x table before the GPU's
     pub = tmp_path / "pub"

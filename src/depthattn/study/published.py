@@ -380,35 +380,36 @@ TREND_WHERE = {"on the GPU": " on the GPU (paired among themselves)",
 
 def completeness(parts: list[Planned], done: set[str]) -> list[str]:
     """What of the study (``parts``, ``plan``'s) is not yet run, as the report's opening lines: nothing when all is
-    done. Outside the learning-rate study (``groups.lr_groups``): when every missing part belongs to one of
-    ``budget_sets`` and the other set is complete, that the budget study is complete on the one device and partial
-    on the other; else the missing parts. The learning-rate study's parts are counted per group (its section names
-    the missing ones)."""
-    lr = lr_groups()
-    rest = [p for p in parts if p.group not in lr]
-    mine = [p for p in parts if p.group in lr]
-    return _study_completeness(rest, done, bool(mine)) + _lr_completeness(mine, done)
+    done. While the learning-rate study (``groups.lr_groups``) is incomplete, its parts are counted per group (its
+    section names the missing ones) and the rest is said of the other parts: when every missing part belongs to one
+    of ``budget_sets`` and the other set is complete, that the budget study is complete on the one device and
+    partial on the other; else the missing parts."""
+    lr = [p for p in parts if p.group in lr_groups()]
+    if all(p.name in done for p in lr):
+        return _study_completeness(parts, done, False)
+    rest = [p for p in parts if p.group not in lr_groups()]
+    return _study_completeness(rest, done, True) + _lr_completeness(lr, done)
 
 
-def _study_completeness(parts: list[Planned], done: set[str], lr_study: bool) -> list[str]:
-    """``completeness`` of the parts outside the learning-rate study (``lr_study``: whether there is one)."""
+def _study_completeness(parts: list[Planned], done: set[str], lr_apart: bool) -> list[str]:
+    """``completeness`` of ``parts`` (``lr_apart``: those outside the learning-rate study, said apart)."""
     missing = [p for p in parts if p.name not in done]
     if not missing:
         return []
-    outside = "outside the learning-rate study " if lr_study else ""
     sets = budget_sets()
     for where, groups in sets.items():
         other = next(w for w in sets if w != where)
         mine = [p for p in parts if p.group in groups]
         if mine and all(p.name in done for p in mine) and all(p.group in sets[other] for p in missing):
             total = sum(p.group in sets[other] for p in parts)
-            others = "the budget study and the learning-rate study" if lr_study else "the budget study"
+            outside = "the budget study" + (" and the learning-rate study" if lr_apart else "")
             return [f"**Complete {where}:** the budget study's {len(mine)} parts (groups {', '.join(groups)}) "
-                    f"are all published, and so is every part outside {others}. "
+                    f"are all published, and so is every part outside {outside}. "
                     f"**Partial {other}:** {len(missing)} of the {total} parts that train the same runs {other} "
                     f"are not yet run ({', '.join(p.name for p in missing)}); the tables of "
                     f"{', '.join(sets[other])} cover their finished parts only.", ""]
-    return [f"**Incomplete:** {len(missing)} of the {len(parts)} parts {outside}are not yet run "
+    of = f"the {len(parts)} parts outside the learning-rate study" if lr_apart else f"{len(parts)} parts"
+    return [f"**Incomplete:** {len(missing)} of {of} are not yet run "
             f"({', '.join(p.name for p in missing)}); the tables below cover the finished parts only.", ""]
 
 
