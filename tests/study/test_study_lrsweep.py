@@ -38,9 +38,9 @@ def test_the_best_rate_is_the_lowest_mean_ties_to_the_smaller_and_a_diverged_rat
 def part_file(pub: Path, template: str, part: str, group: str, method: str, seed: int, loss: float | None,
               **train) -> None:
     """A published part of one run, made from a committed one: its group, name, train settings and final val loss
-    (None: the run diverged)."""
+    (None: the run diverged); a part of a set rate labelled with it (the section reads the rate, not the label)."""
     rec = json.loads((ROOT / "results" / "small-scale" / template).read_text(encoding="utf-8"))
-    rec["study"] = dict(rec["study"], part=part, group=group, label="")
+    rec["study"] = dict(rec["study"], part=part, group=group, label=f"lr={train['lr']:g}" if "lr" in train else "")
     rec["settings"] = dict(rec["settings"], methods=[method], seeds=[seed],
                            train=dict(rec["settings"]["train"], seed=seed, **train))
     run = dict(next(iter(rec["methods"].values()))["runs"][0], seed=seed, method=method)
@@ -66,7 +66,7 @@ def report(pub: Path, tmp_path: Path) -> str:
     every = published.load_published(pub, studies)
     parts = published.plan(studies)
     done = published.done_parts(parts, every, studies)
-    lines = lrsweep.section(every, studies, parts, done, published.collect(every), tmp_path / "docs" / "results.md")
+    lines = lrsweep.section(every, studies, parts, done, tmp_path / "docs" / "results.md")
     return "\n".join(lines)
 
 

@@ -119,6 +119,19 @@ def sweep_of(published: list[dict], study: Study) -> Sweep:
                  diverged)
 
 
+def method_runs(published: list[dict], groups: Sequence[str]) -> dict[str, dict[str, dict[int, dict]]]:
+    """``{group: {method: {seed: run}}}`` (``published.collect``'s shape, keyed by method whatever a part's
+    label) of the finished runs of ``groups`` among the ``published`` parts."""
+    out: dict[str, dict[str, dict[int, dict]]] = {}
+    for res in published:
+        if res["study"]["group"] in groups:
+            for method, m in res["methods"].items():
+                for r in m["runs"]:
+                    out.setdefault(res["study"]["group"], {}).setdefault(method, {})[int(r["seed"])] = \
+                        run_record(res, r)
+    return out
+
+
 def committed_lrs(study: Study) -> dict[str, float]:
     """``{method: lr}`` a study file sets per method (``[method_set.METHOD] lr``)."""
     return {m: float(s["lr"]) for m, s in study.method_sets.items() if "lr" in s}
@@ -222,7 +235,7 @@ def sweep_lines(sweep: Sweep, study: Study, parts: list[Planned], done: set[str]
 
 
 def tuned_choice(runs: dict, method: str) -> tuple[dict[int, dict], str]:
-    """A method's runs at 4 × at its own rate (``runs``: ``published.collect``'s): its ``lr4cpu`` runs, or its
+    """A method's runs at 4 × at its own rate (``runs``: ``method_runs``'): its ``lr4cpu`` runs, or its
     ``lr4cpunb`` runs where those have the lower mean final validation loss over the seeds both have (ties: the
     smaller rate); and a note naming the two means when there were two."""
     own = runs.get(TUNED, {}).get(method, {})
@@ -277,7 +290,8 @@ def change_sentence(method: str, ref: str, shared: dict[int, float], tuned: dict
 
 
 def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], done: set[str]) -> list[str]:
-    """The tuned 4 × subsection: the rates, the table of tuned and shared Δ and their change, in words."""
+    """The tuned 4 × subsection from ``runs`` (``method_runs``' of the tuned and the shared-rate groups): the rates,
+    the table of tuned and shared Δ and their change, in words."""
     head = [f"### 4 × at each method's own rate (`{TUNED}`, `{NEIGHBOUR}`) beside the shared rate (`{SHARED}`)", ""]
     if not runs.get(TUNED):
         return head + [f"The tuned 4 × runs (`{TUNED}`, `{NEIGHBOUR}`) are not yet run.", ""]
@@ -323,14 +337,14 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     return lines
 
 
-def section(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str], runs: dict,
-            out: Path) -> list[str]:
+def section(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path
+            ) -> list[str]:
     """The section's markdown lines (module docstring), drawing the sweep's figure beside ``out`` (``FIGURE``):
     ``published`` parts, ``studies`` (``published.load_studies``), ``parts`` and ``done`` (``published.plan``,
-    ``done_parts``) and ``runs`` (``published.collect``). Raises ``ValueError`` if runs to be paired were trained
-    with other settings."""
+    ``done_parts``). Raises ``ValueError`` if runs to be paired were trained with other settings."""
     sweep_study = studies[SWEEP]
     sweep = sweep_of(published, sweep_study)
+    runs = method_runs(published, (TUNED, NEIGHBOUR, SHARED))
     shared = sorted({float(r["train_settings"]["lr"]) for by_seed in runs.get(SHARED, {}).values()
                      for r in by_seed.values()})
     lines = [TITLE, "",

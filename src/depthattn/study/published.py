@@ -5,7 +5,8 @@ file per part under the published folder (``partfile``; results/README.md). The 
 validation losses and paired differences from ``none`` (``stats.paired_difference``: per-seed Δ, t-interval over
 seeds) with the verdicts in words, two budget trends (``trend``: the GPU's groups, and their CPU twins among
 themselves; the set with more of its parts published first, ``groups.set_order``), Depth-Attention's depth
-statistics over training (``depth``), a CPU-vs-GPU cross-check per CPU twin and the parts' commands. It reads the
+statistics over training (``depth``), the learning-rate study's section (``lrsweep``: its groups have no table of
+their own), a CPU-vs-GPU cross-check per CPU twin and the parts' commands. It reads the
 study files (which parts there are) and the published parts (what they found), never run folders.
 
 A study file's part is **published** when every run it trains (method, seed and cell settings) is in a published
@@ -470,7 +471,7 @@ def aggregate(studies_dir: Path, publish: Path, out: Path) -> str:
     sixteen = [g for where in order for g in budget_sets()[where] if g.startswith("mix16")]
     lines += depth_section(published, out, runs, sixteen)
     from .lrsweep import section as lr_section  # lrsweep reads this module's pairing: imported here, not above
-    lines += lr_section(published, studies, parts, done, runs, out)
+    lines += lr_section(published, studies, parts, done, out)
     lines += group_sections(runs, order) + long_trend(runs) + parts_table(published, publish, out)
     text = "\n".join(lines)
     atomic_write_text(out, text)
