@@ -167,7 +167,7 @@ def test_the_tuned_table_beside_the_shared_rate_one(tmp_path):
     dau = [a - b for a, b in zip(da, TUNED["depth_attention_uniform"])]
     assert f"| `depth_attention` − `depth_attention_uniform` | {interval(dau)} |" in text
     m_t, s_t = mean_std(tuned)
-    assert (f"- `depth_attention` − `none`, each at its own rate: Δ {m_t:+.3f} ± {s_t:.3f} nats over 3 seeds") in text
+    assert f"- `depth_attention` − `none`, each at its own rate: Δ {m_t:+.3f} ± {s_t:.3f} nats over 3 seeds" in text
 
 
 def test_a_published_part_of_an_lr_grid_is_matched_on_its_train_settings(tmp_path):

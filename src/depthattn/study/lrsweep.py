@@ -1,7 +1,7 @@
 """The learning-rate section of docs/results.md: is the comparison fair once each method has its own learning rate?
 
-The budget study trains every method at one peak learning rate (compare's default, 2e-3). The learning-rate study
-(``groups.lr_groups``) gives each method its own:
+The budget study trains every method at one peak learning rate (compare's default, 2e-3). The learning-rate
+study (``groups.lr_groups``) gives each method its own:
 
 - the **sweep** (group ``lr1cpu``): every method at each peak learning rate of a grid (``[grid] lr``), at the default
   budget. A method's **best rate** is the grid value of lowest mean final validation loss over its seeds, ties to
@@ -13,11 +13,11 @@ The budget study trains every method at one peak learning rate (compare's defaul
   4 × rates, by mean final validation loss over the seeds both have (``tuned_choice``).
 
 Beside the shared-rate runs of the same budget and seeds (``mix4cpu``), per pair of the budget study's Δ table
-(every method − none, and depth_attention − depth_attention_uniform): the tuned Δ and the shared Δ, each a per-seed
-paired difference of final validation loss (``published.paired_runs``: runs paired only when trained alike, but for
-the study's ``[method_set]`` keys) with its 95 % t-interval and ``stats.verdict``, and the change **tuned − shared**,
-``Δ_tuned(s) − Δ_shared(s)`` paired by seed. As in the budget trend (``trend``), a change is called (the gap
-**widens**, **narrows** or **reverses** with tuned rates) only when its interval excludes 0.
+(every method − none, and depth_attention − depth_attention_uniform): the tuned Δ and the shared Δ, each a
+per-seed paired difference of final validation loss (``published.paired_runs``: runs paired only when trained
+alike, but for the study's ``[method_set]`` keys) with its 95 % t-interval and ``stats.verdict``, and the change
+**tuned − shared**, ``Δ_tuned(s) − Δ_shared(s)`` paired by seed. As in the budget trend (``trend``), a change is
+called (the gap **widens**, **narrows** or **reverses** with tuned rates) only when its interval excludes 0.
 
 The rates are chosen on the validation split the losses are reported on (there is no test split), so a tuned Δ is
 optimistic, for every method alike.
@@ -175,7 +175,8 @@ def sweep_table(sweep: Sweep, best: dict[str, Best]) -> list[str]:
 
 def figure(sweep: Sweep, png: Path) -> bool:
     """Draw final validation loss against the rate (log2 axis): per method the mean over seeds as a line and each
-    seed as a point. Returns False (and writes nothing) without a finished run."""
+    seed as a point; a rate at which a seed diverged is left off the line (its finished seeds stay points) and
+    marked by a cross at the top. Returns False (and writes nothing) without a finished run."""
     if not any(by_lr for by_lr in sweep.runs.values()):
         return False
     import matplotlib
@@ -184,13 +185,18 @@ def figure(sweep: Sweep, png: Path) -> bool:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2), constrained_layout=True)
-    for i, (method, by_lr) in enumerate(sweep.runs.items()):
-        lrs = [lr for lr in sweep.grid if by_lr.get(lr)]
+    top = ax.get_xaxis_transform()  # x in data, y in axes coordinates
+    for i, method in enumerate(dict.fromkeys([*sweep.runs, *sweep.diverged])):
+        by_lr, gone = sweep.runs.get(method, {}), sweep.diverged.get(method, {})
         colour = f"C{i % 10}"
+        lrs = [lr for lr in sweep.grid if by_lr.get(lr) and not gone.get(lr)]
         ax.plot(lrs, [statistics.fmean(r["val_loss"] for r in by_lr[lr].values()) for lr in lrs], marker="o",
                 color=colour, label=method)
-        pts = [(lr, r["val_loss"]) for lr in lrs for r in by_lr[lr].values()]
+        pts = [(lr, r["val_loss"]) for lr in sweep.grid for r in by_lr.get(lr, {}).values()]
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=colour, alpha=0.4, s=14)
+        crosses = [lr for lr in sweep.grid if gone.get(lr)]
+        ax.scatter(crosses, [0.97] * len(crosses), transform=top, marker="x", color=colour, s=40,
+                   label=f"{method}: a seed diverged" if crosses else None)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(sweep.grid), [_lr(x) for x in sweep.grid])
     ax.minorticks_off()
