@@ -112,3 +112,51 @@ def test_a_trend_across_budgets_of_a_method_set_study_pairs_the_references_runs(
     d, seeds, notes = trend_change(s, first, last, "budget", g1, g2)
     assert seeds == [0, 1] and d["diffs"] == pytest.approx([-0.1, -0.05])
     assert notes == ["s vs s: seed 2 not paired across budget: lr: 0.002 vs 0.001"]
+
+
+TOY = """
+name = "toy"
+out = "{out}"
+data = "{data}"
+preset = "tiny"
+methods = ["none", "depth_attention"]
+seeds = [0]
+steps = 3
+eval_tokens = 600
+per_method = true
+
+[set]
+batch_size = 2
+seq_len = 32
+eval_every = 3
+eval_windows = 2
+save_every = 3
+keep_last = 1
+{extra}"""
+
+
+@pytest.mark.slow
+def test_a_study_trains_a_method_at_its_own_rate_and_reports_the_pair(data_dir, tmp_path):
+    """depth_attention trains at its [method_set] rate, none at compare's default; the report pairs the two runs
+    (their run.json records differ in lr only), and the same runs read by a study without [method_set] are not
+    paired, the difference named."""
+    from depthattn.cli import main
+    from depthattn.run.folder import RunFolder
+    from depthattn.study.report import collect
+
+    path = tmp_path / "toy.toml"
+    path.write_text(TOY.format(out=tmp_path / "out", data=data_dir,
+                               extra="[method_set.depth_attention]\nlr = 0.004\n"), encoding="utf-8")
+    assert main(["study", "run", str(path), "--jobs", "2"]) == 0
+    lrs = {m: RunFolder(tmp_path / f"out/toy-s0-{m}/runs/{m}-seed0").read_run()["train"]["lr"]
+           for m in ("none", "depth_attention")}
+    assert lrs == {"none": 0.002, "depth_attention": 0.004}
+    tuned = load_study(path)
+    c = collect(tuned)["toy"]
+    assert cell_stats(tuned, c)["depth_attention"]["seeds"] == [0] and c.excluded == []
+    plain = tmp_path / "plain.toml"
+    plain.write_text(TOY.format(out=tmp_path / "out", data=data_dir, extra=""), encoding="utf-8")
+    shared = load_study(plain)
+    c = collect(shared)["toy"]
+    assert cell_stats(shared, c) == {}
+    assert c.excluded == ["toy: `depth_attention` seed 0 not paired with `none`: lr: 0.004 vs 0.002"]
