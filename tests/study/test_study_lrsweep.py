@@ -110,6 +110,35 @@ def test_the_sweep_table_from_published_parts_some_missing_one_diverged(tmp_path
     assert "The tuned 4 × runs (`lr4cpu`, `lr4cpunb`) are not yet run." in text
 
 
+def test_a_complete_sweep_says_whether_the_tuned_files_train_at_its_rates(tmp_path, monkeypatch):
+    """A whole sweep whose best and neighbouring rates are those of lr4cpu.toml and lr4cpunb.toml: no incomplete
+    note and one line saying so; the same sweep with attnres best elsewhere: a bold line naming what to correct."""
+    studies = published.load_studies(STUDIES)
+    best, near = (lrsweep.committed_lrs(studies[g]) for g in ("lr4cpu", "lr4cpunb"))
+
+    def loss(method: str, lr: float, seed: int) -> float:  # lowest at the best rate, next at the neighbour
+        return 4.0 + 0.1 * abs(math.log2(lr / best[method])) - 0.01 * (lr == near.get(method)) + 0.001 * seed
+
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    for method in best:
+        for lr in LR:
+            for seed in (0, 1):
+                part_file(pub, "mix1cpu-s0-none.json", f"lr1cpu-lr{lr:g}-s{seed}-{method}", "lr1cpu", method, seed,
+                          loss(method, lr, seed), lr=lr)
+    text = report(pub, tmp_path)
+    assert "**Incomplete:**" not in text
+    assert "`lr4cpu` trains each method at this best rate and `lr4cpunb` `none` and `depth_attention` at the " \
+           "neighbouring one." in text
+    other = next(lr for lr in LR if lr != best["attnres"])
+    for seed in (0, 1):  # attnres lowest at another rate
+        part_file(pub, "mix1cpu-s0-none.json", f"lr1cpu-lr{other:g}-s{seed}-attnres", "lr1cpu", "attnres", seed,
+                  3.0, lr=other)
+    text = report(pub, tmp_path)
+    assert f"**The tuned study files do not train at these rates** (lr4cpu.toml: `none` {best['none']:g}," in text
+    assert f"the sweep's best are `none` {best['none']:g}, " in text and f"`attnres` {other:g}, the neighbours" in text
+
+
 #: The tuned fixture: final val loss over seeds 0, 1, 2 per group and method.
 SHARED = {"none": [3.60, 3.62, 3.58], "depth_attention": [3.52, 3.55, 3.49],
           "depth_attention_uniform": [3.50, 3.50, 3.47], "attnres": [3.57, 3.60, 3.56]}

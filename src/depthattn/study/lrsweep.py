@@ -217,8 +217,11 @@ def _missing(parts: list[Planned], done: set[str], group: str) -> list[str]:
     return [p.name for p in parts if p.group == group and p.name not in done]
 
 
-def sweep_lines(sweep: Sweep, study: Study, parts: list[Planned], done: set[str], out: Path) -> list[str]:
-    """The sweep's subsection: what is missing, the table, the edge lines and the figure."""
+def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path
+                ) -> list[str]:
+    """The sweep's subsection: what is missing, the table, the edge lines, the figure and, once the sweep is
+    complete, whether the tuned study files train at its rates (``rates_check``)."""
+    study = studies[SWEEP]
     head = [f"### The sweep at the default budget (`{SWEEP}`)", ""]
     if not sweep.runs and not sweep.diverged:
         return head + [f"The learning-rate sweep (`{SWEEP}`: {len(study.methods)} methods × lr "
@@ -237,7 +240,23 @@ def sweep_lines(sweep: Sweep, study: Study, parts: list[Planned], done: set[str]
     lines += sweep_table(sweep, best)
     if figure(sweep, out.parent / FIGURE):
         lines += [f"![final validation loss against the learning rate, per method]({FIGURE.as_posix()})", ""]
-    return lines
+    return lines + ([] if missing else rates_check(best, studies[TUNED], studies[NEIGHBOUR]))
+
+
+def rates_check(best: dict[str, Best], tuned: Study, near: Study) -> list[str]:
+    """Whether the tuned study files (``tuned``: each method at its best rate, ``near``: at the neighbouring one)
+    train at the complete sweep's ``best`` rates, in one line."""
+    want = {m: b.lr for m, b in best.items() if m in tuned.methods}
+    want_near = {m: best[m].neighbour for m in near.methods if m in best}
+    if committed_lrs(tuned) == want and committed_lrs(near) == want_near:
+        return [f"`{TUNED}` trains each method at this best rate and `{NEIGHBOUR}` "
+                f"{' and '.join(f'`{m}`' for m in near.methods)} at the neighbouring one.", ""]
+    said = ", ".join(f"`{m}` {_lr(lr)}" for m, lr in want.items())
+    near_said = ", ".join(f"`{m}` {_lr(lr) if lr else '—'}" for m, lr in want_near.items())
+    return [f"**The tuned study files do not train at these rates** ({tuned.path.name}: "
+            f"{', '.join(f'`{m}` {_lr(x)}' for m, x in committed_lrs(tuned).items())}; {near.path.name}: "
+            f"{', '.join(f'`{m}` {_lr(x)}' for m, x in committed_lrs(near).items())}): the sweep's best are {said}, "
+            f"the neighbours {near_said}; correct them before their parts train.", ""]
 
 
 def tuned_choice(runs: dict, method: str) -> tuple[dict[int, dict], str]:
@@ -360,5 +379,5 @@ def section(published: list[dict], studies: dict[str, Study], parts: list[Planne
              f"{', '.join(map(str, sweep_study.seeds))}), then 4 × at each method's best rate (`{TUNED}`), and "
              f"`none` and `depth_attention` also at the neighbouring rate (`{NEIGHBOUR}`), on the 2-core CPU. "
              + SAME_SPLIT, ""]
-    lines += sweep_lines(sweep, sweep_study, parts, done, out)
+    lines += sweep_lines(sweep, studies, parts, done, out)
     return lines + tuned_lines(runs, studies, parts, done)
