@@ -154,6 +154,10 @@ def test_a_study_trains_a_method_at_its_own_rate_and_reports_the_pair(data_dir, 
     tuned = load_study(path)
     c = collect(tuned)["toy"]
     assert cell_stats(tuned, c)["depth_attention"]["seeds"] == [0] and c.excluded == []
+    assert main(["study", "report", str(path)]) == 0
+    report = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "; per method: `depth_attention` lr=0.004; 2 finished runs." in report
+    assert "| toy | `depth_attention` |" in report and "Runs not paired" not in report
     plain = tmp_path / "plain.toml"
     plain.write_text(TOY.format(out=tmp_path / "out", data=data_dir, extra=""), encoding="utf-8")
     shared = load_study(plain)

@@ -202,6 +202,12 @@ def trend_lines(study: Study, cells: dict[str, Cell], stats: dict[str, dict[str,
     return lines + [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
 
 
+def _per_method(study: Study) -> str:
+    """``; per method: `m` k=v, …`` for a study's ``[method_set]`` settings, or nothing."""
+    said = [f"`{m}` " + ", ".join(f"{k}={v}" for k, v in s.items()) for m, s in study.method_sets.items() if s]
+    return f"; per method: {'; '.join(said)}" if said else ""
+
+
 def render(study: Study, parts: list[Part] | None = None) -> str:
     """The study's report (markdown)."""
     cells = collect(study, parts)
@@ -211,8 +217,8 @@ def render(study: Study, parts: list[Part] | None = None) -> str:
              f"Methods {', '.join(f'`{m}`' for m in study.methods)} against `{study.reference}`; seeds "
              f"{', '.join(map(str, study.seeds))}; budgets {', '.join(f'{b:g} ×' for b in study.budgets)} of "
              f"{study.steps} steps" + (f"; grid {', '.join(f'{k} ∈ {list(v)}' for k, v in study.grid.items())}"
-                                       if study.grid else "") + f"; {done} finished runs. Study file "
-             f"`{study.path.name}`.", "",
+                                       if study.grid else "") + _per_method(study)
+             + f"; {done} finished runs. Study file `{study.path.name}`.", "",
              "## Final validation loss", "", "Mean ± sample standard deviation over seeds (number of seeds).", ""]
     lines += losses_table(study, cells) + ["", f"## Paired differences from `{study.reference}`", "",
               "Per seed, the method's number minus the reference's with the same seed (same data order); negative "
