@@ -39,7 +39,9 @@ def test_a_part_is_published_by_its_runs_whatever_file_holds_them(tmp_path):
     the report names loops-s2 as not run, and the parts still published are listed in the study's order."""
     studies = published.load_studies(ROOT / "studies" / "small-scale")
     parts = published.plan(studies)
-    assert len(parts) == 88 and parts[0].name == "main-s0" and parts[-1].name == "mix4cpu-s2-attnres"
+    assert len(parts) == 88 + 32 + 12 + 6 and parts[0].name == "main-s0" and parts[87].name == "mix4cpu-s2-attnres"
+    assert [p.name for p in parts[88:90]] == ["lr1cpu-lr0.001-s0-none", "lr1cpu-lr0.001-s0-depth_attention"]
+    assert parts[-1].name == "lr4cpunb-s2-depth_attention"  # the learning-rate study last: sweep, then tuned
     pub = tmp_path / "pub"
     shutil.copytree(ROOT / "results" / "small-scale", pub)
     every = published.load_published(pub, studies)
@@ -47,7 +49,7 @@ def test_a_part_is_published_by_its_runs_whatever_file_holds_them(tmp_path):
         f"mix16-s{s}-{m}" for s, m in [(0, "depth_attention"), (1, "depth_attention"), (2, "depth_attention"),
                                        (2, "depth_attention_uniform"), (0, "attnres"), (1, "attnres")]} - {
         f"mix4-s{s}-{m}" for s in (1, 2) for m in ("none", "depth_attention", "depth_attention_uniform", "attnres")
-        if (s, m) != (1, "none")}
+        if (s, m) != (1, "none")} - {p.name for p in parts if p.group.startswith("lr")}
     (pub / "loops-b.json").unlink()
     rest = published.load_published(pub, studies)
     done = published.done_parts(parts, rest, studies)
@@ -55,7 +57,10 @@ def test_a_part_is_published_by_its_runs_whatever_file_holds_them(tmp_path):
     names = [r["study"]["part"] for r in rest]
     assert names[:6] == ["main-s0", "main-s1", "main-s2", "loops-a", "ablation-1w0-s0", "ablation-2w0-s0"]
     text = published.aggregate(ROOT / "studies" / "small-scale", pub, tmp_path / "docs" / "results.md")
-    assert "**Incomplete:** 14 of 88 parts are not yet run (loops-s2, mix16-s0-depth_attention," in text
+    assert "**Incomplete:** 14 of the 88 parts outside the learning-rate study are not yet run (loops-s2, " \
+           "mix16-s0-depth_attention," in text
+    assert "**The learning-rate study is not complete:** published parts per group: lr1cpu 0 of 32, lr4cpu 0 of " \
+           "12, lr4cpunb 0 of 6;" in text
 
 
 @pytest.mark.parametrize("edit, message", [

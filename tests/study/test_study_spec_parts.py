@@ -75,7 +75,7 @@ def test_the_small_scale_study_files_expand_to_the_published_parts_names():
     study), are named as results/small-scale names them; the budget study has 35 parts on each device."""
     studies = {p.stem: load_study(p) for p in sorted((ROOT / "studies" / "small-scale").glob("*.toml"))}
     assert set(studies) == {"main", "loops", "ablation", "long", "mix16", "mix4", "mix1", "mix16cpu", "mix4cpu",
-                            "mix1cpu", "lr1cpu"}
+                            "mix1cpu", "lr1cpu", "lr4cpu", "lr4cpunb"}
     assert {s.publish for s in studies.values()} == {Path("results/small-scale").absolute()}  # from the checkout
     published = {p.stem for p in (ROOT / "results" / "small-scale").glob("*.json")}
     for name in ("mix16", "mix4", "mix1", "mix16cpu", "mix4cpu", "mix1cpu"):

@@ -1,6 +1,8 @@
 """The small-scale study's groups, one record each (``studies/small-scale/GROUP.toml`` defines a group's parts,
 ``published`` reports them): where a group's runs train, whose ``none`` they are paired with, its section title, and, for a CPU twin,
-the group whose runs it repeats on the CPU. ``GROUPS`` is in the report's order.
+the group whose runs it repeats on the CPU. ``GROUPS`` is in the report's order. The learning-rate study's groups
+(``lr_study``: the sweep ``lr1cpu`` and the tuned 4 × runs ``lr4cpu``, ``lr4cpunb``) are reported by one section of
+their own (``lrsweep``), not by a group table each.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ class Group:
     #: For a CPU twin: the group whose parts it repeats on the CPU (same methods, seeds and budget; never paired
     #: with them, shown beside them in a cross-check).
     twin_of: str = ""
+    #: A group of the learning-rate study: reported by ``lrsweep``'s section (its runs differ in ``lr`` by design),
+    #: not by a table of its own.
+    lr_study: bool = False
 
     @property
     def baseline_group(self) -> str:
@@ -46,12 +51,26 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("ablation", "Embedded corpus: Depth-Attention candidate-set ablation (default budget, paired with main's "
                       "none)", "auto", base="main"),
     Group("long", "Embedded corpus: longer budget (4 × the default tokens; 2 epochs of the corpus)", "auto"),
+    Group("lr1cpu", "Public-domain mix, the default budget, trained on the 2-core CPU at four learning rates (the "
+                    "learning-rate sweep)", "auto", lr_study=True),
+    Group("lr4cpu", "Public-domain mix, 4 ×, trained on the 2-core CPU, each method at its best learning rate of the "
+                    "sweep", "auto", lr_study=True),
+    Group("lr4cpunb", "Public-domain mix, 4 ×, trained on the 2-core CPU, none and depth_attention at the "
+                      "neighbouring learning rate of their best", "auto", lr_study=True),
 )}
 
 
 #: The groups in the order their parts are listed (the order they were trained in): the embedded corpus's, then the
-#: budget study on the GPU, 16 x first, then its CPU twins in the same order.
-RUN_ORDER = ("main", "loops", "ablation", "long", "mix16", "mix1", "mix4", "mix16cpu", "mix1cpu", "mix4cpu")
+#: budget study on the GPU, 16 x first, then its CPU twins in the same order, then the learning-rate study on the
+#: CPU (the sweep at 1 x, then the tuned runs at 4 x).
+RUN_ORDER = ("main", "loops", "ablation", "long", "mix16", "mix1", "mix4", "mix16cpu", "mix1cpu", "mix4cpu",
+             "lr1cpu", "lr4cpu", "lr4cpunb")
+
+
+def lr_groups() -> tuple[str, ...]:
+    """The learning-rate study's groups (``Group.lr_study``), in ``GROUPS``' order: ``("lr1cpu", "lr4cpu",
+    "lr4cpunb")``."""
+    return tuple(g.name for g in GROUPS.values() if g.lr_study)
 
 
 def cpu_twin_group(name: str) -> str | None:

@@ -5,7 +5,8 @@ file per part under the published folder (``partfile``; results/README.md). The 
 validation losses and paired differences from ``none`` (``stats.paired_difference``: per-seed Δ, t-interval over
 seeds) with the verdicts in words, two budget trends (``trend``: the GPU's groups, and their CPU twins among
 themselves; the set with more of its parts published first, ``groups.set_order``), Depth-Attention's depth
-statistics over training (``depth``), a CPU-vs-GPU cross-check per CPU twin and the parts' commands. It reads the
+statistics over training (``depth``), the learning-rate study's section (``lrsweep``: its groups have no table of
+their own), a CPU-vs-GPU cross-check per CPU twin and the parts' commands. It reads the
 study files (which parts there are) and the published parts (what they found), never run folders.
 
 A study file's part is **published** when every run it trains (method, seed and cell settings) is in a published
@@ -27,7 +28,7 @@ from . import depth as study_depth
 from . import multiplier as study_multiplier
 from . import partfile as study_results
 from . import trend as study_trend
-from .groups import GROUPS, RUN_ORDER, budget_sets, cpu_twin_group, set_order
+from .groups import GROUPS, RUN_ORDER, budget_sets, cpu_twin_group, lr_groups, set_order
 from .spec import Study, load_study
 
 #: Where the report draws Depth-Attention's depth statistics over the 16 × runs (beside its --out).
@@ -68,13 +69,16 @@ def plan(studies: dict[str, Study]) -> list[Planned]:
 
 
 def cell_of(study: Study, res: dict) -> int:
-    """The cell of ``study`` whose settings the published part ``res`` ran with (its ``model_overrides`` on the
-    cells' keys). Raises ``ValueError`` when none matches."""
-    keys = {k for cell in study.cells() for k, _ in cell}
-    overrides = res["settings"]["model_overrides"]
-    ran = {k: overrides[k] for k in keys if k in overrides}
+    """The cell of ``study`` whose settings the published part ``res`` ran with: its ``model_overrides`` and
+    ``train`` settings on the keys the cells set, and on the keys ``[method_set]`` sets for its methods, those
+    methods' values. Raises ``ValueError`` when none matches."""
+    settings = res["settings"]
+    ran_with = {**settings["train"], **settings["model_overrides"]}
+    keys = {k for cell in study.cells() for k, _ in cell} | study.method_set_keys(*res["methods"])
+    ran = {k: ran_with[k] for k in keys if k in ran_with}
+    own = {k: v for m in res["methods"] for k, v in study.method_sets.get(m, {}).items()}
     for i, cell in enumerate(study.cells()):
-        if dict(cell) == ran:
+        if {**dict(cell), **own} == ran:
             return i
     raise ValueError(f"published part {res['study']['part']}: its settings {ran} are no cell of {study.path}")
 
@@ -106,17 +110,24 @@ def done_parts(parts: list[Planned], published: list[dict], studies: dict[str, S
     return {p.name for p in parts if all((p.group, *r) in have for r in p.runs)}
 
 
+def run_record(res: dict, run: dict) -> dict:
+    """A published part's run with what pairing needs: its part's ``train_settings``, ``data``, ``preset``,
+    ``hardware`` and ``jobs``."""
+    st = res["study"]
+    return dict(run, train_settings=res["settings"]["train"], data=res["settings"]["data"],
+                preset=res["settings"]["preset"], hardware=st.get("hardware"), jobs=st.get("jobs", 1))
+
+
 def collect(published: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
-    """``{group: {label: {seed: run}}}``; a label is the method, or ``depth_attention (stride=…, window=…)``."""
+    """``{group: {label: {seed: run}}}`` (``run_record``'s); a label is the method, or ``depth_attention (stride=…,
+    window=…)``."""
     out: dict[str, dict[str, dict[int, dict]]] = {}
     for res in published:
         st = res["study"]
         for method, m in res["methods"].items():
             label = f"{method} ({st['label']})" if st["label"] else method
             for r in m["runs"]:
-                r = dict(r, train_settings=res["settings"]["train"], data=res["settings"]["data"],
-                         preset=res["settings"]["preset"], hardware=st.get("hardware"), jobs=st.get("jobs", 1))
-                out.setdefault(st["group"], {}).setdefault(label, {})[int(r["seed"])] = r
+                out.setdefault(st["group"], {}).setdefault(label, {})[int(r["seed"])] = run_record(res, r)
     return out
 
 
@@ -124,15 +135,20 @@ def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
     return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
 
 
-def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None, ref: str = BASELINE):
+def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None, ref: str = BASELINE,
+                allowed: frozenset[str] = frozenset()):
     """``(runs, the reference's runs, paired_difference of final val loss)`` over the seeds both have, or None for
     the reference itself (``ref``, default none, whose runs are ``base``) or no common seed. Raises ``ValueError``
-    if a pair was trained with other settings (``study_trend.trajectory_settings``, data or tokens)."""
+    if a pair was trained with other settings (``study_trend.trajectory_settings``, data or tokens) but for the train
+    settings ``allowed`` (a group's ``[method_set]`` keys, ``Study.method_set_keys``: set per method by design)."""
     common = [s for s in sorted(by_seed) if base and s in base]
     if label == ref or not common:
         return None
     a, b = [by_seed[s] for s in common], [base[s] for s in common]
-    same = study_trend.trajectory_settings
+
+    def same(train: dict) -> dict:
+        return {k: v for k, v in study_trend.trajectory_settings(train).items() if k not in allowed}
+
     for x, y in zip(a, b):
         if same(x["train_settings"]) != same(y["train_settings"]) or x["data"] != y["data"] \
                 or x["tokens"] != y["tokens"]:
@@ -217,12 +233,13 @@ def code_line(published: list[dict]) -> str:
 def group_sections(runs: dict, order: list[str]) -> list[str]:
     """Per group: title, table, and the verdicts in words; a CPU twin also gets Depth-Attention against its uniform
     control and the cross-check against the group it repeats. The budget study's groups come first, set by set in
-    ``order`` (keys of ``budget_sets``), then the others in ``study_groups.GROUPS``' order."""
+    ``order`` (keys of ``budget_sets``), then the others in ``study_groups.GROUPS``' order, but for the learning-rate
+    study's (``Group.lr_study``), which ``lrsweep.section`` reports."""
     lines = []
     first = [name for where in order for name in budget_sets()[where]]
     for group in first + [name for name in GROUPS if name not in first]:
         g = GROUPS[group]
-        if group not in runs:
+        if group not in runs or g.lr_study:  # the learning-rate study's groups: lrsweep.section
             continue
         base = runs.get(g.baseline_group, {}).get(BASELINE)
         lines += [f"## {g.title}", ""] + group_table(runs[group], base) + [""]
@@ -364,9 +381,20 @@ TREND_WHERE = {"on the GPU": " on the GPU (paired among themselves)",
 
 
 def completeness(parts: list[Planned], done: set[str]) -> list[str]:
-    """What of the study (``parts``, ``plan``'s) is not yet run, as the report's opening lines: nothing when
-    all is done; when every missing part belongs to one of ``budget_sets`` and the other set is complete, that
-    the budget study is complete on the one device and partial on the other; else the missing parts."""
+    """What of the study (``parts``, ``plan``'s) is not yet run, as the report's opening lines: nothing when all is
+    done. While the learning-rate study (``groups.lr_groups``) is incomplete, its parts are counted per group (its
+    section names the missing ones) and the rest is said of the other parts: when every missing part belongs to one
+    of ``budget_sets`` and the other set is complete, that the budget study is complete on the one device and
+    partial on the other; else the missing parts."""
+    lr = [p for p in parts if p.group in lr_groups()]
+    if all(p.name in done for p in lr):
+        return _study_completeness(parts, done, False)
+    rest = [p for p in parts if p.group not in lr_groups()]
+    return _study_completeness(rest, done, True) + _lr_completeness(lr, done)
+
+
+def _study_completeness(parts: list[Planned], done: set[str], lr_apart: bool) -> list[str]:
+    """``completeness`` of ``parts`` (``lr_apart``: those outside the learning-rate study, said apart)."""
     missing = [p for p in parts if p.name not in done]
     if not missing:
         return []
@@ -376,13 +404,28 @@ def completeness(parts: list[Planned], done: set[str]) -> list[str]:
         mine = [p for p in parts if p.group in groups]
         if mine and all(p.name in done for p in mine) and all(p.group in sets[other] for p in missing):
             total = sum(p.group in sets[other] for p in parts)
+            outside = "the budget study" + (" and the learning-rate study" if lr_apart else "")
             return [f"**Complete {where}:** the budget study's {len(mine)} parts (groups {', '.join(groups)}) "
-                    "are all published, and so is every part outside the budget study. "
+                    f"are all published, and so is every part outside {outside}. "
                     f"**Partial {other}:** {len(missing)} of the {total} parts that train the same runs {other} "
                     f"are not yet run ({', '.join(p.name for p in missing)}); the tables of "
                     f"{', '.join(sets[other])} cover their finished parts only.", ""]
-    return [f"**Incomplete:** {len(missing)} of {len(parts)} parts are not yet run "
+    of = f"the {len(parts)} parts outside the learning-rate study" if lr_apart else f"{len(parts)} parts"
+    return [f"**Incomplete:** {len(missing)} of {of} are not yet run "
             f"({', '.join(p.name for p in missing)}); the tables below cover the finished parts only.", ""]
+
+
+def _lr_completeness(parts: list[Planned], done: set[str]) -> list[str]:
+    """How many of the learning-rate study's ``parts`` are published, group by group; nothing when all are."""
+    if all(p.name in done for p in parts):
+        return []
+    counts = {}
+    for p in parts:
+        n, k = counts.get(p.group, (0, 0))
+        counts[p.group] = (n + 1, k + (p.name in done))
+    said = ", ".join(f"{g} {k} of {n}" for g, (n, k) in counts.items())
+    return [f"**The learning-rate study is not complete:** published parts per group: {said}; its section below "
+            "reports what is published and names what is not.", ""]
 
 
 def aggregate(studies_dir: Path, publish: Path, out: Path) -> str:
@@ -429,6 +472,8 @@ def aggregate(studies_dir: Path, publish: Path, out: Path) -> str:
         lines += study_multiplier.section(runs, budgets, where, parts, done, out)  # a set whose parts are all published
     sixteen = [g for where in order for g in budget_sets()[where] if g.startswith("mix16")]
     lines += depth_section(published, out, runs, sixteen)
+    from .lrsweep import section as lr_section  # lrsweep reads this module's pairing: imported here, not above
+    lines += lr_section(published, studies, parts, done, out)
     lines += group_sections(runs, order) + long_trend(runs) + parts_table(published, publish, out)
     text = "\n".join(lines)
     atomic_write_text(out, text)

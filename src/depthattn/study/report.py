@@ -5,7 +5,8 @@ is compared with the study's reference by ``compare.paired_stats`` — the stati
 (``stats.paired_difference``: per-seed differences, their mean ± sample standard deviation, the 95 % t-interval,
 the seeds on which the method is lower). A method's run and the reference's run of one seed are paired only when
 their ``run.json`` records allow it (``compare.run_differences``: same train settings, data, tokenizer, device type
-and precision); a pair that does not is left out and named.
+and precision; but for the keys the study sets per method, ``[method_set]``); a pair that does not is left out and
+named.
 
 **Trends**: for every axis with two values or more (the budget, each grid key) and every combination of the other
 axes, each method's Δ at each value of the axis, and the change of Δ from the first value to the last, paired by
@@ -63,18 +64,20 @@ def collect(study: Study, parts: list[Part] | None = None) -> dict[str, Cell]:
 
 def cell_stats(study: Study, cell: Cell) -> dict[str, dict]:
     """``compare.paired_stats`` of every method against the reference over the cell's seeds, each method with the
-    seeds whose pair may be paired (``compare.run_differences``; the others are added to ``cell.excluded``)."""
+    seeds whose pair may be paired (``compare.run_differences``, allowing the keys of the two methods'
+    ``[method_set]``, which differ by design; the others are added to ``cell.excluded``)."""
     ref = study.reference
     base = cell.runs.get(ref, {})
     out = {}
     for method in study.methods:
         if method == ref or method not in cell.runs:
             continue
+        allowed = study.method_set_keys(method, ref)
         seeds = []
         for seed in sorted(cell.runs[method]):
             if seed not in base:
                 continue
-            diffs = run_differences(cell.records[method][seed], cell.records[ref][seed])
+            diffs = run_differences(cell.records[method][seed], cell.records[ref][seed], allowed)
             if diffs:
                 cell.excluded.append(f"{cell.name}: `{method}` seed {seed} not paired with `{ref}`: "
                                      f"{'; '.join(diffs)}")
@@ -199,6 +202,12 @@ def trend_lines(study: Study, cells: dict[str, Cell], stats: dict[str, dict[str,
     return lines + [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
 
 
+def _per_method(study: Study) -> str:
+    """``; per method: `m` k=v, …`` for a study's ``[method_set]`` settings, or nothing."""
+    said = [f"`{m}` " + ", ".join(f"{k}={v}" for k, v in s.items()) for m, s in study.method_sets.items() if s]
+    return f"; per method: {'; '.join(said)}" if said else ""
+
+
 def render(study: Study, parts: list[Part] | None = None) -> str:
     """The study's report (markdown)."""
     cells = collect(study, parts)
@@ -208,8 +217,8 @@ def render(study: Study, parts: list[Part] | None = None) -> str:
              f"Methods {', '.join(f'`{m}`' for m in study.methods)} against `{study.reference}`; seeds "
              f"{', '.join(map(str, study.seeds))}; budgets {', '.join(f'{b:g} ×' for b in study.budgets)} of "
              f"{study.steps} steps" + (f"; grid {', '.join(f'{k} ∈ {list(v)}' for k, v in study.grid.items())}"
-                                       if study.grid else "") + f"; {done} finished runs. Study file "
-             f"`{study.path.name}`.", "",
+                                       if study.grid else "") + _per_method(study)
+             + f"; {done} finished runs. Study file `{study.path.name}`.", "",
              "## Final validation loss", "", "Mean ± sample standard deviation over seeds (number of seeds).", ""]
     lines += losses_table(study, cells) + ["", f"## Paired differences from `{study.reference}`", "",
               "Per seed, the method's number minus the reference's with the same seed (same data order); negative "

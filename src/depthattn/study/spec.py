@@ -32,6 +32,9 @@ grid is ``[grid] lr = [...]``)::
     [grid]                      # one part per combination of these values (with each budget and seed)
     lr = [1e-3, 2e-3]
 
+    [method_set.depth_attention]  # --set KEY=VALUE for one method's parts only (needs per_method = true), e.g.
+    lr = 0.004                    # each method at its own learning rate; keys as [set], none also in [set]/[grid]
+
     [slurm]                     # the SLURM launcher's defaults (flags win; ``runner.SLURM_KEYS``)
     partition = "gpu"
 
@@ -39,7 +42,9 @@ A **part** is one ``compare`` of every method with one seed (of one method with 
 ``OUT/PART``; its name is its **cell** (the study's name, the budget and the grid values, e.g.
 ``example-b4-lr0.002``; the study's name alone when it has one budget and one cell) and ``-s<seed>`` (and
 ``-<method>`` with ``per_method``). Within a part every method trains with the same seed, so the same data order
-(compare's rule); the report pairs the parts of one cell by seed.
+(compare's rule); the report pairs the parts of one cell by seed. A method with ``[method_set.METHOD]`` settings
+differs from the reference in those keys by design: the report pairs its runs with the reference's all the same
+(``report.cell_stats``), and refuses a pair that differs in anything else.
 """
 
 from __future__ import annotations
@@ -54,8 +59,8 @@ from typing import Any
 
 #: Top-level keys of a study file.
 TOP_KEYS = frozenset({"name", "out", "data", "preset", "quick", "methods", "reference", "seeds", "steps", "budgets",
-                      "loops", "eval_tokens", "set", "grid", "cells", "per_method", "method_seeds", "slurm",
-                      "publish"})
+                      "loops", "eval_tokens", "set", "grid", "cells", "per_method", "method_seeds", "method_set",
+                      "slurm", "publish"})
 #: Settings a study sets with its own keys, so never through [set] or [grid].
 OWN_KEYS = {"seed": "seeds", "steps": "steps and budgets", "tokens": "steps and budgets", "cross_layer": "methods",
             "num_loops": "loops"}
@@ -104,6 +109,7 @@ class Study:
     method_seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
     publish: Path | None = None
     named: dict[str, str] = field(default_factory=dict)
+    method_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -145,8 +151,14 @@ class Study:
                                         which))
         return out
 
+    def method_set_keys(self, *methods: str) -> frozenset[str]:
+        """The keys ``[method_set]`` sets for any of ``methods`` (for every method when none is named): the settings
+        in which runs of those methods may differ by design and still be paired."""
+        return frozenset(k for m in (methods or self.methods) for k in self.method_sets.get(m, {}))
+
     def compare_argv(self, part: Part) -> list[str]:
-        """The ``depthattn compare`` arguments of ``part`` (without the program name)."""
+        """The ``depthattn compare`` arguments of ``part`` (without the program name): [set], the cell's settings and,
+        with ``per_method``, the [method_set] settings of the part's method, each as ``--set KEY=VALUE``."""
         argv = ["compare", "--methods", ",".join(part.methods), "--seeds", str(part.seed), "--out", str(part.folder),
                 "--steps", str(part.steps), "--data", str(self.data_dir), "--no-progress"]
         if self.quick:
@@ -157,7 +169,8 @@ class Study:
             argv += ["--loops", str(self.loops)]
         if self.eval_tokens:
             argv += ["--eval-tokens", str(self.eval_tokens)]
-        for key, value in [*self.sets.items(), *part.axes]:
+        own = self.method_sets.get(part.methods[0], {}) if self.per_method else {}
+        for key, value in [*self.sets.items(), *part.axes, *own.items()]:
             argv += ["--set", f"{key}={set_value(value)}"]
         return argv
 
@@ -193,10 +206,11 @@ def _int_list(doc: dict, key: str, path: Path, positive: bool = False) -> tuple[
 def load_study(path: str | os.PathLike) -> Study:
     """Read and check a study file. Raises ``FileNotFoundError`` for a missing file and ``ValueError`` in one line
     naming the file and the key for invalid TOML, an unknown key, a method not in ``cross_layer.names()``, an empty
-    or repeated list, a budget that is not a whole number of steps, a [set]/[grid] key that is neither a
-    ``ModelConfig`` nor a ``TrainConfig`` field or that the study sets itself (``OWN_KEYS``), or settings that
-    ``ModelConfig.from_preset`` / ``TrainConfig`` refuse, or, in a study that names ``publish``, an absolute
-    ``out`` or ``data`` (``check_portable``)."""
+    or repeated list, a budget that is not a whole number of steps, a [set]/[grid]/[method_set] key that is neither
+    a ``ModelConfig`` nor a ``TrainConfig`` field or that the study sets itself (``OWN_KEYS``), a [method_set] table
+    without ``per_method = true``, of a method not in ``methods`` or with a key also in [set]/[grid]/cells,
+    settings that ``ModelConfig.from_preset`` / ``TrainConfig`` refuse, or, in a study that names ``publish``, an
+    absolute ``out`` or ``data`` (``check_portable``)."""
     from ..compare.settings import DEFAULT_TRAIN, QUICK, parse_methods
 
     path = Path(path)
@@ -249,7 +263,7 @@ def load_study(path: str | os.PathLike) -> Study:
     per_method = doc.get("per_method", False)
     _need(isinstance(per_method, bool), path, f"`per_method = {per_method!r}` must be true or false")
     tables = {}
-    for key in ("set", "grid", "slurm", "method_seeds"):
+    for key in ("set", "grid", "slurm", "method_seeds", "method_set"):
         tables[key] = doc.get(key, {})
         _need(isinstance(tables[key], dict), path, f"[{key}] must be a table")
     grid = {}
@@ -269,6 +283,8 @@ def load_study(path: str | os.PathLike) -> Study:
         _need(set(chosen) <= set(seeds), path, f"[method_seeds] `{method} = {list(chosen)}` names a seed not in "
               f"seeds {list(seeds)}")
         method_seeds[method] = chosen
+    method_sets = _method_sets(tables["method_set"], methods, per_method, set(tables["set"]) | set(grid) | cell_keys,
+                               path)
     lonely = [s for s in seeds if not any(s in method_seeds.get(m, seeds) for m in methods)]
     _need(not lonely, path, f"seed {lonely[0] if lonely else ''} trains no method ([method_seeds] leave it out)")
     name = doc.get("name", path.stem)
@@ -279,8 +295,8 @@ def load_study(path: str | os.PathLike) -> Study:
                   quick=quick, methods=methods, reference=reference, seeds=seeds, steps=steps,
                   budgets=tuple(budgets), loops=loops, eval_tokens=eval_tokens, sets=dict(tables["set"]), grid=grid,
                   slurm=dict(tables["slurm"]), cell_list=cell_list, per_method=per_method,
-                  method_seeds=method_seeds, publish=Path(doc["publish"]).absolute() if "publish" in doc else None,
-                  named=named)
+                  method_seeds=method_seeds, method_sets=method_sets,
+                  publish=Path(doc["publish"]).absolute() if "publish" in doc else None, named=named)
     if study.publish is not None:
         check_portable(study)
     _check_settings(study)
@@ -295,6 +311,23 @@ def check_portable(study: Study) -> None:
               f"names its folders relative to the current folder (its files must name no folder of this machine)")
 
 
+def _method_sets(table: dict, methods: tuple[str, ...], per_method: bool, elsewhere: set[str], path: Path
+                 ) -> dict[str, dict[str, Any]]:
+    """The [method_set] tables of a study file, checked: ``per_method`` set, each a table of a method of
+    ``methods`` whose keys are in none of [set], [grid] and cells (``elsewhere``)."""
+    _need(not table or per_method, path, "[method_set] needs `per_method = true` (one part per method, so each "
+          "method's runs take its own settings)")
+    out = {}
+    for method, settings in table.items():
+        _need(method in methods, path, f"[method_set.{method}]: `{method}` is not one of methods {list(methods)}")
+        _need(isinstance(settings, dict), path, f"[method_set] `{method} = {settings!r}` must be a table "
+              f"([method_set.{method}] with KEY = VALUE lines)")
+        both = sorted(set(settings) & elsewhere)
+        _need(not both, path, f"{both} in both [method_set.{method}] and [set]/[grid]/cells")
+        out[method] = dict(settings)
+    return out
+
+
 def _cells(doc: dict, path: Path) -> tuple[tuple[tuple[str, Any], ...], ...]:
     """The ``cells`` list of a study file as ``((key, value), ...)`` per cell (empty without one)."""
     value = doc.get("cells", [])
@@ -307,8 +340,8 @@ def _cells(doc: dict, path: Path) -> tuple[tuple[tuple[str, Any], ...], ...]:
 
 
 def _check_settings(study: Study) -> None:
-    """Every cell's [set] and [grid] values as ``compare`` would take them: known keys, none the study sets itself,
-    values the configs accept (``ValueError`` naming the file)."""
+    """Every cell's [set] and [grid] values, with each method's [method_set], as ``compare`` would take them: known
+    keys, none the study sets itself, values the configs accept (``ValueError`` naming the file)."""
     from ..compare.settings import DEFAULT_TRAIN, QUICK
     from ..config import ModelConfig
     from ..training import TrainConfig
@@ -317,20 +350,27 @@ def _check_settings(study: Study) -> None:
     path = study.path
     for key in [*study.sets, *study.grid, *(k for cell in study.cell_list for k, _ in cell)]:
         _need(key not in OWN_KEYS, path, f"`{key}` in [set]/[grid]: the study sets it with `{OWN_KEYS.get(key)}`")
+    for method, settings in study.method_sets.items():
+        for key in settings:
+            _need(key not in OWN_KEYS, path, f"`{key}` in [method_set.{method}]: the study sets it with "
+                  f"`{OWN_KEYS.get(key)}`")
     preset = study.preset or QUICK["preset"]
     cells = {p.cell: p for p in study.parts()}
     for part in cells.values():
-        try:
-            model, train = split_overrides({**study.sets, **dict(part.axes)}, f"{path} [set]/[grid]")
-            for method in study.methods:
+        for method in study.methods:
+            own = study.method_sets.get(method, {})
+            which = f"part {part.cell}" + (f" [method_set.{method}]" if own else "")
+            try:
+                model, train = split_overrides({**study.sets, **dict(part.axes), **own},
+                                               f"{path} [set]/[grid]" + (f"/[method_set.{method}]" if own else ""))
                 ModelConfig.from_preset(preset, **{k: v for k, v in model.items() if k != "vocab_size"},
                                         cross_layer=method, num_loops=study.loops)
-            base = dict(QUICK["train"] if study.quick else DEFAULT_TRAIN)
-            TrainConfig.from_dict({**base, **train, "steps": part.steps}).total_steps()
-        except ValueError as e:
-            message = str(e)
-            raise ValueError(message if message.startswith(str(path)) else f"{path}: part {part.cell}: {message}"
-                             ) from None
+                base = dict(QUICK["train"] if study.quick else DEFAULT_TRAIN)
+                TrainConfig.from_dict({**base, **train, "steps": part.steps}).total_steps()
+            except ValueError as e:
+                message = str(e)
+                raise ValueError(message if message.startswith(str(path)) else f"{path}: {which}: {message}"
+                                 ) from None
 
 
 def find_parts(study: Study, names: list[str]) -> list[Part]:

@@ -1,0 +1,383 @@
+"""The learning-rate section of docs/results.md: is the comparison fair once each method has its own learning rate?
+
+The budget study trains every method at one peak learning rate (compare's default, 2e-3). The learning-rate
+study (``groups.lr_groups``) gives each method its own:
+
+- the **sweep** (group ``lr1cpu``): every method at each peak learning rate of a grid (``[grid] lr``), at the default
+  budget. A method's **best rate** is the grid value of lowest mean final validation loss over its seeds, ties to
+  the smaller rate (``best_lrs``); a rate at which a seed diverged is no candidate (a diverged run has no final loss
+  to average). A best rate that is the grid's smallest or largest value is **at the grid's edge**: a better one
+  may lie outside it. Its **neighbour** is the grid value beside it of lower mean loss (ties: the smaller).
+- the **tuned** runs at 4 × (``lr4cpu``: each method at its best rate, ``[method_set.METHOD] lr``; ``lr4cpunb``:
+  none and depth_attention at their neighbour). none and depth_attention each count at the better of their two
+  4 × rates, by mean final validation loss over the seeds both have (``tuned_choice``).
+
+Beside the shared-rate runs of the same budget and seeds (``mix4cpu``), per pair of the budget study's Δ table
+(every method − none, and depth_attention − depth_attention_uniform): the tuned Δ and the shared Δ, each a
+per-seed paired difference of final validation loss (``published.paired_runs``: runs paired only when trained
+alike, but for the study's ``[method_set]`` keys) with its 95 % t-interval and ``stats.verdict``, and the change
+**tuned − shared**, ``Δ_tuned(s) − Δ_shared(s)`` paired by seed. As in the budget trend (``trend``), a change is
+called (the gap **widens**, **narrows** or **reverses** with tuned rates) only when its interval excludes 0.
+
+The rates are chosen on the validation split the losses are reported on (there is no test split), so a tuned Δ is
+optimistic, for every method alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..compare.records import BASELINE
+from ..stats import paired_difference, verdict
+from . import trend as study_trend
+from .published import Planned, paired_runs, run_record, verdict_sentence
+from .spec import Study
+
+SWEEP, TUNED, NEIGHBOUR, SHARED = "lr1cpu", "lr4cpu", "lr4cpunb", "mix4cpu"
+#: Where the report draws the sweep (beside its --out).
+FIGURE = Path("img") / "lr_sweep.png"
+TITLE = "## Is the comparison fair once each method has its own learning rate?"
+SAME_SPLIT = ("The learning rate is chosen on the same validation split the loss is reported on (there is no "
+              "separate test split), so a tuned Δ is optimistic, for every method alike.")
+
+
+@dataclass(frozen=True)
+class Best:
+    """A method's best rate of the sweep: ``lr``, its ``mean`` final validation loss (nats), whether it is the
+    grid's smallest or largest value (``at_edge``) and its ``neighbour`` (None when no grid value beside it has a
+    loss)."""
+
+    lr: float
+    mean: float
+    at_edge: bool
+    neighbour: float | None
+
+
+def best_lrs(losses: dict[str, dict[float, list[float | None]]], grid: Sequence[float]) -> dict[str, Best]:
+    """``{method: Best}`` from ``losses`` (``{method: {lr: [final val loss per seed, None for a diverged seed]}}``)
+    over the rates of ``grid``: the lowest mean over seeds, ties to the smaller rate; a rate with a diverged seed
+    or no seed is no candidate, and a method without a candidate is left out. Raises ``ValueError`` for a rate not
+    in ``grid``."""
+    grid = sorted(grid)
+    out = {}
+    for method, by_lr in losses.items():
+        bad = [lr for lr in by_lr if lr not in grid]
+        if bad:
+            raise ValueError(f"`{method}`: learning rate {bad[0]} is not in the grid {grid}")
+        means = {lr: statistics.fmean(xs) for lr, xs in by_lr.items() if xs and None not in xs}
+        if not means:
+            continue
+        lr = min(means, key=lambda x: (means[x], x))
+        i = grid.index(lr)
+        beside = [grid[j] for j in (i - 1, i + 1) if 0 <= j < len(grid) and grid[j] in means]
+        neighbour = min(beside, key=lambda x: (means[x], x)) if beside else None
+        out[method] = Best(lr, means[lr], lr in (grid[0], grid[-1]), neighbour)
+    return out
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The sweep's published runs: ``runs[method][lr][seed]`` (``published.run_record``'s) and the seeds that
+    diverged, ``diverged[method][lr]``; ``grid`` the study's rates, ascending."""
+
+    grid: tuple[float, ...]
+    runs: dict[str, dict[float, dict[int, dict]]]
+    diverged: dict[str, dict[float, list[int]]]
+
+    def losses(self) -> dict[str, dict[float, list[float | None]]]:
+        """``best_lrs``' input: per method and rate, the finished seeds' final val losses and None per diverged
+        seed."""
+        out: dict[str, dict[float, list[float | None]]] = {}
+        for method in dict.fromkeys([*self.runs, *self.diverged]):
+            for lr in self.grid:
+                xs = [r["val_loss"] for _, r in sorted(self.runs.get(method, {}).get(lr, {}).items())]
+                xs += [None] * len(self.diverged.get(method, {}).get(lr, []))
+                if xs:
+                    out.setdefault(method, {})[lr] = xs
+        return out
+
+
+def sweep_of(published: list[dict], study: Study) -> Sweep:
+    """The runs of ``study``'s group (the sweep) among the ``published`` parts, keyed by the rate each trained at
+    (``settings.train.lr``)."""
+    runs: dict[str, dict[float, dict[int, dict]]] = {}
+    diverged: dict[str, dict[float, list[int]]] = {}
+    for res in published:
+        if res["study"]["group"] != study.name:
+            continue
+        lr = float(res["settings"]["train"]["lr"])
+        for method, m in res["methods"].items():
+            for r in m["runs"]:
+                runs.setdefault(method, {}).setdefault(lr, {})[int(r["seed"])] = run_record(res, r)
+            for d in m.get("diverged", []):
+                diverged.setdefault(method, {}).setdefault(lr, []).append(int(d["seed"]))
+    order = {m: i for i, m in enumerate(study.methods)}
+    return Sweep(tuple(sorted(study.grid["lr"])), dict(sorted(runs.items(), key=lambda x: order.get(x[0], 99))),
+                 diverged)
+
+
+def method_runs(published: list[dict], groups: Sequence[str]) -> dict[str, dict[str, dict[int, dict]]]:
+    """``{group: {method: {seed: run}}}`` (``published.collect``'s shape, keyed by method whatever a part's
+    label) of the finished runs of ``groups`` among the ``published`` parts."""
+    out: dict[str, dict[str, dict[int, dict]]] = {}
+    for res in published:
+        if res["study"]["group"] in groups:
+            for method, m in res["methods"].items():
+                for r in m["runs"]:
+                    out.setdefault(res["study"]["group"], {}).setdefault(method, {})[int(r["seed"])] = \
+                        run_record(res, r)
+    return out
+
+
+def committed_lrs(study: Study) -> dict[str, float]:
+    """``{method: lr}`` a study file sets per method (``[method_set.METHOD] lr``)."""
+    return {m: float(s["lr"]) for m, s in study.method_sets.items() if "lr" in s}
+
+
+def _lr(x: float) -> str:
+    return f"{x:g}"
+
+
+def _cell(by_seed: dict[int, dict], gone: list[int], bold: bool) -> str:
+    xs = [r["val_loss"] for r in by_seed.values()]
+    text = ""
+    if xs:
+        mean = statistics.fmean(xs)
+        text = f"{mean:.4f}" + (f" ± {statistics.stdev(xs):.4f}" if len(xs) > 1 else "") + f" ({len(xs)})"
+        text = f"**{text}**" if bold else text
+    if gone:
+        text += ("; " if text else "") + (f"{len(gone)} diverged (seed{'s' if len(gone) > 1 else ''} "
+                                          f"{', '.join(map(str, sorted(gone)))})")
+    return text or "—"
+
+
+def sweep_table(sweep: Sweep, best: dict[str, Best]) -> list[str]:
+    """Method × rate: mean ± sample std of final validation loss (seeds), the best in bold; diverged seeds counted
+    and named; then one line per best at the grid's edge."""
+    lines = ["| method | " + " | ".join(f"lr {_lr(x)}" for x in sweep.grid) + " | best lr |",
+             "|---|" + "---:|" * len(sweep.grid) + "---:|"]
+    for method in dict.fromkeys([*sweep.runs, *sweep.diverged]):
+        b = best.get(method)
+        cells = [_cell(sweep.runs.get(method, {}).get(lr, {}), sweep.diverged.get(method, {}).get(lr, []),
+                       b is not None and b.lr == lr) for lr in sweep.grid]
+        lines.append(f"| `{method}` | " + " | ".join(cells) + f" | {_lr(b.lr) if b else '—'} |")
+    lines.append("")
+    for method, b in best.items():
+        if b.at_edge:
+            end = "smallest" if b.lr == sweep.grid[0] else "largest"
+            lines.append(f"- `{method}`'s best rate, {_lr(b.lr)}, is the grid's {end} value: at the grid's edge, so a "
+                         "better rate may lie beyond it (extend the grid).")
+    return lines + ([""] if any(b.at_edge for b in best.values()) else [])
+
+
+def figure(sweep: Sweep, png: Path) -> bool:
+    """Draw final validation loss against the rate (log2 axis): per method the mean over seeds as a line and each
+    seed as a point; a rate at which a seed diverged is left off the line (its finished seeds stay points) and
+    marked by a cross at the top. Returns False (and writes nothing) without a finished run."""
+    if not any(by_lr for by_lr in sweep.runs.values()):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), constrained_layout=True)
+    top = ax.get_xaxis_transform()  # x in data, y in axes coordinates
+    for i, method in enumerate(dict.fromkeys([*sweep.runs, *sweep.diverged])):
+        by_lr, gone = sweep.runs.get(method, {}), sweep.diverged.get(method, {})
+        colour = f"C{i % 10}"
+        lrs = [lr for lr in sweep.grid if by_lr.get(lr) and not gone.get(lr)]
+        ax.plot(lrs, [statistics.fmean(r["val_loss"] for r in by_lr[lr].values()) for lr in lrs], marker="o",
+                color=colour, label=method)
+        pts = [(lr, r["val_loss"]) for lr in sweep.grid for r in by_lr.get(lr, {}).values()]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=colour, alpha=0.4, s=14)
+        crosses = [lr for lr in sweep.grid if gone.get(lr)]
+        ax.scatter(crosses, [0.97] * len(crosses), transform=top, marker="x", color=colour, s=40,
+                   label=f"{method}: a seed diverged" if crosses else None)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(sweep.grid), [_lr(x) for x in sweep.grid])
+    ax.minorticks_off()
+    ax.set_xlabel("peak learning rate (log2 axis)")
+    ax.set_ylabel("final validation loss (nats)")
+    ax.set_title("Learning-rate sweep, default budget (line: mean over seeds; points: seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    tmp = png.with_name(png.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(png)
+    return True
+
+
+def _missing(parts: list[Planned], done: set[str], group: str) -> list[str]:
+    return [p.name for p in parts if p.group == group and p.name not in done]
+
+
+def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path
+                ) -> list[str]:
+    """The sweep's subsection: what is missing, the table, the edge lines, the figure and, once the sweep is
+    complete, whether the tuned study files train at its rates (``rates_check``)."""
+    study = studies[SWEEP]
+    head = [f"### The sweep at the default budget (`{SWEEP}`)", ""]
+    if not sweep.runs and not sweep.diverged:
+        return head + [f"The learning-rate sweep (`{SWEEP}`: {len(study.methods)} methods × lr "
+                       f"{', '.join(map(_lr, sweep.grid))} × seeds {', '.join(map(str, study.seeds))}) is not yet "
+                       "published.", ""]
+    missing = _missing(parts, done, SWEEP)
+    lines = head
+    if missing:
+        lines += [f"**Incomplete:** {len(missing)} of the sweep's {sum(p.group == SWEEP for p in parts)} parts are "
+                  f"not yet published ({', '.join(missing)}); the table and the best rates cover the published "
+                  "parts only, so they are provisional.", ""]
+    best = best_lrs(sweep.losses(), sweep.grid)
+    lines += ["Final validation loss (nats, whole validation split), mean ± sample standard deviation over seeds "
+              "(number of seeds); a method's best rate, the lowest mean (ties: the smaller rate), in bold. A "
+              "diverged run is counted and named, not averaged, and its rate is no candidate.", ""]
+    lines += sweep_table(sweep, best)
+    if figure(sweep, out.parent / FIGURE):
+        lines += [f"![final validation loss against the learning rate, per method]({FIGURE.as_posix()})", ""]
+    return lines + ([] if missing else rates_check(best, studies[TUNED], studies[NEIGHBOUR]))
+
+
+def rates_check(best: dict[str, Best], tuned: Study, near: Study) -> list[str]:
+    """Whether the tuned study files (``tuned``: each method at its best rate, ``near``: at the neighbouring one)
+    train at the complete sweep's ``best`` rates, in one line."""
+    want = {m: b.lr for m, b in best.items() if m in tuned.methods}
+    want_near = {m: best[m].neighbour for m in near.methods if m in best}
+    if committed_lrs(tuned) == want and committed_lrs(near) == want_near:
+        return [f"`{TUNED}` trains each method at this best rate and `{NEIGHBOUR}` "
+                f"{' and '.join(f'`{m}`' for m in near.methods)} at the neighbouring one.", ""]
+    said = ", ".join(f"`{m}` {_lr(lr)}" for m, lr in want.items())
+    near_said = ", ".join(f"`{m}` {_lr(lr) if lr else '—'}" for m, lr in want_near.items())
+    return [f"**The tuned study files do not train at these rates** ({tuned.path.name}: "
+            f"{', '.join(f'`{m}` {_lr(x)}' for m, x in committed_lrs(tuned).items())}; {near.path.name}: "
+            f"{', '.join(f'`{m}` {_lr(x)}' for m, x in committed_lrs(near).items())}): the sweep's best are {said}, "
+            f"the neighbours {near_said}; correct them before their parts train.", ""]
+
+
+def tuned_choice(runs: dict, method: str) -> tuple[dict[int, dict], str]:
+    """A method's runs at 4 × at its own rate (``runs``: ``method_runs``'): its ``lr4cpu`` runs, or its
+    ``lr4cpunb`` runs where those have the lower mean final validation loss over the seeds both have (ties: the
+    smaller rate); and a note naming the two means when there were two."""
+    own = runs.get(TUNED, {}).get(method, {})
+    other = runs.get(NEIGHBOUR, {}).get(method, {})
+    seeds = [s for s in sorted(own) if s in other]
+    if not seeds:
+        return own, ""
+
+    def candidate(by_seed: dict[int, dict]) -> tuple[float, float, dict[int, dict]]:
+        mean = statistics.fmean(by_seed[s]["val_loss"] for s in seeds)
+        return mean, float(next(iter(by_seed.values()))["train_settings"]["lr"]), by_seed
+
+    (m1, lr1, chosen), (m2, lr2, _) = sorted((candidate(own), candidate(other)), key=lambda c: (c[0], c[1]))
+    return chosen, (f"`{method}` at {_lr(lr1)}, mean {m1:.4f}, against {m2:.4f} at {_lr(lr2)} over seeds "
+                    f"{', '.join(map(str, seeds))}")
+
+
+def gaps(method: str, ref: str, mine: dict[int, dict], base: dict[int, dict], allowed: frozenset[str]
+         ) -> dict[int, float]:
+    """``{seed: val_loss(method) − val_loss(ref)}`` over the seeds both have (``published.paired_runs``, which
+    raises ``ValueError`` for runs trained with other settings but for ``allowed``)."""
+    pair = paired_runs(method, mine, base, ref, allowed)
+    if pair is None:
+        return {}
+    a, _, d = pair
+    return {int(x["seed"]): diff for x, diff in zip(a, d["diffs"])}
+
+
+def _stats(g: dict[int, float]) -> dict | None:
+    return paired_difference(list(g.values()), [0.0] * len(g)) if g else None
+
+
+def change_sentence(method: str, ref: str, shared: dict[int, float], tuned: dict[int, float]) -> str:
+    """How the gap ``method − ref`` moved from the shared rate to each method's own, paired by seed, in the budget
+    trend's words (only an interval excluding 0 calls a change)."""
+    seeds = [s for s in sorted(tuned) if s in shared]
+    name = f"`{method}` − `{ref}`"
+    if not seeds:
+        return f"- {name}: no seed has both a tuned and a shared-rate pair yet."
+    d = paired_difference([tuned[s] for s in seeds], [shared[s] for s in seeds])
+    ms, mt = (statistics.fmean(x[s] for s in seeds) for x in (shared, tuned))
+    head = (f"- {name}: {ms:+.3f} nats at the shared rate and {mt:+.3f} at each method's own (seeds "
+            f"{', '.join(map(str, seeds))}); ")
+    if d["ci95"] is None:
+        return head + "one seed gives no interval: the change is undetermined."
+    lo, hi = d["ci95"]
+    change = f"change {d['mean']:+.3f} (95 % interval {lo:+.3f} to {hi:+.3f})"
+    if lo <= 0 <= hi:
+        return head + change + ": no change detectable with these seeds (inconclusive: the interval includes 0)."
+    word = study_trend.direction(ms, d["mean"], {s: tuned[s] for s in seeds})
+    return head + change + f": the gap **{word}** with tuned rates (the interval excludes 0)."
+
+
+def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], done: set[str]) -> list[str]:
+    """The tuned 4 × subsection from ``runs`` (``method_runs``' of the tuned and the shared-rate groups): the rates,
+    the table of tuned and shared Δ and their change, in words."""
+    head = [f"### 4 × at each method's own rate (`{TUNED}`, `{NEIGHBOUR}`) beside the shared rate (`{SHARED}`)", ""]
+    if not runs.get(TUNED):
+        return head + [f"The tuned 4 × runs (`{TUNED}`, `{NEIGHBOUR}`) are not yet run.", ""]
+    lines = list(head)
+    missing = _missing(parts, done, TUNED) + _missing(parts, done, NEIGHBOUR)
+    if missing:
+        lines += [f"**Incomplete:** {len(missing)} tuned parts are not yet published ({', '.join(missing)}); the "
+                  "table covers the published ones only.", ""]
+    allowed = studies[TUNED].method_set_keys() | studies[NEIGHBOUR].method_set_keys()
+    methods = [m for m in studies[TUNED].methods if m in runs[TUNED]]
+    chosen, notes = {}, []
+    for m in methods:
+        chosen[m], note = tuned_choice(runs, m)
+        notes += [note] if note else []
+    rates = ", ".join(f"`{m}` {_lr(float(next(iter(chosen[m].values()))['train_settings']['lr']))}"
+                      for m in methods if chosen[m])
+    lines += [f"Rates at 4 ×: {rates}" + (f" (the better of two 4 × rates: {'; '.join(notes)})" if notes else "")
+              + ".", "",
+              "Each Δ cell: the per-seed paired Δ in final validation loss (nats), mean ± standard deviation over "
+              "seeds, [95 % t-interval], and how many seeds the first method is lower on. Tuned − shared: "
+              "Δ_tuned(s) − Δ_shared(s), paired by seed, [95 % t-interval].", "",
+              "| Δ | each at its own rate | verdict | shared rate | verdict | tuned − shared |",
+              "|---|---:|---|---:|---|---:|"]
+    pairs = [(m, BASELINE) for m in methods if m != BASELINE]
+    if all(m in methods for m in study_trend.UNIFORM_PAIR):
+        pairs.append(study_trend.UNIFORM_PAIR)
+    words, changes = [], []
+    for m, ref in pairs:
+        tuned = gaps(m, ref, chosen.get(m, {}), chosen.get(ref, {}), allowed)
+        shared = gaps(m, ref, runs.get(SHARED, {}).get(m, {}), runs.get(SHARED, {}).get(ref, {}), frozenset())
+        dt, ds = _stats(tuned), _stats(shared)
+        seeds = [s for s in sorted(tuned) if s in shared]
+        dc = paired_difference([tuned[s] for s in seeds], [shared[s] for s in seeds]) if seeds else None
+        change = "—" if dc is None else (f"{dc['mean']:+.4f} (1 seed)" if dc["ci95"] is None else
+                                         f"{dc['mean']:+.4f} [{dc['ci95'][0]:+.4f}, {dc['ci95'][1]:+.4f}]")
+        lines.append(f"| `{m}` − `{ref}` | {study_trend.cell(tuned)} | {verdict(dt) if dt else '—'} | "
+                     f"{study_trend.cell(shared)} | {verdict(ds) if ds else '—'} | {change} |")
+        if dt:
+            words.append(verdict_sentence(f"`{m}` − `{ref}`, each at its own rate", dt))
+        changes.append(change_sentence(m, ref, shared, tuned))
+    lines += ["", "In words (no correction for multiple comparisons):", ""] + words + [""]
+    lines += ["From the shared rate to each method's own (the same seeds paired):", ""] + changes + [""]
+    return lines
+
+
+def section(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path
+            ) -> list[str]:
+    """The section's markdown lines (module docstring), drawing the sweep's figure beside ``out`` (``FIGURE``):
+    ``published`` parts, ``studies`` (``published.load_studies``), ``parts`` and ``done`` (``published.plan``,
+    ``done_parts``). Raises ``ValueError`` if runs to be paired were trained with other settings."""
+    sweep_study = studies[SWEEP]
+    sweep = sweep_of(published, sweep_study)
+    runs = method_runs(published, (TUNED, NEIGHBOUR, SHARED))
+    shared = sorted({float(r["train_settings"]["lr"]) for by_seed in runs.get(SHARED, {}).values()
+                     for r in by_seed.values()})
+    lines = [TITLE, "",
+             "The budget study above trains every method at one peak learning rate"
+             + (f" ({', '.join(map(_lr, shared))})" if shared else "") + ". Here each method has its own: "
+             f"a sweep at the default budget over lr {', '.join(map(_lr, sweep.grid))} (`{SWEEP}`, seeds "
+             f"{', '.join(map(str, sweep_study.seeds))}), then 4 × at each method's best rate (`{TUNED}`), and "
+             f"`none` and `depth_attention` also at the neighbouring rate (`{NEIGHBOUR}`), on the 2-core CPU. "
+             + SAME_SPLIT, ""]
+    lines += sweep_lines(sweep, studies, parts, done, out)
+    return lines + tuned_lines(runs, studies, parts, done)
