@@ -30,6 +30,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
+from .devices import cpu_name
 from .fileio import atomic_write_json
 from .stats import paired_difference
 
@@ -147,18 +148,6 @@ def across_records(records: Sequence[Mapping[str, Any]], num: str, den: str) -> 
     ``{"per_process", "n", "median", "geomean", "ci95"}`` (``ci95`` None for one record)."""
     per = [paired_ratios(r, num, den)["median"] for r in records]
     return {"per_process": per, **ratio_summary(per)}
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``, else ``platform.processor()`` or the machine type)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def device_name(device: str | None) -> str | None:

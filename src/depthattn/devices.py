@@ -6,6 +6,8 @@ precision is what ``run.json`` records and what a resumed run must keep.
 
 from __future__ import annotations
 
+import platform
+
 import torch
 
 
@@ -34,3 +36,15 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 def resolved_precision(amp: torch.dtype | None) -> str:
     """The precision a run actually trains in, as recorded in ``run.json``: ``"float32"`` or ``"bfloat16"``."""
     return "float32" if amp is None else str(amp).removeprefix("torch.")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else ``platform.processor()`` or the machine type)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -15,6 +15,7 @@ import pytest
 
 from depthattn.study import multiplier as mult
 from depthattn.study import published
+from depthattn.study import results_page
 
 ROOT = Path(__file__).resolve().parents[2]
 #: t_{0.975, 2}, from any statistics table.
@@ -133,7 +134,7 @@ def test_the_section_renders_from_hand_made_runs(tmp_path):
 def test_the_real_section_equals_numpy_for_depth_attention_at_16x(tmp_path):
     """docs/results.md's multiplier of depth_attention at 16 × on the CPU, recomputed from the published files with
     numpy: none's last two budgets per seed fit a line in log tokens exactly; solve it for the method's loss."""
-    text = published.aggregate(ROOT / "studies" / "small-scale", ROOT / "results" / "small-scale",
+    text = results_page.aggregate(ROOT / "studies" / "small-scale", ROOT / "results" / "small-scale",
                                tmp_path / "docs" / "results.md")
     runs = published.collect(published.load_published(ROOT / "results" / "small-scale",
                                                       published.load_studies(ROOT / "studies" / "small-scale")))

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from depthattn.study import groups as study_groups
 from depthattn.study import depth as study_depth
 from depthattn.study import partfile as study_results
 from depthattn.study import published as study_report
+from depthattn.study import results_page
 from depthattn.study import trend as study_trend
 from helpers import hand_made_results as results
 
@@ -24,7 +26,7 @@ STUDIES = ROOT / "studies" / "small-scale"
 def aggregate(publish: Path, out: Path) -> str:
     """docs/results.md (``out``) from the parts published under ``publish`` and the study files of
     studies/small-scale (``depthattn study report --published``)."""
-    return study_report.aggregate(STUDIES, publish, out)
+    return results_page.aggregate(STUDIES, publish, out)
 
 
 def test_pairing_ignores_settings_that_do_not_change_a_trajectory():
@@ -323,8 +325,8 @@ def test_the_report_leads_with_the_budget_set_that_is_complete(tmp_path):
                            "mix1cpu) are all published")
     assert f"**Partial on the GPU:** 2 of the 35 parts that train the same runs on the GPU are not yet run " \
            f"({gpu[0]}, {gpu[1]})" in said
-    assert study_report.set_order(parts, done) == ["on the 2-core CPU", "on the GPU"]
-    assert study_report.set_order(parts, set()) == ["on the GPU", "on the 2-core CPU"]  # a tie: the GPU's
+    assert study_groups.set_order(parts, done) == ["on the 2-core CPU", "on the GPU"]
+    assert study_groups.set_order(parts, set()) == ["on the GPU", "on the 2-core CPU"]  # a tie: the GPU's
     assert study_report.completeness(parts, done - {"main-s0"})[0].startswith("**Incomplete:** 3 of 138 parts")
     assert study_report.completeness(parts, done - {"lr4cpu-s0-none"})[0].startswith(  # said apart
         "**Complete on the 2-core CPU:** the budget study's 35 parts (groups mix16cpu, mix4cpu, mix1cpu) are all "

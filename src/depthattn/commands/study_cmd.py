@@ -126,14 +126,26 @@ def report_cmd(args: argparse.Namespace) -> int:
     from ..layout import REPORT_FILE
     from ..study.report import render
 
+    if args.readme and args.published is None:
+        raise ValueError("study report: --readme goes with --published (the lead of a published study)")
     if (args.file is None) == (args.published is None):
         raise ValueError("study report: give a study FILE, or --published FOLDER (a published study), not both")
     if args.published is not None:
-        from ..study.published import aggregate
+        from ..study.results_page import aggregate
 
         out = Path(args.out or PUBLISHED_OUT)
-        aggregate(Path(args.studies), Path(args.published), out)
+        text = aggregate(Path(args.studies), Path(args.published), out)
         print(f"wrote {out}")
+        if args.readme:
+            from ..study.lead import replace_block
+
+            readme = Path(args.readme)
+            try:
+                old = readme.read_text(encoding="utf-8")
+            except OSError as e:
+                raise ValueError(f"--readme {readme}: cannot read it: {e}") from None
+            atomic_write_text(readme, replace_block(old, text, f"--readme {readme}"))
+            print(f"wrote the lead of {readme}")
         return 0
     study = _study(args)
     text = render(study)
@@ -178,6 +190,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "files in FOLDER (e.g. results/small-scale) and its study files in --studies")
     o.add_argument("--studies", default=PUBLISHED_STUDIES, metavar="FOLDER", help="with --published: the study "
                    f"files, one per group (default {PUBLISHED_STUDIES})")
+    o.add_argument("--readme", default=None, metavar="FILE", help="with --published: also replace the lead block "
+                   "(<!-- lead:start --> … <!-- lead:end -->) of FILE, e.g. README.md, with the report's")
     o.set_defaults(func=report_cmd)
     b = sub.add_parser("publish", help=publish_cmd.__doc__, description=publish_cmd.__doc__)
     b.add_argument("file", metavar="FILE", help="the study file (TOML)")

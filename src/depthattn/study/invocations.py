@@ -56,7 +56,7 @@ def hardware(device: str = "auto") -> str:
     CPU's model and core count (``AMD EPYC, 2 cores, torch 2.13.0+cpu``)."""
     import torch
 
-    from ..bench import cpu_name
+    from ..devices import cpu_name
 
     if (device.startswith("cuda") or device == "auto") and torch.cuda.is_available():
         index = (torch.device(device).index or 0) if device.startswith("cuda") else 0

@@ -381,3 +381,39 @@ def section(published: list[dict], studies: dict[str, Study], parts: list[Planne
              + SAME_SPLIT, ""]
     lines += sweep_lines(sweep, studies, parts, done, out)
     return lines + tuned_lines(runs, studies, parts, done)
+
+
+def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str]) -> str:
+    """The learning-rate study in one sentence for the lead of docs/results.md (``lead``): how much is published
+    while the sweep is incomplete; each method's best rate once it is complete; the tuned 4 × verdicts of every
+    method against none once the tuned runs are published. "" when the study has no study file."""
+    if SWEEP not in studies:
+        return ""
+    count = {g: (sum(p.group == g and p.name in done for p in parts), sum(p.group == g for p in parts))
+             for g in (SWEEP, TUNED, NEIGHBOUR)}
+    sweep_done, sweep_all = count[SWEEP]
+    tuned_done = count[TUNED][0] + count[NEIGHBOUR][0]
+    tuned_all = count[TUNED][1] + count[NEIGHBOUR][1]
+    if sweep_done < sweep_all:
+        return (f"Whether this ranking holds once each method has its own learning rate is not yet answered: "
+                f"{sweep_done} of the sweep's {sweep_all} runs and {tuned_done} of the {tuned_all} tuned 4 × runs "
+                "are published (the learning-rate section shows them).")
+    sweep = sweep_of(published, studies[SWEEP])
+    best = best_lrs(sweep.losses(), sweep.grid)
+    rates = ", ".join(f"`{m}` {_lr(b.lr)}{' (at the grid’s edge)' if b.at_edge else ''}" for m, b in best.items())
+    if tuned_done < tuned_all:
+        return (f"Each method's best learning rate at 1 × (by mean final validation loss over 2 seeds): {rates}; "
+                f"the tuned 4 × runs that test the ranking at these rates are not yet all run ({tuned_done} of "
+                f"{tuned_all} published).")
+    runs = method_runs(published, (TUNED, NEIGHBOUR))
+    allowed = studies[TUNED].method_set_keys() | studies[NEIGHBOUR].method_set_keys()
+    chosen = {m: tuned_choice(runs, m)[0] for m in studies[TUNED].methods}
+    said = []
+    for m in studies[TUNED].methods:
+        if m == BASELINE:
+            continue
+        d = _stats(gaps(m, BASELINE, chosen[m], chosen[BASELINE], allowed))
+        if d is not None:
+            said.append(f"`{m}` {d['mean']:+.3f} nats ({verdict(d)})")
+    return (f"With each method at its own best learning rate ({rates}), at 4 × the gaps to `none` are "
+            + "; ".join(said) + ".")
