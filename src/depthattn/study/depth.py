@@ -12,6 +12,8 @@ import math
 import re
 from pathlib import Path
 
+from ..fileio import atomic_path
+
 #: The per-layer keys the figure draws: (key suffix, axis label).
 PANELS = (("entropy", "entropy of the depth weights (nats)"), ("from0", "weight on layer 0"))
 _LAYER_KEY = re.compile(r"^depth/L(\d+)/(entropy|from0)$")
@@ -77,10 +79,9 @@ def figure(by_seed: dict[int, list[dict]], png: Path, title: str, tokens_per_ste
     seeds = ", ".join(str(s) for s in sorted(by_seed))
     fig.suptitle(f"{title} (mean over seeds {seeds})" if len(by_seed) > 1 else f"{title} (seed {seeds})")
     png.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png.with_name(png.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    tmp.replace(png)
     return True
 
 

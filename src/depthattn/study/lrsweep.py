@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..fileio import atomic_path
 from ..compare.records import BASELINE
 from ..stats import paired_difference, verdict
 from . import trend as study_trend
@@ -206,10 +207,9 @@ def figure(sweep: Sweep, png: Path) -> bool:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     png.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png.with_name(png.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    tmp.replace(png)
     return True
 
 
@@ -306,12 +306,7 @@ def change_sentence(method: str, ref: str, shared: dict[int, float], tuned: dict
             f"{', '.join(map(str, seeds))}); ")
     if d["ci95"] is None:
         return head + "one seed gives no interval: the change is undetermined."
-    lo, hi = d["ci95"]
-    change = f"change {d['mean']:+.3f} (95 % interval {lo:+.3f} to {hi:+.3f})"
-    if lo <= 0 <= hi:
-        return head + change + ": no change detectable with these seeds (inconclusive: the interval includes 0)."
-    word = study_trend.direction(ms, d["mean"], {s: tuned[s] for s in seeds})
-    return head + change + f": the gap **{word}** with tuned rates (the interval excludes 0)."
+    return head + study_trend.change_words(d, ms, {s: tuned[s] for s in seeds}, "with tuned rates")
 
 
 def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], done: set[str]) -> list[str]:

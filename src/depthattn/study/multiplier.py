@@ -26,6 +26,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from ..fileio import atomic_path
 from ..compare.records import BASELINE
 from ..stats import paired_difference
 from .groups import budget_sets
@@ -298,10 +299,9 @@ def figure(none: dict[int, list[tuple[float, float]]], runs: dict, budgets: Sequ
     ax.legend(fontsize=8)
     ax.set_title("Tokens none needs to reach each method's loss (dashed: extrapolated)")
     png.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png.with_name(png.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    tmp.replace(png)
 
 
 def _loss_at(points: list[tuple[float, float]], tokens: float) -> float:

@@ -80,12 +80,18 @@ def change_sentence(method: str, ref: str, first: dict[int, float], last: dict[i
             f"(seeds {', '.join(map(str, seeds))}); ")
     if d["ci95"] is None:
         return head + "one seed gives no interval: the trend is undetermined."
+    return head + change_words(d, m1, {s: last[s] for s in seeds}, "with training")
+
+
+def change_words(d: dict, m1: float, last: dict[int, float], cause: str) -> str:
+    """``change … (95 % interval …)`` and its verdict for the paired change ``d`` (``paired_difference``, with an
+    interval) of a gap of mean ``m1`` whose gaps after the change are ``last``: inconclusive when the interval
+    includes 0, else the gap **widens** / **narrows** / **reverses** (``direction``) ``cause``."""
     lo, hi = d["ci95"]
     change = f"change {d['mean']:+.3f} (95 % interval {lo:+.3f} to {hi:+.3f})"
     if lo <= 0 <= hi:
-        return head + change + ": no change detectable with these seeds (inconclusive: the interval includes 0)."
-    word = direction(m1, d["mean"], {s: last[s] for s in seeds})
-    return head + change + f": the gap **{word}** with training (the interval excludes 0)."
+        return change + ": no change detectable with these seeds (inconclusive: the interval includes 0)."
+    return change + f": the gap **{direction(m1, d['mean'], last)}** {cause} (the interval excludes 0)."
 
 
 def trajectory_settings(train: dict) -> dict:
