@@ -146,6 +146,8 @@ def test_run_resumes_an_interrupted_part_and_reports_compares_statistics(data_di
            f"{d['ci95'][1]:+.4f} | {d['favouring']} of 2 |")
     assert row in report
     assert "### Across budget" in report and "| — | `depth_attention` |" in report
+    assert "![paired Δ from `none` per cell](report_delta.png)" in report
+    assert (tmp_path / "out/report_delta.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # a pair trained on another device is never paired: the same run record with another device type
     from depthattn.compare import run_differences

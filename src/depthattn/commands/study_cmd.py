@@ -148,9 +148,9 @@ def report_cmd(args: argparse.Namespace) -> int:
             print(f"wrote the lead of {readme}")
         return 0
     study = _study(args)
-    text = render(study)
     out = Path(args.out) if args.out else study.out / REPORT_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
+    text = render(study, figure=out.with_name(f"{out.stem}_delta.png"))
     atomic_write_text(out, text)
     print(f"wrote {out}")
     return 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..compare.paired import paired_stats, run_differences
@@ -25,6 +26,7 @@ from ..fileio import read_json
 from ..layout import RESULTS_FILE
 from ..run.folder import RunFolder
 from ..stats import paired_difference, verdict
+from .report_plot import delta_figure
 from .spec import Part, Study
 from .status import part_status, run_dir
 
@@ -208,8 +210,10 @@ def _per_method(study: Study) -> str:
     return f"; per method: {'; '.join(said)}" if said else ""
 
 
-def render(study: Study, parts: list[Part] | None = None) -> str:
-    """The study's report (markdown)."""
+def render(study: Study, parts: list[Part] | None = None, figure: Path | None = None) -> str:
+    """The study's report (markdown); with ``figure`` (a .png path beside the report: ``study report`` names it
+    after the report, ``report_delta.png``), it also draws each method's
+    paired Δ from the reference cell by cell there (``report_plot.delta_figure``) and links it."""
     cells = collect(study, parts)
     stats = {name: cell_stats(study, cell) for name, cell in cells.items()}
     done = sum(len(by_seed) for c in cells.values() for by_seed in c.runs.values())
@@ -225,7 +229,14 @@ def render(study: Study, parts: list[Part] | None = None) -> str:
               "= lower. Δ is the mean ± sample standard deviation of the per-seed differences; the 95 % interval is "
               "mean ± t(0.975, n − 1) · std / √n (none with one seed); no correction for multiple comparisons.",
               ""]
-    lines += paired_table(study, stats) + ["", "### Per seed", ""] + seeds_table(study, stats) + [""]
+    lines += paired_table(study, stats) + [""]
+    if figure is not None:
+        rows = {m: [(c, p["val_loss"]) for c, by in stats.items() for mm, p in by.items() if mm == m]
+                for m in study.methods if m != study.reference}
+        if delta_figure(rows, study.reference, figure, f"study {study.name}: Δ from {study.reference}, per cell "
+                        "(point: mean; bar: 95 % interval; dots: seeds)"):
+            lines += [f"![paired Δ from `{study.reference}` per cell]({figure.name})", ""]
+    lines += ["### Per seed", ""] + seeds_table(study, stats) + [""]
     axes = trend_axes(study)
     if axes:
         lines += ["## Trends", ""]
