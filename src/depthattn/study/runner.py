@@ -59,9 +59,13 @@ def todo(study: Study, parts: list[Part], log: Callable[[str], None] = print) ->
     """The parts of ``parts`` to train: those missing or incomplete (running ones are named and left out)."""
     out = []
     for part in parts:
-        state = part_status(study, part).state
+        status = part_status(study, part)
+        state = status.state
         if state == "running":
             log(f"{part.name}: running in another process; left alone")
+        elif state == "stale":
+            log(f"{part.name}: done with other settings than the study file's ({status.why}); left alone: move "
+                f"{part.folder} aside to train it again")
         elif state != "done":
             out.append(part)
     return out

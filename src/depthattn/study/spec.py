@@ -169,10 +169,15 @@ class Study:
             argv += ["--loops", str(self.loops)]
         if self.eval_tokens:
             argv += ["--eval-tokens", str(self.eval_tokens)]
-        own = self.method_sets.get(part.methods[0], {}) if self.per_method else {}
-        for key, value in [*self.sets.items(), *part.axes, *own.items()]:
+        for key, value in self.part_settings(part).items():
             argv += ["--set", f"{key}={set_value(value)}"]
         return argv
+
+    def part_settings(self, part: Part) -> dict[str, Any]:
+        """The ``--set`` settings of ``part``, in order: [set], the cell's settings and, with ``per_method``, the
+        [method_set] settings of the part's method."""
+        own = self.method_sets.get(part.methods[0], {}) if self.per_method else {}
+        return dict([*self.sets.items(), *part.axes, *own.items()])
 
 
 def _word(value: Any) -> str:
