@@ -1,13 +1,15 @@
 """The learning-rate section of docs/results.md (``study.lrsweep``): each method's best rate of the sweep (lowest
 mean, ties to the smaller, diverged rates out, the grid's edge flagged), the sweep's table from published parts,
-some missing, and the tuned 4 × Δ table beside the shared-rate one, with numbers computed here by hand; a published
-part of a learning-rate grid is matched to its cell by its train settings; and, once the sweep is published, the
-rates lr4cpu.toml and lr4cpunb.toml train at are the sweep's best and neighbouring ones."""
+some missing, and, after a complete hand-made sweep, the tuned 4 × Δ table beside the shared-rate one, a method's
+runs at the shared rate taken from mix4cpu, with numbers computed here by hand; a published part of a learning-rate
+grid is matched to its cell by its train settings; and, once the sweep is published, lr4cpu.toml and lr4cpunb.toml
+list exactly the sweep's best and neighbouring rates that are not the shared one."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -61,8 +63,8 @@ SWEEP = {"none": {0.001: {0: 4.30, 1: 4.34}, 0.002: {0: 4.10, 1: 4.16}, 0.004: {
          "attnres": {0.001: {0: 4.00, 1: 4.02}, 0.002: {0: 4.10, 1: 4.10}, 0.004: {0: 4.20, 1: 4.20}}}
 
 
-def report(pub: Path, tmp_path: Path) -> str:
-    studies = published.load_studies(STUDIES)
+def report(pub: Path, tmp_path: Path, folder: Path = STUDIES) -> str:
+    studies = published.load_studies(folder)
     every = published.load_published(pub, studies)
     parts = published.plan(studies)
     done = published.done_parts(parts, every, studies)
@@ -107,44 +109,94 @@ def test_the_sweep_table_from_published_parts_some_missing_one_diverged(tmp_path
     assert "`none`'s best rate" not in text and "extend the grid" in text
     assert (tmp_path / "docs" / lrsweep.FIGURE).read_bytes()[:4] == b"\x89PNG"
     assert "are optimistic" not in text and "so a tuned Δ is optimistic, for every method alike" in text
-    assert "The tuned 4 × runs (`lr4cpu`, `lr4cpunb`) are not yet run." in text
+    assert "The tuned 4 × comparison waits for the complete sweep: its rates are the sweep's best." in text
 
 
-def test_a_complete_sweep_says_whether_the_tuned_files_train_at_its_rates(tmp_path, monkeypatch):
-    """A whole sweep whose best and neighbouring rates are those of lr4cpu.toml and lr4cpunb.toml: no incomplete
-    note and one line saying so; the same sweep with attnres best elsewhere: a bold line naming what to correct."""
-    studies = published.load_studies(STUDIES)
-    best, near = (lrsweep.committed_lrs(studies[g]) for g in ("lr4cpu", "lr4cpunb"))
+#: A complete hand-made sweep: mean final val loss per method and rate (seed 0 0.01 below, seed 1 0.01 above). Best
+#: and neighbour: none 0.002 (the shared rate) and 0.004; depth_attention 0.004 and 0.002 (shared); the uniform
+#: control 0.008 (the grid's edge); attnres 0.002 (shared).
+FULL_SWEEP = {"none": (4.30, 4.10, 4.12, 4.30), "depth_attention": (4.30, 4.05, 4.00, 4.20),
+              "depth_attention_uniform": (4.50, 4.30, 4.20, 4.10), "attnres": (4.05, 4.00, 4.20, 4.40)}
+#: The study files that sweep asks for: only the rates mix4cpu (at 0.002) lacks.
+OWN = {"depth_attention": 0.004, "depth_attention_uniform": 0.008}
+NEAR = {"none": 0.004}
 
-    def loss(method: str, lr: float, seed: int) -> float:  # lowest at the best rate, next at the neighbour
-        return 4.0 + 0.1 * abs(math.log2(lr / best[method])) - 0.01 * (lr == near.get(method)) + 0.001 * seed
 
-    pub = tmp_path / "pub"
-    pub.mkdir()
-    for method in best:
-        for lr in LR:
+def tuned_file(name: str, rates: dict[str, float]) -> str:
+    """A tuned study file as lr4cpu.toml's, training ``rates`` ({method: lr})."""
+    sets = "".join(f"\n[method_set.{m}]\nlr = {lr}\n" for m, lr in rates.items())
+    return (f'name = "{name}"\nout = "runs/study/{name}"\ndata = "runs/study/data-mix"\npublish = '
+            f'"results/small-scale"\npreset = "small"\nmethods = {json.dumps(list(rates))}\nseeds = [0, 1, 2]\n'
+            f"steps = 400\nbudgets = [4]\nper_method = true\n{sets}")
+
+
+def studies_with(tmp_path: Path, own: dict[str, float], near: dict[str, float]) -> Path:
+    """The committed study files, but lr4cpu.toml and lr4cpunb.toml training ``own`` and ``near``."""
+    folder = tmp_path / "studies"
+    shutil.copytree(STUDIES, folder, dirs_exist_ok=True)
+    (folder / "lr4cpu.toml").write_text(tuned_file("lr4cpu", own), encoding="utf-8")
+    (folder / "lr4cpunb.toml").write_text(tuned_file("lr4cpunb", near), encoding="utf-8")
+    return folder
+
+
+def publish_sweep_and_shared(pub: Path, shared: dict[str, list[float]]) -> None:
+    """FULL_SWEEP's 32 parts and mix4cpu's parts of final val losses ``shared`` ({method: per seed})."""
+    pub.mkdir(exist_ok=True)
+    for method, means in FULL_SWEEP.items():
+        for lr, mean in zip(LR, means):
             for seed in (0, 1):
                 part_file(pub, "mix1cpu-s0-none.json", f"lr1cpu-lr{lr:g}-s{seed}-{method}", "lr1cpu", method, seed,
-                          loss(method, lr, seed), lr=lr)
-    text = report(pub, tmp_path)
-    assert "**Incomplete:**" not in text
-    assert "`lr4cpu` trains each method at this best rate and `lr4cpunb` `none` and `depth_attention` at the " \
-           "neighbouring one." in text
-    other = next(lr for lr in LR if lr != best["attnres"])
-    for seed in (0, 1):  # attnres lowest at another rate
-        part_file(pub, "mix1cpu-s0-none.json", f"lr1cpu-lr{other:g}-s{seed}-attnres", "lr1cpu", "attnres", seed,
-                  3.0, lr=other)
-    text = report(pub, tmp_path)
-    assert f"**The tuned study files do not train at these rates** (lr4cpu.toml: `none` {best['none']:g}," in text
-    assert f"the sweep's best are `none` {best['none']:g}, " in text and f"`attnres` {other:g}, the neighbours" in text
+                          mean + (0.01 if seed else -0.01), lr=lr)
+    for method, losses in shared.items():
+        for seed, loss in enumerate(losses):
+            part_file(pub, "mix4cpu-s0-none.json", f"mix4cpu-s{seed}-{method}", "mix4cpu", method, seed, loss)
 
 
-#: The tuned fixture: final val loss over seeds 0, 1, 2 per group and method.
-SHARED = {"none": [3.60, 3.62, 3.58], "depth_attention": [3.52, 3.55, 3.49],
-          "depth_attention_uniform": [3.50, 3.50, 3.47], "attnres": [3.57, 3.60, 3.56]}
-TUNED = {"none": [3.55, 3.57, 3.54], "depth_attention": [3.50, 3.52, 3.47],
-         "depth_attention_uniform": [3.46, 3.47, 3.45], "attnres": [3.50, 3.51, 3.49]}
-NEIGHBOUR = {"none": [3.53, 3.56, 3.52], "depth_attention": [3.51, 3.54, 3.50]}
+def test_a_complete_sweep_says_whether_the_tuned_files_train_at_its_rates(tmp_path):
+    """Files listing exactly the sweep's rates that are not the shared one: one line saying so; a file that also
+    retrains a shared-rate run, or one that should list nothing: a bold line naming what to correct."""
+    pub = tmp_path / "pub"
+    publish_sweep_and_shared(pub, SHARED)
+    assert json.loads((pub / "mix4cpu-s0-none.json").read_text())["settings"]["train"]["lr"] == 0.002
+    text = report(pub, tmp_path, studies_with(tmp_path, OWN, NEAR))
+    assert "of the sweep's 32 parts" not in text
+    assert ("`lr4cpu` trains `depth_attention` 0.004, `depth_attention_uniform` 0.008 (the best rates) and "
+            "`lr4cpunb` `none` 0.004 (the neighbouring ones); every other 4 × rate is the shared rate 0.002, whose "
+            "runs `mix4cpu` already has.") in text
+    text = report(pub, tmp_path, studies_with(tmp_path, dict(OWN, attnres=0.002), NEAR))
+    assert ("**The tuned study files do not train at the sweep's rates**: lr4cpu.toml trains `depth_attention` "
+            "0.004, `depth_attention_uniform` 0.008, `attnres` 0.002; it should train `depth_attention` 0.004, "
+            "`depth_attention_uniform` 0.008; every other 4 × rate") in text
+    studies = published.load_studies(studies_with(tmp_path, OWN, NEAR))
+    shared_best = {m: lrsweep.Best(0.002, 4.0, False, 0.001) for m in FULL_SWEEP}
+    line = lrsweep.rates_check(shared_best, studies["lr4cpu"], studies["lr4cpunb"], 0.002)[0]
+    assert line.startswith("**The tuned study files do not train at the sweep's rates**: lr4cpu.toml trains "
+                           "`depth_attention` 0.004, `depth_attention_uniform` 0.008; it should train nothing, as "
+                           "every such rate is the shared one 0.002 (delete it); lr4cpunb.toml trains `none` 0.004; "
+                           "it should train `none` 0.001, `depth_attention` 0.001;")
+
+
+def test_a_run_of_a_rate_and_seed_is_taken_from_lr4cpu_then_lr4cpunb_then_mix4cpu():
+    def run(lr: float, loss: float) -> dict:
+        return {"val_loss": loss, "train_settings": {"lr": lr}}
+
+    runs = {"mix4cpu": {"none": {0: run(0.002, 3.0), 1: run(0.002, 3.1)}},
+            "lr4cpunb": {"none": {0: run(0.002, 2.0), 2: run(0.004, 2.5)}},
+            "lr4cpu": {"none": {0: run(0.002, 1.0)}, "attnres": {0: run(0.004, 9.0)}}}
+    at = lrsweep.runs_at(runs, "none")
+    assert {lr: {s: (g, r["val_loss"]) for s, (g, r) in by_seed.items()} for lr, by_seed in at.items()} == {
+        0.002: {0: ("lr4cpu", 1.0), 1: ("mix4cpu", 3.1)}, 0.004: {2: ("lr4cpunb", 2.5)}}
+    assert lrsweep.shared_rate(runs) == 0.002
+    with pytest.raises(ValueError, match=r"`mix4cpu` trained at several learning rates \(0.002, 0.004\)"):
+        lrsweep.shared_rate({"mix4cpu": {"none": {0: run(0.002, 3.0)}, "attnres": {0: run(0.004, 3.0)}}})
+
+
+#: The tuned fixture: final val loss over seeds 0, 1, 2: mix4cpu's (every method at 0.002), lr4cpu's (OWN) and
+#: lr4cpunb's (NEAR). depth_attention's shared-rate runs beat its own best rate's at 4 ×.
+SHARED = {"none": [3.60, 3.62, 3.58], "depth_attention": [3.50, 3.52, 3.47],
+          "depth_attention_uniform": [3.50, 3.50, 3.47], "attnres": [3.50, 3.62, 3.60]}
+TUNED = {"depth_attention": [3.52, 3.55, 3.49], "depth_attention_uniform": [3.40, 3.55, 3.45]}
+NEIGHBOUR = {"none": [3.53, 3.56, 3.52]}
 
 
 def interval(xs: list[float]) -> str:
@@ -155,26 +207,28 @@ def interval(xs: list[float]) -> str:
 
 
 def test_the_tuned_table_beside_the_shared_rate_one(tmp_path):
-    """none at the neighbouring rate (its lower mean at 4 ×), depth_attention at its best; Δ tuned and shared per
-    pair with the verdicts, and the change tuned − shared called only where its interval excludes 0."""
+    """After the complete sweep: none at its neighbour 0.004 (lr4cpunb; lower than mix4cpu's at its best 0.002),
+    depth_attention at its neighbour 0.002, which is mix4cpu's runs (lower than lr4cpu's at its best 0.004), attnres
+    at its best, the shared rate (mix4cpu's runs); Δ tuned and shared per pair with the verdicts, and the change
+    tuned − shared called only where its interval excludes 0."""
     pub = tmp_path / "pub"
-    pub.mkdir()
-    studies = published.load_studies(STUDIES)
-    best, near = (lrsweep.committed_lrs(studies[g]) for g in ("lr4cpu", "lr4cpunb"))
-    for group, table, lrs in (("mix4cpu", SHARED, None), ("lr4cpu", TUNED, best), ("lr4cpunb", NEIGHBOUR, near)):
+    publish_sweep_and_shared(pub, SHARED)
+    for group, table, lrs in (("lr4cpu", TUNED, OWN), ("lr4cpunb", NEIGHBOUR, NEAR)):
         for method, losses in table.items():
             for seed, loss in enumerate(losses):
-                train = {"lr": lrs[method]} if lrs else {}
                 part_file(pub, "mix4cpu-s0-none.json", f"{group}-s{seed}-{method}", group, method, seed, loss,
-                          **train)
-    text = report(pub, tmp_path)
-    assert "The learning-rate sweep (`lr1cpu`: 4 methods × lr 0.001, 0.002, 0.004, 0.008 × seeds 0, 1) is not " \
-           "yet published." in text
-    assert "**Incomplete:**" not in text  # every tuned part is published
-    none, da = [x for x in NEIGHBOUR["none"]], TUNED["depth_attention"]  # each at its better 4 x rate
-    assert f"`none` at {near['none']:g}, mean {sum(none) / 3:.4f}, against {sum(TUNED['none']) / 3:.4f} at " \
-           f"{best['none']:g} over seeds 0, 1, 2" in text
-    assert f"`depth_attention` at {best['depth_attention']:g}, mean {sum(da) / 3:.4f}" in text
+                          lr=lrs[method])
+    text = report(pub, tmp_path, studies_with(tmp_path, OWN, NEAR))
+    assert "**Incomplete:**" not in text  # the sweep and every tuned part are published
+    mix = "(the shared-rate runs of `mix4cpu`)"
+    mean = {k: sum(v) / 3 for k, v in [("none nb", NEIGHBOUR["none"]), ("none mix", SHARED["none"]),
+                                       ("da mix", SHARED["depth_attention"]), ("da own", TUNED["depth_attention"])]}
+    assert mean["none nb"] < mean["none mix"] and mean["da mix"] < mean["da own"]
+    assert (f"Rates at 4 ×: `none` 0.004, `depth_attention` 0.002, `depth_attention_uniform` 0.008, `attnres` 0.002 "
+            f"(`none` at 0.004, mean {mean['none nb']:.4f}, against {mean['none mix']:.4f} at 0.002 {mix} over seeds "
+            f"0, 1, 2; `depth_attention` at 0.002 {mix}, mean {mean['da mix']:.4f}, against {mean['da own']:.4f} at "
+            f"0.004 over seeds 0, 1, 2; `attnres` at 0.002 {mix}).") in text
+    none, da = NEIGHBOUR["none"], SHARED["depth_attention"]  # each at its better 4 x rate
     tuned = [a - b for a, b in zip(da, none)]
     shared = [a - b for a, b in zip(SHARED["depth_attention"], SHARED["none"])]
     change = [t - s for t, s in zip(tuned, shared)]
@@ -187,12 +241,15 @@ def test_the_tuned_table_beside_the_shared_rate_one(tmp_path):
     assert (f"- `depth_attention` − `none`: {sum(shared) / 3:+.3f} nats at the shared rate and {sum(tuned) / 3:+.3f} "
             f"at each method's own (seeds 0, 1, 2); change {m:+.3f} (95 % interval {m - half:+.3f} to "
             f"{m + half:+.3f}): the gap **narrows** with tuned rates (the interval excludes 0).") in text
-    tuned_a = [a - b for a, b in zip(TUNED["attnres"], none)]
-    shared_a = [a - b for a, b in zip(SHARED["attnres"], SHARED["none"])]
-    ma, sa = mean_std([t - s for t, s in zip(tuned_a, shared_a)])
-    assert ma - T2 * sa / math.sqrt(3) < 0 < ma + T2 * sa / math.sqrt(3)
-    assert f"- `attnres` − `none`: {sum(shared_a) / 3:+.3f} nats at the shared rate" in text
-    assert "(inconclusive: the interval includes 0)" in text.split("- `attnres` − `none`: ")[-1].splitlines()[0]
+    tuned_a = [a - b for a, b in zip(SHARED["attnres"], none)]  # attnres: mix4cpu's runs, against none's own
+    assert f"| `attnres` − `none` | {interval(tuned_a)} |" in text
+    tuned_u = [a - b for a, b in zip(TUNED["depth_attention_uniform"], none)]
+    shared_u = [a - b for a, b in zip(SHARED["depth_attention_uniform"], SHARED["none"])]
+    mu, su = mean_std([t - s for t, s in zip(tuned_u, shared_u)])
+    assert mu - T2 * su / math.sqrt(3) < 0 < mu + T2 * su / math.sqrt(3)
+    assert f"- `depth_attention_uniform` − `none`: {sum(shared_u) / 3:+.3f} nats at the shared rate" in text
+    assert "(inconclusive: the interval includes 0)" in \
+        text.split("- `depth_attention_uniform` − `none`: ")[-1].splitlines()[0]
     dau = [a - b for a, b in zip(da, TUNED["depth_attention_uniform"])]
     assert f"| `depth_attention` − `depth_attention_uniform` | {interval(dau)} |" in text
     m_t, s_t = mean_std(tuned)
@@ -206,32 +263,33 @@ def test_a_published_part_of_an_lr_grid_is_matched_on_its_train_settings(tmp_pat
     studies = published.load_studies(STUDIES)
     pub = tmp_path / "pub"
     pub.mkdir()
-    part_file(pub, "mix1cpu-s0-none.json", "x", "lr1cpu", "attnres", 1, 4.0, lr=0.004)
+    method, own = next(iter(lrsweep.committed_lrs(studies["lr4cpu"]).items()))  # whatever the file trains
+    part_file(pub, "mix1cpu-s0-none.json", "x", "lr1cpu", method, 1, 4.0, lr=0.004)
     res = published.load_published(pub, studies)[0]
     assert published.cell_of(studies["lr1cpu"], res) == 2
     res["settings"]["train"]["lr"] = 0.003
     with pytest.raises(ValueError, match=r"published part x: its settings \{'lr': 0.003\} are no cell of"):
         published.cell_of(studies["lr1cpu"], res)
-    own = lrsweep.committed_lrs(studies["lr4cpu"])["attnres"]
     res["settings"]["train"]["lr"] = own
     assert published.cell_of(studies["lr4cpu"], res) == 0
     res["settings"]["train"]["lr"] = own * 2
     with pytest.raises(ValueError, match=r"are no cell of .*lr4cpu.toml"):
         published.cell_of(studies["lr4cpu"], res)
-    run = published.run_record(res, res["methods"]["attnres"]["runs"][0])
+    run = published.run_record(res, res["methods"][method]["runs"][0])
     other = dict(run, val_loss=3.9, train_settings=dict(run["train_settings"], lr=own))
     with pytest.raises(ValueError, match="cannot pair"):
-        published.paired_runs("attnres", {1: run}, {1: other})
-    assert published.paired_runs("attnres", {1: run}, {1: other}, allowed=frozenset({"lr"}))[2]["mean"] == \
+        published.paired_runs(method, {1: run}, {1: other})
+    assert published.paired_runs(method, {1: run}, {1: other}, allowed=frozenset({"lr"}))[2]["mean"] == \
         pytest.approx(4.0 - 3.9)
     worse = dict(other, train_settings=dict(other["train_settings"], weight_decay=0.0))
     with pytest.raises(ValueError, match="cannot pair"):
-        published.paired_runs("attnres", {1: run}, {1: worse}, allowed=frozenset({"lr"}))
+        published.paired_runs(method, {1: run}, {1: worse}, allowed=frozenset({"lr"}))
 
 
 def test_the_committed_tuned_rates_are_the_sweeps_best_once_it_is_published():
-    """lr4cpu.toml trains each method at its best rate of the published sweep, lr4cpunb.toml none and
-    depth_attention at the neighbouring one (``--check``: skipped while the sweep is incomplete)."""
+    """lr4cpu.toml trains each method whose best rate of the published sweep is not the shared one (mix4cpu's) at
+    that rate, lr4cpunb.toml none and depth_attention at their neighbouring rate unless it is the shared one; no
+    other method (skipped while the sweep is incomplete)."""
     studies = published.load_studies(STUDIES)
     every = published.load_published(ROOT / "results" / "small-scale", studies)
     parts = published.plan(studies)
@@ -240,9 +298,16 @@ def test_the_committed_tuned_rates_are_the_sweeps_best_once_it_is_published():
     if missing:
         pytest.skip(f"{len(missing)} of the sweep's parts are not published yet: lr4cpu.toml's rates are "
                     "provisional")
+    shared = {res["settings"]["train"]["lr"] for res in every if res["study"]["group"] == "mix4cpu"}
+    assert len(shared) == 1
     best = lrsweep.best_lrs(lrsweep.sweep_of(every, studies["lr1cpu"]).losses(), studies["lr1cpu"].grid["lr"])
-    assert lrsweep.committed_lrs(studies["lr4cpu"]) == {m: b.lr for m, b in best.items()}
-    assert lrsweep.committed_lrs(studies["lr4cpunb"]) == {m: best[m].neighbour for m in studies["lr4cpunb"].methods}
+    own = {m: b.lr for m, b in best.items() if b.lr not in shared}
+    near = {m: best[m].neighbour for m in ("none", "depth_attention")
+            if m in best and best[m].neighbour is not None and best[m].neighbour not in shared}
+    for group, want in (("lr4cpu", own), ("lr4cpunb", near)):
+        assert want, f"every rate of {group}.toml is the shared one: delete the file"
+        lrs = lrsweep.committed_lrs(studies[group])
+        assert {m: lrs.get(m) for m in studies[group].methods} == want, group
 
 
 def test_the_committed_report_says_the_sweep_is_not_yet_published_while_it_is_not():

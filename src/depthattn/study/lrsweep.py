@@ -8,9 +8,14 @@ study (``groups.lr_groups``) gives each method its own:
   the smaller rate (``best_lrs``); a rate at which a seed diverged is no candidate (a diverged run has no final loss
   to average). A best rate that is the grid's smallest or largest value is **at the grid's edge**: a better one
   may lie outside it. Its **neighbour** is the grid value beside it of lower mean loss (ties: the smaller).
-- the **tuned** runs at 4 × (``lr4cpu``: each method at its best rate, ``[method_set.METHOD] lr``; ``lr4cpunb``:
-  none and depth_attention at their neighbour). none and depth_attention each count at the better of their two
-  4 × rates, by mean final validation loss over the seeds both have (``tuned_choice``).
+- the **tuned** runs at 4 ×: a method's **4 × runs at rate r** are its published 4 × CPU runs at r of ``lr4cpu``,
+  ``lr4cpunb`` or ``mix4cpu`` (the shared-rate runs, every method at one rate, the **shared rate**), a seed in two
+  of them taken from the first (``runs_at``). A method is tuned over its best rate and, for ``NEAR_METHODS``, its
+  neighbour too (``tuned_rates``); it counts at the one of lowest mean final validation loss over the seeds all
+  those rates have, ties to the smaller (``tuned_choice``). So the study files list only what ``mix4cpu`` lacks
+  (``to_train``): ``lr4cpu`` each method whose best rate is not the shared one (``[method_set.METHOD] lr``),
+  ``lr4cpunb`` each of ``NEAR_METHODS`` whose neighbour is not; ``rates_check`` says whether they do. The tuned
+  comparison waits for the complete sweep (its rates are the sweep's best).
 
 Beside the shared-rate runs of the same budget and seeds (``mix4cpu``), per pair of the budget study's Δ table
 (every method − none, and depth_attention − depth_attention_uniform): the tuned Δ and the shared Δ, each a
@@ -38,6 +43,10 @@ from .published import Planned, paired_runs, run_record, verdict_sentence
 from .spec import Study
 
 SWEEP, TUNED, NEIGHBOUR, SHARED = "lr1cpu", "lr4cpu", "lr4cpunb", "mix4cpu"
+#: The groups of 4 × runs, in the order a method's run of a rate and seed is taken from (``runs_at``).
+FOUR_X = (TUNED, NEIGHBOUR, SHARED)
+#: The methods tuned at 4 × over their neighbouring rate too (issue 45: the baseline and the method under test).
+NEAR_METHODS = ("none", "depth_attention")
 #: Where the report draws the sweep (beside its --out).
 FIGURE = Path("img") / "lr_sweep.png"
 TITLE = "## Is the comparison fair once each method has its own learning rate?"
@@ -138,6 +147,40 @@ def committed_lrs(study: Study) -> dict[str, float]:
     return {m: float(s["lr"]) for m, s in study.method_sets.items() if "lr" in s}
 
 
+def shared_rate(runs: dict) -> float | None:
+    """The rate every ``mix4cpu`` run trained at (``runs``: ``method_runs``'), None without one. Raises
+    ``ValueError`` if its runs trained at several."""
+    rates = sorted({float(r["train_settings"]["lr"]) for by_seed in runs.get(SHARED, {}).values()
+                    for r in by_seed.values()})
+    if len(rates) > 1:
+        raise ValueError(f"the shared-rate runs of `{SHARED}` trained at several learning rates "
+                         f"({', '.join(map(_lr, rates))}); expected one")
+    return rates[0] if rates else None
+
+
+def tuned_rates(best: Best, method: str) -> list[float]:
+    """The rates ``method`` is tuned over at 4 ×: its best rate and, for ``NEAR_METHODS``, its neighbour."""
+    return [best.lr] + ([best.neighbour] if method in NEAR_METHODS and best.neighbour is not None else [])
+
+
+def to_train(best: dict[str, Best], shared: float | None) -> tuple[dict[str, float], dict[str, float]]:
+    """``({method: lr} of lr4cpu, {method: lr} of lr4cpunb)``: each 4 × rate of ``tuned_rates`` but the ``shared``
+    one (``mix4cpu`` has those runs), the best in the first, the neighbour in the second."""
+    own = {m: b.lr for m, b in best.items() if b.lr != shared}
+    near = {m: r for m, b in best.items() for r in tuned_rates(b, m)[1:] if r != shared}
+    return own, near
+
+
+def runs_at(runs: dict, method: str) -> dict[float, dict[int, tuple[str, dict]]]:
+    """``{lr: {seed: (group, run)}}``: ``method``'s 4 × runs (``runs``: ``method_runs``' of ``FOUR_X``) by the rate
+    they trained at, a seed that two groups have at one rate taken from the first of ``FOUR_X``."""
+    out: dict[float, dict[int, tuple[str, dict]]] = {}
+    for group in reversed(FOUR_X):
+        for seed, r in runs.get(group, {}).get(method, {}).items():
+            out.setdefault(float(r["train_settings"]["lr"]), {})[seed] = (group, r)
+    return out
+
+
 def _lr(x: float) -> str:
     return f"{x:g}"
 
@@ -217,10 +260,10 @@ def _missing(parts: list[Planned], done: set[str], group: str) -> list[str]:
     return [p.name for p in parts if p.group == group and p.name not in done]
 
 
-def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path
-                ) -> list[str]:
+def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path,
+                shared: float | None) -> list[str]:
     """The sweep's subsection: what is missing, the table, the edge lines, the figure and, once the sweep is
-    complete, whether the tuned study files train at its rates (``rates_check``)."""
+    complete, whether the tuned study files train at its rates beside the ``shared`` one (``rates_check``)."""
     study = studies[SWEEP]
     head = [f"### The sweep at the default budget (`{SWEEP}`)", ""]
     if not sweep.runs and not sweep.diverged:
@@ -240,42 +283,54 @@ def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], d
     lines += sweep_table(sweep, best)
     if figure(sweep, out.parent / FIGURE):
         lines += [f"![final validation loss against the learning rate, per method]({FIGURE.as_posix()})", ""]
-    return lines + ([] if missing else rates_check(best, studies[TUNED], studies[NEIGHBOUR]))
+    return lines + ([] if missing else rates_check(best, studies[TUNED], studies[NEIGHBOUR], shared))
 
 
-def rates_check(best: dict[str, Best], tuned: Study, near: Study) -> list[str]:
-    """Whether the tuned study files (``tuned``: each method at its best rate, ``near``: at the neighbouring one)
-    train at the complete sweep's ``best`` rates, in one line."""
-    want = {m: b.lr for m, b in best.items() if m in tuned.methods}
-    want_near = {m: best[m].neighbour for m in near.methods if m in best}
-    if committed_lrs(tuned) == want and committed_lrs(near) == want_near:
-        return [f"`{TUNED}` trains each method at this best rate and `{NEIGHBOUR}` "
-                f"{' and '.join(f'`{m}`' for m in near.methods)} at the neighbouring one.", ""]
-    said = ", ".join(f"`{m}` {_lr(lr)}" for m, lr in want.items())
-    near_said = ", ".join(f"`{m}` {_lr(lr) if lr else '—'}" for m, lr in want_near.items())
-    return [f"**The tuned study files do not train at these rates** ({tuned.path.name}: "
-            f"{', '.join(f'`{m}` {_lr(x)}' for m, x in committed_lrs(tuned).items())}; {near.path.name}: "
-            f"{', '.join(f'`{m}` {_lr(x)}' for m, x in committed_lrs(near).items())}): the sweep's best are {said}, "
-            f"the neighbours {near_said}; correct them before their parts train.", ""]
+def _said(lrs: dict[str, float | None]) -> str:
+    return ", ".join(f"`{m}` {_lr(lr) if lr is not None else '(no rate set)'}" for m, lr in lrs.items())
 
 
-def tuned_choice(runs: dict, method: str) -> tuple[dict[int, dict], str]:
-    """A method's runs at 4 × at its own rate (``runs``: ``method_runs``'): its ``lr4cpu`` runs, or its
-    ``lr4cpunb`` runs where those have the lower mean final validation loss over the seeds both have (ties: the
-    smaller rate); and a note naming the two means when there were two."""
-    own = runs.get(TUNED, {}).get(method, {})
-    other = runs.get(NEIGHBOUR, {}).get(method, {})
-    seeds = [s for s in sorted(own) if s in other]
-    if not seeds:
-        return own, ""
+def rates_check(best: dict[str, Best], tuned: Study, near: Study, shared: float | None) -> list[str]:
+    """Whether the tuned study files (``tuned``: lr4cpu's, ``near``: lr4cpunb's) list exactly the methods and rates
+    ``to_train`` gives for the complete sweep's ``best`` rates and the ``shared`` rate (None: no shared-rate run is
+    published), in one line; a file that should list nothing is told to be deleted."""
+    wants = to_train(best, shared)
+    reused = ("" if shared is None else
+              f"; every other 4 × rate is the shared rate {_lr(shared)}, whose runs `{SHARED}` already has")
+    wrong = []
+    for study, want in zip((tuned, near), wants):
+        has = {m: committed_lrs(study).get(m) for m in study.methods}
+        if has != want:
+            wrong.append(f"{study.path.name} trains {_said(has)}; it should train " + (
+                _said(want) if want else f"nothing, as every such rate is the shared one {_lr(shared)} (delete it)"))
+    if not wrong:
+        return [f"`{TUNED}` trains {_said(wants[0])} (the best rates) and `{NEIGHBOUR}` {_said(wants[1])} (the "
+                f"neighbouring ones){reused}.", ""]
+    return [f"**The tuned study files do not train at the sweep's rates**: {'; '.join(wrong)}{reused}. Correct them "
+            "before their parts train.", ""]
 
-    def candidate(by_seed: dict[int, dict]) -> tuple[float, float, dict[int, dict]]:
-        mean = statistics.fmean(by_seed[s]["val_loss"] for s in seeds)
-        return mean, float(next(iter(by_seed.values()))["train_settings"]["lr"]), by_seed
 
-    (m1, lr1, chosen), (m2, lr2, _) = sorted((candidate(own), candidate(other)), key=lambda c: (c[0], c[1]))
-    return chosen, (f"`{method}` at {_lr(lr1)}, mean {m1:.4f}, against {m2:.4f} at {_lr(lr2)} over seeds "
-                    f"{', '.join(map(str, seeds))}")
+def tuned_choice(runs: dict, method: str, rates: Sequence[float]) -> tuple[dict[int, dict], str]:
+    """``method``'s 4 × runs (``{seed: run}``; ``runs``: ``method_runs``' of ``FOUR_X``) at the one of ``rates``
+    (``tuned_rates``') of lowest mean final validation loss over the seeds every rate has (ties: the smaller rate),
+    at ``rates[0]`` while no seed has them all; and a note naming the means when there were several, and where the
+    chosen runs are ``mix4cpu``'s (the shared rate's), "" otherwise."""
+    at = runs_at(runs, method)
+    seeds = sorted(set.intersection(*(set(at.get(r, {})) for r in rates))) if rates else []
+    means = {r: statistics.fmean(at[r][s][1]["val_loss"] for s in seeds) for r in rates} if seeds else {}
+    lr = min(means, key=lambda r: (means[r], r)) if means else rates[0]
+    chosen = {s: run for s, (_, run) in sorted(at.get(lr, {}).items())}
+
+    def name(r: float) -> str:
+        mine = at.get(r, {}).values()
+        return _lr(r) + (f" (the shared-rate runs of `{SHARED}`)" if mine and all(g == SHARED for g, _ in mine)
+                         else "")
+
+    if len(means) > 1:
+        others = "; ".join(f"{means[r]:.4f} at {name(r)}" for r in rates if r != lr)
+        return chosen, (f"`{method}` at {name(lr)}, mean {means[lr]:.4f}, against {others} over seeds "
+                        f"{', '.join(map(str, seeds))}")
+    return chosen, (f"`{method}` at {name(lr)}" if name(lr) != _lr(lr) else "")
 
 
 def gaps(method: str, ref: str, mine: dict[int, dict], base: dict[int, dict], allowed: frozenset[str]
@@ -309,11 +364,20 @@ def change_sentence(method: str, ref: str, shared: dict[int, float], tuned: dict
     return head + study_trend.change_words(d, ms, {s: tuned[s] for s in seeds}, "with tuned rates")
 
 
-def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], done: set[str]) -> list[str]:
-    """The tuned 4 × subsection from ``runs`` (``method_runs``' of the tuned and the shared-rate groups): the rates,
-    the table of tuned and shared Δ and their change, in words."""
+def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], done: set[str],
+                best: dict[str, Best] | None) -> list[str]:
+    """The tuned 4 × subsection from ``runs`` (``method_runs``' of ``FOUR_X``) at the complete sweep's ``best``
+    rates (None while the sweep is incomplete): the rates, the table of tuned and shared Δ and their change, in
+    words."""
     head = [f"### 4 × at each method's own rate (`{TUNED}`, `{NEIGHBOUR}`) beside the shared rate (`{SHARED}`)", ""]
-    if not runs.get(TUNED):
+    if best is None:
+        return head + ["The tuned 4 × comparison waits for the complete sweep: its rates are the sweep's best.", ""]
+    chosen, notes = {}, []
+    for m, b in best.items():
+        chosen[m], note = tuned_choice(runs, m, tuned_rates(b, m))
+        notes += [note] if note else []
+    methods = [m for m in best if chosen[m]]
+    if not methods:
         return head + [f"The tuned 4 × runs (`{TUNED}`, `{NEIGHBOUR}`) are not yet run.", ""]
     lines = list(head)
     missing = _missing(parts, done, TUNED) + _missing(parts, done, NEIGHBOUR)
@@ -321,15 +385,9 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
         lines += [f"**Incomplete:** {len(missing)} tuned parts are not yet published ({', '.join(missing)}); the "
                   "table covers the published ones only.", ""]
     allowed = studies[TUNED].method_set_keys() | studies[NEIGHBOUR].method_set_keys()
-    methods = [m for m in studies[TUNED].methods if m in runs[TUNED]]
-    chosen, notes = {}, []
-    for m in methods:
-        chosen[m], note = tuned_choice(runs, m)
-        notes += [note] if note else []
     rates = ", ".join(f"`{m}` {_lr(float(next(iter(chosen[m].values()))['train_settings']['lr']))}"
-                      for m in methods if chosen[m])
-    lines += [f"Rates at 4 ×: {rates}" + (f" (the better of two 4 × rates: {'; '.join(notes)})" if notes else "")
-              + ".", "",
+                      for m in methods)
+    lines += [f"Rates at 4 ×: {rates}" + (f" ({'; '.join(notes)})" if notes else "") + ".", "",
               "Each Δ cell: the per-seed paired Δ in final validation loss (nats), mean ± standard deviation over "
               "seeds, [95 % t-interval], and how many seeds the first method is lower on. Tuned − shared: "
               "Δ_tuned(s) − Δ_shared(s), paired by seed, [95 % t-interval].", "",
@@ -361,21 +419,25 @@ def section(published: list[dict], studies: dict[str, Study], parts: list[Planne
             ) -> list[str]:
     """The section's markdown lines (module docstring), drawing the sweep's figure beside ``out`` (``FIGURE``):
     ``published`` parts, ``studies`` (``published.load_studies``), ``parts`` and ``done`` (``published.plan``,
-    ``done_parts``). Raises ``ValueError`` if runs to be paired were trained with other settings."""
+    ``done_parts``). Raises ``ValueError`` if runs to be paired were trained with other settings, or if the
+    shared-rate runs trained at several rates (``shared_rate``)."""
     sweep_study = studies[SWEEP]
     sweep = sweep_of(published, sweep_study)
-    runs = method_runs(published, (TUNED, NEIGHBOUR, SHARED))
-    shared = sorted({float(r["train_settings"]["lr"]) for by_seed in runs.get(SHARED, {}).values()
-                     for r in by_seed.values()})
+    runs = method_runs(published, FOUR_X)
+    shared = shared_rate(runs)
+    near = " and ".join(f"`{m}`" for m in NEAR_METHODS)
     lines = [TITLE, "",
              "The budget study above trains every method at one peak learning rate"
-             + (f" ({', '.join(map(_lr, shared))})" if shared else "") + ". Here each method has its own: "
+             + (f" ({_lr(shared)})" if shared is not None else "") + ". Here each method has its own: "
              f"a sweep at the default budget over lr {', '.join(map(_lr, sweep.grid))} (`{SWEEP}`, seeds "
              f"{', '.join(map(str, sweep_study.seeds))}), then 4 × at each method's best rate (`{TUNED}`), and "
-             f"`none` and `depth_attention` also at the neighbouring rate (`{NEIGHBOUR}`), on the 2-core CPU. "
-             + SAME_SPLIT, ""]
-    lines += sweep_lines(sweep, studies, parts, done, out)
-    return lines + tuned_lines(runs, studies, parts, done)
+             f"{near} also at the neighbouring rate (`{NEIGHBOUR}`), each of these two counting at the one of its "
+             "two rates of lower mean final validation loss at 4 ×, on the 2-core CPU. A 4 × run at the shared "
+             f"rate is not trained again: `{SHARED}`'s run of the same method and seed is that run (same data, "
+             "initial weights and settings). " + SAME_SPLIT, ""]
+    lines += sweep_lines(sweep, studies, parts, done, out, shared)
+    best = None if _missing(parts, done, SWEEP) else best_lrs(sweep.losses(), sweep.grid)
+    return lines + tuned_lines(runs, studies, parts, done, best)
 
 
 def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str]) -> str:
@@ -400,12 +462,12 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
         return (f"Each method's best learning rate at 1 × (by mean final validation loss over 2 seeds): {rates}; "
                 f"the tuned 4 × runs that test the ranking at these rates are not yet all run ({tuned_done} of "
                 f"{tuned_all} published).")
-    runs = method_runs(published, (TUNED, NEIGHBOUR))
+    runs = method_runs(published, FOUR_X)
     allowed = studies[TUNED].method_set_keys() | studies[NEIGHBOUR].method_set_keys()
-    chosen = {m: tuned_choice(runs, m)[0] for m in studies[TUNED].methods}
+    chosen = {m: tuned_choice(runs, m, tuned_rates(b, m))[0] for m, b in best.items()}
     said = []
-    for m in studies[TUNED].methods:
-        if m == BASELINE:
+    for m in best:
+        if m == BASELINE or BASELINE not in chosen:
             continue
         d = _stats(gaps(m, BASELINE, chosen[m], chosen[BASELINE], allowed))
         if d is not None:
