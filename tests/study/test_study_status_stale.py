@@ -58,3 +58,13 @@ def test_a_part_ran_with_other_settings_is_stale_named_and_left_alone(tmp_path):
                                "study file's (lr: ran with 0.002, the study file says 0.004)") for line in said)
     assert "1 done, 2 stale, 0 running, 0 incomplete, 1 missing" in render_status(study_status(study))
     assert part_status(study, parts["s-depth_attention_window2-s0-none"]).runs == {"none": "not started"}
+
+
+def test_a_parts_device_is_its_settings_including_its_methods_own(tmp_path):
+    from depthattn.study.invocations import part_device
+
+    path = tmp_path / "s.toml"
+    path.write_text(TOML.format(out=tmp_path / "out") + 'device = "cpu"\n', encoding="utf-8")  # [method_set.da]
+    study = load_study(path)
+    devices = {p.name: part_device(study, p) for p in study.parts() if p.cell == "s-depth_attention_window0"}
+    assert devices == {"s-depth_attention_window0-s0-none": "auto", "s-depth_attention_window0-s0-depth_attention": "cpu"}

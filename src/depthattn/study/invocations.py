@@ -37,8 +37,9 @@ def compare_command(study: Study, part: Part) -> str:
 
 
 def part_device(study: Study, part: Part) -> str:
-    """The part's ``TrainConfig.device`` setting: its cell's or ``[set]``'s ``device``, else ``auto``."""
-    return str({**study.sets, **dict(part.axes)}.get("device", "auto"))
+    """The part's ``TrainConfig.device`` setting (``Study.part_settings``: [set], its cell's, [method_set]), else
+    ``auto``."""
+    return str(study.part_settings(part).get("device", "auto"))
 
 
 def short_commit(revision: str | None) -> str:

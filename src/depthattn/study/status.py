@@ -78,7 +78,7 @@ def results_cover(study: Study, part: Part) -> bool:
 def stale_settings(study: Study, part: Part) -> str:
     """The settings of ``part`` (``Study.part_settings``) its ``results.json`` records another value for, as
     "KEY: ran with A, the study file says B" joined by "; " ("" when none differs or the file is unreadable)."""
-    from ..config import ModelConfig
+    from ..training.config import MODEL_KEYS
 
     try:
         recorded = read_json(part.folder / RESULTS_FILE, "compare results")["settings"]
@@ -87,7 +87,7 @@ def stale_settings(study: Study, part: Part) -> str:
         return ""
     said = []
     for key, want in study.part_settings(part).items():
-        where = model if key in ModelConfig.__dataclass_fields__ else train
+        where = model if key in MODEL_KEYS else train  # as compare splits --set (training.config.split_overrides)
         if key in where and where[key] != want:
             said.append(f"{key}: ran with {where[key]!r}, the study file says {want!r}")
     return "; ".join(said)
