@@ -176,6 +176,29 @@ def test_a_complete_sweep_says_whether_the_tuned_files_train_at_its_rates(tmp_pa
                            "it should train `none` 0.001, `depth_attention` 0.001;")
 
 
+def test_a_tuned_study_file_may_be_absent_and_the_check_says_whether_it_should_be(tmp_path):
+    """A tuned group's file is optional (nothing to train there); any other group's file is not."""
+    folder = studies_with(tmp_path, dict(none=0.004, **OWN), NEAR)
+    (folder / "lr4cpunb.toml").unlink()
+    studies = published.load_studies(folder)
+    assert "lr4cpunb" not in studies and "lr4cpu" in studies
+    assert not [p for p in published.plan(studies) if p.group == "lr4cpunb"]
+    best = {"none": lrsweep.Best(0.004, 4.0, False, 0.002), "depth_attention": lrsweep.Best(0.004, 4.0, False, 0.002),
+            "depth_attention_uniform": lrsweep.Best(0.008, 4.0, True, 0.004),
+            "attnres": lrsweep.Best(0.002, 4.0, False, 0.001)}
+    assert lrsweep.rates_check(best, studies["lr4cpu"], None, 0.002)[0] == (
+        "`lr4cpu` trains `none` 0.004, `depth_attention` 0.004, `depth_attention_uniform` 0.008 (the best rates) "
+        "and `lr4cpunb` nothing (no study file) (the neighbouring ones); every other 4 × rate is the shared rate "
+        "0.002, whose runs `mix4cpu` already has.")
+    best["none"] = lrsweep.Best(0.004, 4.0, False, 0.008)
+    assert lrsweep.rates_check(best, studies["lr4cpu"], None, 0.002)[0].startswith(
+        "**The tuned study files do not train at the sweep's rates**: lr4cpunb.toml is absent; it should train "
+        "`none` 0.008; every other")
+    (folder / "lr1cpu.toml").unlink()
+    with pytest.raises(FileNotFoundError, match="lr1cpu.toml"):
+        published.load_studies(folder)
+
+
 def test_a_run_of_a_rate_and_seed_is_taken_from_lr4cpu_then_lr4cpunb_then_mix4cpu():
     def run(lr: float, loss: float) -> dict:
         return {"val_loss": loss, "train_settings": {"lr": lr}}
@@ -305,7 +328,10 @@ def test_the_committed_tuned_rates_are_the_sweeps_best_once_it_is_published():
     near = {m: best[m].neighbour for m in ("none", "depth_attention")
             if m in best and best[m].neighbour is not None and best[m].neighbour not in shared}
     for group, want in (("lr4cpu", own), ("lr4cpunb", near)):
-        assert want, f"every rate of {group}.toml is the shared one: delete the file"
+        if not want:
+            assert group not in studies, f"every rate of {group}.toml is the shared one: delete the file"
+            continue
+        assert group in studies, f"write {group}.toml: it should train {want}"
         lrs = lrsweep.committed_lrs(studies[group])
         assert {m: lrs.get(m) for m in studies[group].methods} == want, group
 

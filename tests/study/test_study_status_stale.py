@@ -4,7 +4,6 @@ alone by ``study run``, named with the settings that differ."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from depthattn.study import load_study
 from depthattn.study.runner import todo

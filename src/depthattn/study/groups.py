@@ -27,6 +27,9 @@ class Group:
     #: A group of the learning-rate study: reported by ``lrsweep``'s section (its runs differ in ``lr`` by design),
     #: not by a table of its own.
     lr_study: bool = False
+    #: Its study file may be absent: the group then has nothing to train (a tuned 4 × group whose every rate is
+    #: the shared one, whose runs ``mix4cpu`` has).
+    optional: bool = False
 
     @property
     def baseline_group(self) -> str:
@@ -54,9 +57,9 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("lr1cpu", "Public-domain mix, the default budget, trained on the 2-core CPU at four learning rates (the "
                     "learning-rate sweep)", "auto", lr_study=True),
     Group("lr4cpu", "Public-domain mix, 4 ×, trained on the 2-core CPU, each method at its best learning rate of the "
-                    "sweep", "auto", lr_study=True),
+                    "sweep", "auto", lr_study=True, optional=True),
     Group("lr4cpunb", "Public-domain mix, 4 ×, trained on the 2-core CPU, none and depth_attention at the "
-                      "neighbouring learning rate of their best", "auto", lr_study=True),
+                      "neighbouring learning rate of their best", "auto", lr_study=True, optional=True),
 )}
 
 

@@ -283,29 +283,41 @@ def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], d
     lines += sweep_table(sweep, best)
     if figure(sweep, out.parent / FIGURE):
         lines += [f"![final validation loss against the learning rate, per method]({FIGURE.as_posix()})", ""]
-    return lines + ([] if missing else rates_check(best, studies[TUNED], studies[NEIGHBOUR], shared))
+    return lines + ([] if missing else rates_check(best, studies.get(TUNED), studies.get(NEIGHBOUR), shared))
 
 
 def _said(lrs: dict[str, float | None]) -> str:
     return ", ".join(f"`{m}` {_lr(lr) if lr is not None else '(no rate set)'}" for m, lr in lrs.items())
 
 
-def rates_check(best: dict[str, Best], tuned: Study, near: Study, shared: float | None) -> list[str]:
-    """Whether the tuned study files (``tuned``: lr4cpu's, ``near``: lr4cpunb's) list exactly the methods and rates
-    ``to_train`` gives for the complete sweep's ``best`` rates and the ``shared`` rate (None: no shared-rate run is
-    published), in one line; a file that should list nothing is told to be deleted."""
+def tuned_keys(studies: dict[str, Study]) -> frozenset[str]:
+    """The keys the tuned study files (those of ``studies`` there are) set per method: the keys a tuned run may
+    differ in from its reference's (``published.paired_runs``' ``allowed``)."""
+    return frozenset().union(*(studies[g].method_set_keys() for g in (TUNED, NEIGHBOUR) if g in studies))
+
+
+def rates_check(best: dict[str, Best], tuned: Study | None, near: Study | None, shared: float | None) -> list[str]:
+    """Whether the tuned study files (``tuned``: lr4cpu's, ``near``: lr4cpunb's, None for an absent file) list
+    exactly the methods and rates ``to_train`` gives for the complete sweep's ``best`` rates and the ``shared`` rate
+    (None: no shared-rate run is published), in one line; a file that should list nothing is told to be deleted,
+    an absent one that should list methods to be written."""
     wants = to_train(best, shared)
     reused = ("" if shared is None else
               f"; every other 4 × rate is the shared rate {_lr(shared)}, whose runs `{SHARED}` already has")
     wrong = []
-    for study, want in zip((tuned, near), wants):
+    for group, study, want in zip((TUNED, NEIGHBOUR), (tuned, near), wants):
+        if study is None:
+            if want:
+                wrong.append(f"{group}.toml is absent; it should train {_said(want)}")
+            continue
         has = {m: committed_lrs(study).get(m) for m in study.methods}
         if has != want:
             wrong.append(f"{study.path.name} trains {_said(has)}; it should train " + (
                 _said(want) if want else f"nothing, as every such rate is the shared one {_lr(shared)} (delete it)"))
     if not wrong:
-        return [f"`{TUNED}` trains {_said(wants[0])} (the best rates) and `{NEIGHBOUR}` {_said(wants[1])} (the "
-                f"neighbouring ones){reused}.", ""]
+        own, near_ = (_said(w) if w else "nothing (no study file)" for w in wants)
+        return [f"`{TUNED}` trains {own} (the best rates) and `{NEIGHBOUR}` {near_} (the neighbouring ones)"
+                f"{reused}.", ""]
     return [f"**The tuned study files do not train at the sweep's rates**: {'; '.join(wrong)}{reused}. Correct them "
             "before their parts train.", ""]
 
@@ -384,7 +396,7 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     if missing:
         lines += [f"**Incomplete:** {len(missing)} tuned parts are not yet published ({', '.join(missing)}); the "
                   "table covers the published ones only.", ""]
-    allowed = studies[TUNED].method_set_keys() | studies[NEIGHBOUR].method_set_keys()
+    allowed = tuned_keys(studies)
     rates = ", ".join(f"`{m}` {_lr(float(next(iter(chosen[m].values()))['train_settings']['lr']))}"
                       for m in methods)
     lines += [f"Rates at 4 ×: {rates}" + (f" ({'; '.join(notes)})" if notes else "") + ".", "",
@@ -459,11 +471,13 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     best = best_lrs(sweep.losses(), sweep.grid)
     rates = ", ".join(f"`{m}` {_lr(b.lr)}{' (at the grid’s edge)' if b.at_edge else ''}" for m, b in best.items())
     if tuned_done < tuned_all:
-        return (f"Each method's best learning rate at 1 × (by mean final validation loss over 2 seeds): {rates}; "
+        seeds = len(studies[SWEEP].seeds)
+        return (f"Each method's best learning rate at 1 × (by mean final validation loss over {seeds} seeds): "
+                f"{rates}; "
                 f"the tuned 4 × runs that test the ranking at these rates are not yet all run ({tuned_done} of "
                 f"{tuned_all} published).")
     runs = method_runs(published, FOUR_X)
-    allowed = studies[TUNED].method_set_keys() | studies[NEIGHBOUR].method_set_keys()
+    allowed = tuned_keys(studies)
     chosen = {m: tuned_choice(runs, m, tuned_rates(b, m))[0] for m, b in best.items()}
     said = []
     for m in best:

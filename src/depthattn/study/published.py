@@ -45,9 +45,12 @@ class Planned:
 
 
 def load_studies(folder: Path) -> dict[str, Study]:
-    """``{group: Study}`` of ``folder/GROUP.toml`` for every group of ``groups.RUN_ORDER``, in that order. Raises
-    ``FileNotFoundError`` naming a missing file and ``ValueError`` for an invalid one."""
-    return {group: load_study(Path(folder) / f"{group}.toml") for group in RUN_ORDER}
+    """``{group: Study}`` of ``folder/GROUP.toml`` for every group of ``groups.RUN_ORDER``, in that order, but an
+    ``optional`` group's absent file. Raises ``FileNotFoundError`` naming any other missing file and ``ValueError``
+    for an invalid one."""
+    paths = {group: Path(folder) / f"{group}.toml" for group in RUN_ORDER}
+    return {group: load_study(path) for group, path in paths.items()
+            if path.exists() or not GROUPS[group].optional}
 
 
 def run_key(study: Study, group: str, method: str, seed: int, cell: int) -> tuple:
