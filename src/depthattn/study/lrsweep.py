@@ -15,7 +15,8 @@ study (``groups.lr_groups``) gives each method its own:
   those rates have, ties to the smaller (``tuned_choice``). So the study files list only what ``mix4cpu`` lacks
   (``to_train``): ``lr4cpu`` each method whose best rate is not the shared one (``[method_set.METHOD] lr``),
   ``lr4cpunb`` each of ``NEAR_METHODS`` whose neighbour is not; ``rates_check`` says whether they do. The tuned
-  comparison waits for the complete sweep (its rates are the sweep's best).
+  comparison waits for the complete sweep (its rates are the sweep's best). The complete sweep's own runs give the same
+table at 1 × (``sweep_delta_lines``), each method at its best rate beside every method at the shared one.
 
 Beside the shared-rate runs of the same budget and seeds (``mix4cpu``), per pair of the budget study's Δ table
 (every method − none, and depth_attention − depth_attention_uniform): the tuned Δ and the shared Δ, each a
@@ -283,7 +284,10 @@ def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], d
     lines += sweep_table(sweep, best)
     if figure(sweep, out.parent / FIGURE):
         lines += [f"![final validation loss against the learning rate, per method]({FIGURE.as_posix()})", ""]
-    return lines + ([] if missing else rates_check(best, studies.get(TUNED), studies.get(NEIGHBOUR), shared))
+    if missing:
+        return lines
+    return (lines + sweep_delta_lines(sweep, best, shared)
+            + rates_check(best, studies.get(TUNED), studies.get(NEIGHBOUR), shared))
 
 
 def _said(lrs: dict[str, float | None]) -> str:
@@ -396,35 +400,55 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     if missing:
         lines += [f"**Incomplete:** {len(missing)} tuned parts are not yet published ({', '.join(missing)}); the "
                   "table covers the published ones only.", ""]
-    allowed = tuned_keys(studies)
     rates = ", ".join(f"`{m}` {_lr(float(next(iter(chosen[m].values()))['train_settings']['lr']))}"
                       for m in methods)
-    lines += [f"Rates at 4 ×: {rates}" + (f" ({'; '.join(notes)})" if notes else "") + ".", "",
-              "Each Δ cell: the per-seed paired Δ in final validation loss (nats), mean ± standard deviation over "
-              "seeds, [95 % t-interval], and how many seeds the first method is lower on. Tuned − shared: "
-              "Δ_tuned(s) − Δ_shared(s), paired by seed, [95 % t-interval].", "",
-              "| Δ | each at its own rate | verdict | shared rate | verdict | tuned − shared |",
-              "|---|---:|---|---:|---|---:|"]
-    pairs = [(m, BASELINE) for m in methods if m != BASELINE]
-    if all(m in methods for m in study_trend.UNIFORM_PAIR):
+    lines += [f"Rates at 4 ×: {rates}" + (f" ({'; '.join(notes)})" if notes else "") + ".", ""]
+    return lines + delta_lines({m: chosen[m] for m in methods}, runs.get(SHARED, {}), tuned_keys(studies))
+
+
+def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dict]], allowed: frozenset[str]
+                ) -> list[str]:
+    """The Δ table of the budget study's pairs (every method of ``own`` − none, and depth_attention −
+    depth_attention_uniform) with each method at its own rate (``own``: ``{method: {seed: run}}``, runs that may
+    differ in the ``allowed`` keys) beside the same pairs at the shared rate (``shared``, the same shape, runs
+    trained alike), the change tuned − shared paired by seed, and both in words (``change_sentence``)."""
+    lines = ["Each Δ cell: the per-seed paired Δ in final validation loss (nats), mean ± standard deviation over "
+             "seeds, [95 % t-interval], and how many seeds the first method is lower on. Tuned − shared: "
+             "Δ_tuned(s) − Δ_shared(s), paired by seed, [95 % t-interval].", "",
+             "| Δ | each at its own rate | verdict | shared rate | verdict | tuned − shared |",
+             "|---|---:|---|---:|---|---:|"]
+    pairs = [(m, BASELINE) for m in own if m != BASELINE]
+    if all(m in own for m in study_trend.UNIFORM_PAIR):
         pairs.append(study_trend.UNIFORM_PAIR)
     words, changes = [], []
     for m, ref in pairs:
-        tuned = gaps(m, ref, chosen.get(m, {}), chosen.get(ref, {}), allowed)
-        shared = gaps(m, ref, runs.get(SHARED, {}).get(m, {}), runs.get(SHARED, {}).get(ref, {}), frozenset())
-        dt, ds = _stats(tuned), _stats(shared)
-        seeds = [s for s in sorted(tuned) if s in shared]
-        dc = paired_difference([tuned[s] for s in seeds], [shared[s] for s in seeds]) if seeds else None
+        tuned = gaps(m, ref, own.get(m, {}), own.get(ref, {}), allowed)
+        at_shared = gaps(m, ref, shared.get(m, {}), shared.get(ref, {}), frozenset())
+        dt, ds = _stats(tuned), _stats(at_shared)
+        seeds = [s for s in sorted(tuned) if s in at_shared]
+        dc = paired_difference([tuned[s] for s in seeds], [at_shared[s] for s in seeds]) if seeds else None
         change = "—" if dc is None else (f"{dc['mean']:+.4f} (1 seed)" if dc["ci95"] is None else
                                          f"{dc['mean']:+.4f} [{dc['ci95'][0]:+.4f}, {dc['ci95'][1]:+.4f}]")
         lines.append(f"| `{m}` − `{ref}` | {study_trend.cell(tuned)} | {verdict(dt) if dt else '—'} | "
-                     f"{study_trend.cell(shared)} | {verdict(ds) if ds else '—'} | {change} |")
+                     f"{study_trend.cell(at_shared)} | {verdict(ds) if ds else '—'} | {change} |")
         if dt:
             words.append(verdict_sentence(f"`{m}` − `{ref}`, each at its own rate", dt))
-        changes.append(change_sentence(m, ref, shared, tuned))
+        changes.append(change_sentence(m, ref, at_shared, tuned))
     lines += ["", "In words (no correction for multiple comparisons):", ""] + words + [""]
-    lines += ["From the shared rate to each method's own (the same seeds paired):", ""] + changes + [""]
-    return lines
+    return lines + ["From the shared rate to each method's own (the same seeds paired):", ""] + changes + [""]
+
+
+def sweep_delta_lines(sweep: Sweep, best: dict[str, Best], shared: float | None) -> list[str]:
+    """The complete sweep's own runs as a tuned comparison at 1 ×: each method at its ``best`` rate beside every
+    method at the ``shared`` one (``delta_lines``); nothing when the grid lacks the shared rate."""
+    if shared is None or shared not in sweep.grid:
+        return []
+    own = {m: sweep.runs.get(m, {}).get(b.lr, {}) for m, b in best.items()}
+    at_shared = {m: sweep.runs.get(m, {}).get(shared, {}) for m in best}
+    return [f"At 1 ×, the same Δ from the sweep's own runs: each method at its best rate, and every method at the "
+            f"shared rate {_lr(shared)}. The rates were chosen on these very runs, so the tuned Δ here carries the "
+            "choice's optimism in full, and two seeds give wide intervals; the 4 × runs below are trained afresh "
+            "at the chosen rates.", ""] + delta_lines(own, at_shared, frozenset({"lr"}))
 
 
 def section(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path
@@ -472,19 +496,22 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     rates = ", ".join(f"`{m}` {_lr(b.lr)}{' (at the grid’s edge)' if b.at_edge else ''}" for m, b in best.items())
     if tuned_done < tuned_all:
         seeds = len(studies[SWEEP].seeds)
+        own = {m: sweep.runs.get(m, {}).get(b.lr, {}) for m, b in best.items()}
         return (f"Each method's best learning rate at 1 × (by mean final validation loss over {seeds} seeds): "
-                f"{rates}; "
-                f"the tuned 4 × runs that test the ranking at these rates are not yet all run ({tuned_done} of "
-                f"{tuned_all} published).")
+                f"{rates}. At those rates, on the sweep's own runs, the gaps to `none` at 1 × are "
+                f"{_gaps_said(own, frozenset({'lr'}))}; the tuned 4 × runs that test the ranking afresh are not "
+                f"yet all run ({tuned_done} of {tuned_all} published).")
     runs = method_runs(published, FOUR_X)
-    allowed = tuned_keys(studies)
     chosen = {m: tuned_choice(runs, m, tuned_rates(b, m))[0] for m, b in best.items()}
-    said = []
-    for m in best:
-        if m == BASELINE or BASELINE not in chosen:
-            continue
-        d = _stats(gaps(m, BASELINE, chosen[m], chosen[BASELINE], allowed))
-        if d is not None:
-            said.append(f"`{m}` {d['mean']:+.3f} nats ({verdict(d)})")
     return (f"With each method at its own best learning rate ({rates}), at 4 × the gaps to `none` are "
-            + "; ".join(said) + ".")
+            f"{_gaps_said(chosen, tuned_keys(studies))}.")
+
+
+def _gaps_said(own: dict[str, dict[int, dict]], allowed: frozenset[str]) -> str:
+    """Each method of ``own`` ({method: {seed: run}}) but none: its mean paired Δ to none, in nats, and verdict."""
+    said = []
+    for m in own:
+        d = None if m == BASELINE else _stats(gaps(m, BASELINE, own[m], own.get(BASELINE, {}), allowed))
+        if d is not None:
+            said.append(f"`{m}` {d['mean']:+.3f} nats, {verdict(d)}")
+    return "; ".join(said)
