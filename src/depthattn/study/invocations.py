@@ -77,16 +77,18 @@ class Invocation:
     commit: str | None = None
 
     def record(self) -> dict:
-        """Append this start's line (module docstring) to ``file``, flushed and fsync'd; returns it. Raises
-        ``OSError`` if the file cannot be written."""
+        """Append this start's line (module docstring) to ``file``, flushed and fsync'd, after a line break where
+        the file ends in a torn line (a launcher killed while writing it), so that line alone is lost; returns it.
+        Raises ``OSError`` if the file cannot be written."""
         from ..run.record import git_revision
 
         row = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "commit": self.commit or short_commit(git_revision()), "hardware": hardware(self.device),
                "jobs": self.jobs, "command": self.command}
         self.file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        with open(self.file, "a+b") as f:
+            torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+            f.write((b"\n" if torn else b"") + (json.dumps(row) + "\n").encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
         return row
