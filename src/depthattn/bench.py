@@ -30,7 +30,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
-from .devices import cpu_name
+from .devices import accelerator_name, cpu_name
 from .fileio import atomic_write_json
 from .stats import paired_difference
 
@@ -151,12 +151,8 @@ def across_records(records: Sequence[Mapping[str, Any]], num: str, den: str) -> 
 
 
 def device_name(device: str | None) -> str | None:
-    """The accelerator's name for a ``cuda`` device string (``torch.cuda.get_device_name``), else ``device``."""
-    if device and device.startswith("cuda") and "torch" in sys.modules:
-        torch = sys.modules["torch"]
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(torch.device(device))
-    return device
+    """The accelerator's name for a ``cuda`` device string (``devices.accelerator_name``), else ``device``."""
+    return (accelerator_name(device) if device else None) or device
 
 
 def environment(device: str | None = None, command: Sequence[str] | None = None) -> dict[str, Any]:

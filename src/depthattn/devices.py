@@ -38,6 +38,15 @@ def resolved_precision(amp: torch.dtype | None) -> str:
     return "float32" if amp is None else str(amp).removeprefix("torch.")
 
 
+def accelerator_name(device: str) -> str | None:
+    """The name of the CUDA device a device setting runs on (``torch.cuda.get_device_name``, e.g. ``NVIDIA H200``):
+    for ``cuda`` / ``cuda:N``, and for ``auto`` where CUDA is available; None for any other setting or where CUDA is
+    not available."""
+    if not (device.startswith("cuda") or device == "auto") or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(torch.device(device) if device.startswith("cuda") else 0)
+
+
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``, else ``platform.processor()`` or the machine type)."""
     try:

@@ -57,11 +57,11 @@ def hardware(device: str = "auto") -> str:
     CPU's model and core count (``AMD EPYC, 2 cores, torch 2.13.0+cpu``)."""
     import torch
 
-    from ..devices import cpu_name
+    from ..devices import accelerator_name, cpu_name
 
-    if (device.startswith("cuda") or device == "auto") and torch.cuda.is_available():
-        index = (torch.device(device).index or 0) if device.startswith("cuda") else 0
-        return f"{torch.cuda.get_device_name(index)} (CUDA), torch {torch.__version__}"
+    name = accelerator_name(device)
+    if name is not None:
+        return f"{name} (CUDA), torch {torch.__version__}"
     return f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
