@@ -200,6 +200,16 @@ def test_the_lead_gives_the_best_rates_and_the_gaps_at_them_while_the_tuned_runs
         "0); the tuned 4 × runs that test the ranking afresh are not yet all run (0 of 9 published).")
 
 
+def test_no_tuned_table_before_none_has_a_4x_run_at_its_own_rate():
+    """Only the uniform control's runs at the shared rate (mix4cpu's) count yet: no pair, so no table."""
+    run = {"val_loss": 3.5, "train_settings": {"lr": 0.002}, "seed": 0}
+    best = {"none": lrsweep.Best(0.004, 4.0, False, 0.008),
+            "depth_attention_uniform": lrsweep.Best(0.002, 4.0, False, 0.004)}
+    lines = lrsweep.tuned_lines({"mix4cpu": {"depth_attention_uniform": {0: run}}}, {}, [], set(), best)
+    assert lines[2:] == ["No tuned pair yet: a pair needs `none`'s 4 × runs at its own rate and another method's.",
+                         ""]
+
+
 def test_a_tuned_study_file_may_be_absent_and_the_check_says_whether_it_should_be(tmp_path):
     """A tuned group's file is optional (nothing to train there); any other group's file is not."""
     folder = studies_with(tmp_path, dict(none=0.004, **OWN), NEAR)
@@ -271,10 +281,10 @@ def test_the_tuned_table_beside_the_shared_rate_one(tmp_path):
     mean = {k: sum(v) / 3 for k, v in [("none nb", NEIGHBOUR["none"]), ("none mix", SHARED["none"]),
                                        ("da mix", SHARED["depth_attention"]), ("da own", TUNED["depth_attention"])]}
     assert mean["none nb"] < mean["none mix"] and mean["da mix"] < mean["da own"]
-    assert (f"Rates at 4 ×: `none` 0.004, `depth_attention` 0.002, `depth_attention_uniform` 0.008, `attnres` 0.002 "
-            f"(`none` at 0.004, mean {mean['none nb']:.4f}, against {mean['none mix']:.4f} at 0.002 {mix} over seeds "
-            f"0, 1, 2; `depth_attention` at 0.002 {mix}, mean {mean['da mix']:.4f}, against {mean['da own']:.4f} at "
-            f"0.004 over seeds 0, 1, 2; `attnres` at 0.002 {mix}).") in text
+    assert (f"Rates at 4 ×: `none` at 0.004, mean {mean['none nb']:.4f}, against {mean['none mix']:.4f} at 0.002 "
+            f"{mix} over seeds 0, 1, 2; `depth_attention` at 0.002 {mix}, mean {mean['da mix']:.4f}, against "
+            f"{mean['da own']:.4f} at 0.004 over seeds 0, 1, 2; `depth_attention_uniform` at 0.008; `attnres` at "
+            f"0.002 {mix}.") in text
     none, da = NEIGHBOUR["none"], SHARED["depth_attention"]  # each at its better 4 x rate
     tuned = [a - b for a, b in zip(da, none)]
     shared = [a - b for a, b in zip(SHARED["depth_attention"], SHARED["none"])]
@@ -325,12 +335,12 @@ def test_a_published_part_of_an_lr_grid_is_matched_on_its_train_settings(tmp_pat
     run = published.run_record(res, res["methods"][method]["runs"][0])
     other = dict(run, val_loss=3.9, train_settings=dict(run["train_settings"], lr=own))
     with pytest.raises(ValueError, match="cannot pair"):
-        published.paired_runs(method, {1: run}, {1: other})
-    assert published.paired_runs(method, {1: run}, {1: other}, allowed=frozenset({"lr"}))[2]["mean"] == \
+        published.paired_runs("tuned", {1: run}, {1: other})
+    assert published.paired_runs("tuned", {1: run}, {1: other}, allowed=frozenset({"lr"}))[2]["mean"] == \
         pytest.approx(4.0 - 3.9)
     worse = dict(other, train_settings=dict(other["train_settings"], weight_decay=0.0))
     with pytest.raises(ValueError, match="cannot pair"):
-        published.paired_runs(method, {1: run}, {1: worse}, allowed=frozenset({"lr"}))
+        published.paired_runs("tuned", {1: run}, {1: worse}, allowed=frozenset({"lr"}))
 
 
 def test_the_committed_tuned_rates_are_the_sweeps_best_once_it_is_published():

@@ -388,10 +388,9 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     head = [f"### 4 × at each method's own rate (`{TUNED}`, `{NEIGHBOUR}`) beside the shared rate (`{SHARED}`)", ""]
     if best is None:
         return head + ["The tuned 4 × comparison waits for the complete sweep: its rates are the sweep's best.", ""]
-    chosen, notes = {}, []
+    chosen, notes = {}, {}
     for m, b in best.items():
-        chosen[m], note = tuned_choice(runs, m, tuned_rates(b, m))
-        notes += [note] if note else []
+        chosen[m], notes[m] = tuned_choice(runs, m, tuned_rates(b, m))
     methods = [m for m in best if chosen[m]]
     if not methods:
         return head + [f"The tuned 4 × runs (`{TUNED}`, `{NEIGHBOUR}`) are not yet run.", ""]
@@ -400,9 +399,12 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     if missing:
         lines += [f"**Incomplete:** {len(missing)} tuned parts are not yet published ({', '.join(missing)}); the "
                   "table covers the published ones only.", ""]
-    rates = ", ".join(f"`{m}` {_lr(float(next(iter(chosen[m].values()))['train_settings']['lr']))}"
+    if BASELINE not in methods or len(methods) < 2:
+        return lines + [f"No tuned pair yet: a pair needs `{BASELINE}`'s 4 × runs at its own rate and another "
+                        "method's.", ""]
+    rates = "; ".join(notes[m] or f"`{m}` at {_lr(float(next(iter(chosen[m].values()))['train_settings']['lr']))}"
                       for m in methods)
-    lines += [f"Rates at 4 ×: {rates}" + (f" ({'; '.join(notes)})" if notes else "") + ".", ""]
+    lines += [f"Rates at 4 ×: {rates}.", ""]
     return lines + delta_lines({m: chosen[m] for m in methods}, runs.get(SHARED, {}), tuned_keys(studies))
 
 
@@ -434,8 +436,9 @@ def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dic
         if dt:
             words.append(verdict_sentence(f"`{m}` − `{ref}`, each at its own rate", dt))
         changes.append(change_sentence(m, ref, at_shared, tuned))
-    lines += ["", "In words (no correction for multiple comparisons):", ""] + words + [""]
-    return lines + ["From the shared rate to each method's own (the same seeds paired):", ""] + changes + [""]
+    if words:
+        lines += ["", "In words (no correction for multiple comparisons):", ""] + words
+    return lines + [""] + ["From the shared rate to each method's own (the same seeds paired):", ""] + changes + [""]
 
 
 def sweep_delta_lines(sweep: Sweep, best: dict[str, Best], shared: float | None) -> list[str]:
