@@ -373,8 +373,8 @@ def change_sentence(method: str, ref: str, shared: dict[int, float], tuned: dict
         return f"- {name}: no seed has both a tuned and a shared-rate pair yet."
     d = paired_difference([tuned[s] for s in seeds], [shared[s] for s in seeds])
     ms, mt = (statistics.fmean(x[s] for s in seeds) for x in (shared, tuned))
-    head = (f"- {name}: {ms:+.3f} nats at the shared rate and {mt:+.3f} at each method's own (seeds "
-            f"{', '.join(map(str, seeds))}); ")
+    head = (f"- {name}: {ms:+.3f} nats at the shared rate and {mt:+.3f} at each method's own (seed"
+            f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}); ")
     if d["ci95"] is None:
         return head + "one seed gives no interval: the change is undetermined."
     return head + study_trend.change_words(d, ms, {s: tuned[s] for s in seeds}, "with tuned rates")
