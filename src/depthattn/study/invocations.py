@@ -87,8 +87,12 @@ class Invocation:
                "jobs": self.jobs, "command": self.command}
         self.file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.file, "a+b") as f:
-            torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
-            f.write((b"\n" if torn else b"") + (json.dumps(row) + "\n").encode("utf-8"))
+            line = (json.dumps(row) + "\n").encode("utf-8")
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    line = b"\n" + line
+            f.write(line)
             f.flush()
             os.fsync(f.fileno())
         return row

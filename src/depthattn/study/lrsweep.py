@@ -15,8 +15,8 @@ study (``groups.lr_groups``) gives each method its own:
   those rates have, ties to the smaller (``tuned_choice``). So the study files list only what ``mix4cpu`` lacks
   (``to_train``): ``lr4cpu`` each method whose best rate is not the shared one (``[method_set.METHOD] lr``),
   ``lr4cpunb`` each of ``NEAR_METHODS`` whose neighbour is not; ``rates_check`` says whether they do. The tuned
-  comparison waits for the complete sweep (its rates are the sweep's best). The complete sweep's own runs give the same
-table at 1 × (``sweep_delta_lines``), each method at its best rate beside every method at the shared one.
+  comparison waits for the complete sweep (its rates are the sweep's best). The complete sweep's own runs give the
+  same table at 1 × (``sweep_delta_lines``), each method at its best rate beside every method at the shared one.
 
 Beside the shared-rate runs of the same budget and seeds (``mix4cpu``), per pair of the budget study's Δ table
 (every method − none, and depth_attention − depth_attention_uniform): the tuned Δ and the shared Δ, each a
@@ -97,6 +97,10 @@ class Sweep:
     grid: tuple[float, ...]
     runs: dict[str, dict[float, dict[int, dict]]]
     diverged: dict[str, dict[float, list[int]]]
+
+    def at_best(self, best: dict[str, Best]) -> dict[str, dict[int, dict]]:
+        """``{method: {seed: run}}``: each method of ``best`` (``best_lrs``') at its best rate."""
+        return {m: self.runs.get(m, {}).get(b.lr, {}) for m, b in best.items()}
 
     def losses(self) -> dict[str, dict[float, list[float | None]]]:
         """``best_lrs``' input: per method and rate, the finished seeds' final val losses and None per diverged
@@ -446,12 +450,14 @@ def sweep_delta_lines(sweep: Sweep, best: dict[str, Best], shared: float | None)
     method at the ``shared`` one (``delta_lines``); nothing when the grid lacks the shared rate."""
     if shared is None or shared not in sweep.grid:
         return []
-    own = {m: sweep.runs.get(m, {}).get(b.lr, {}) for m, b in best.items()}
+    own = sweep.at_best(best)
     at_shared = {m: sweep.runs.get(m, {}).get(shared, {}) for m in best}
+    seeds = len({s for by_seed in own.values() for s in by_seed})
     return [f"At 1 ×, the same Δ from the sweep's own runs: each method at its best rate, and every method at the "
             f"shared rate {_lr(shared)}. The rates were chosen on these very runs, so the tuned Δ here carries the "
-            "choice's optimism in full, and two seeds give wide intervals; the 4 × runs below are trained afresh "
-            "at the chosen rates.", ""] + delta_lines(own, at_shared, frozenset({"lr"}))
+            f"choice's optimism in full, and {seeds} seed{'s give' if seeds > 1 else ' gives'} wide intervals; the "
+            "4 × runs below are trained afresh at the chosen rates.", ""] + delta_lines(own, at_shared,
+                                                                                     frozenset({"lr"}))
 
 
 def section(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path
@@ -499,7 +505,7 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     rates = ", ".join(f"`{m}` {_lr(b.lr)}{' (at the grid’s edge)' if b.at_edge else ''}" for m, b in best.items())
     if tuned_done < tuned_all:
         seeds = len(studies[SWEEP].seeds)
-        own = {m: sweep.runs.get(m, {}).get(b.lr, {}) for m, b in best.items()}
+        own = sweep.at_best(best)
         return (f"Each method's best learning rate at 1 × (by mean final validation loss over {seeds} seeds): "
                 f"{rates}. At those rates, on the sweep's own runs, the gaps to `none` at 1 × are "
                 f"{_gaps_said(own, frozenset({'lr'}))}; the tuned 4 × runs that test the ranking afresh are not "
