@@ -1,6 +1,6 @@
 """Builders shared by test files in every folder of tests/ (``from helpers import make_data``; pyproject.toml puts
 tests/ on ``sys.path``): the prepared corpus, a folder's snapshot, the time limits of subprocesses, the torchrun
-launcher and a hand-made ``results.json``. Tiny models and batches are in conftest.py."""
+launcher, a hand-made ``results.json`` and a three-method study file. Tiny models and batches are in conftest.py."""
 
 from __future__ import annotations
 
@@ -114,3 +114,25 @@ def hand_made_results(seeds=(0, 1, 2)):
     res["paired"] = paired_stats(res)
     res["conclusion"] = conclusions(res)
     return res
+
+
+#: A study file of three methods and seeds 0–2 on the tiny preset, its data never read (parts and settings only).
+SMALL_STUDY = """
+name = "s"
+out = "{out}"
+data = "D"
+preset = "tiny"
+methods = ["none", "depth_attention", "attnres"]
+seeds = [0, 1, 2]
+steps = 4
+"""
+
+
+def small_study(tmp_path: Path, extra: str = ""):
+    """``SMALL_STUDY`` plus the TOML text ``extra``, written to ``tmp_path/s.toml`` and loaded (``load_study``; its
+    ``out`` is ``tmp_path/out``)."""
+    from depthattn.study import load_study
+
+    path = tmp_path / "s.toml"
+    path.write_text(SMALL_STUDY.format(out=tmp_path / "out") + extra, encoding="utf-8")
+    return load_study(path)

@@ -64,6 +64,18 @@ def verdict(d: dict[str, Any]) -> str:
     return ("lower" if hi < 0 else "higher") + " at this budget (the 95 % interval excludes 0)"
 
 
+def mean_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
+    """``mean ± std`` in ``fmt`` (the sign dropped from the std), or the mean alone when ``std`` is None (one seed).
+    E.g. ``mean_pm(-0.0621, 0.0103)`` is ``"-0.0621 ± 0.0103"``."""
+    return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
+
+
+def interval_text(d: dict[str, Any]) -> str:
+    """A ``paired_difference`` result's 95 % interval as ``"lo to hi"`` (signed, 4 decimals, in the difference's
+    unit), or ``"n/a (one seed)"`` when it has none."""
+    return "n/a (one seed)" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
+
+
 def tokens_to_target(curve: Sequence[tuple[float, float]], target: float) -> float | None:
     """The first token count at which a validation curve ``[(tokens, loss), …]`` (ascending tokens) reaches
     ``target`` (loss <= target), linearly interpolated between the two logged points around the crossing; the first

@@ -4,8 +4,6 @@ their runs (``report.cell_stats``); any other difference still keeps a pair out,
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from depthattn.cli import build_parser
@@ -13,21 +11,7 @@ from depthattn.study import load_study
 from depthattn.study.report import Cell, cell_stats, trend_change
 from depthattn.training.config import parse_value
 
-BASE = """
-name = "s"
-out = "{out}"
-data = "D"
-preset = "tiny"
-methods = ["none", "depth_attention", "attnres"]
-seeds = [0, 1, 2]
-steps = 4
-"""
-
-
-def study(tmp_path: Path, extra: str):
-    path = tmp_path / "s.toml"
-    path.write_text(BASE.format(out=tmp_path / "out") + extra, encoding="utf-8")
-    return load_study(path)
+from helpers import small_study as study
 
 
 def sets(argv: list[str]) -> dict:

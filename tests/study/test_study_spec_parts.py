@@ -10,22 +10,9 @@ import pytest
 
 from depthattn.study import load_study
 
+from helpers import small_study as study
+
 ROOT = Path(__file__).resolve().parents[2]
-BASE = """
-name = "s"
-out = "{out}"
-data = "D"
-preset = "tiny"
-methods = ["none", "depth_attention", "attnres"]
-seeds = [0, 1, 2]
-steps = 4
-"""
-
-
-def study(tmp_path: Path, extra: str = ""):
-    path = tmp_path / "s.toml"
-    path.write_text(BASE.format(out=tmp_path / "out") + extra, encoding="utf-8")
-    return load_study(path)
 
 
 def test_per_method_parts_train_one_method_each_and_method_seeds_drop_a_methods_other_seeds(tmp_path):

@@ -8,7 +8,7 @@ import os
 import statistics
 from pathlib import Path
 
-from ..stats import binomial_se
+from ..stats import binomial_se, interval_text, mean_pm
 from .conclusions import conclusions
 from .records import COLUMNS, SAMPLE_TOKENS
 
@@ -82,12 +82,8 @@ def shown_path(path: str | os.PathLike) -> str:
     return p.name
 
 
-def _pm(d: dict, key: str = "mean", fmt: str = "{:+.4f}") -> str:
-    return fmt.format(d["mean"]) + ("" if d["std"] is None else " ± " + fmt.format(d["std"]).lstrip("+"))
-
-
-def _interval(d: dict) -> str:
-    return "n/a (one seed)" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
+def _pm(d: dict, fmt: str = "{:+.4f}") -> str:
+    return mean_pm(d["mean"], d["std"], fmt)
 
 
 def render_paired(results: dict) -> str:
@@ -108,8 +104,8 @@ def render_paired(results: dict) -> str:
         else:
             ttt = "not reached"
         ratio = "n/a" if p["train_time_ratio"] is None else f"{p['train_time_ratio']:.2f}"
-        lines.append(f"| {name} | {_pm(v)} | {_interval(v)} | {v['favouring']} of {v['n']} | {_pm(b)} | "
-                     f"{_interval(b)} | {ttt} | {ratio} |")
+        lines.append(f"| {name} | {_pm(v)} | {interval_text(v)} | {v['favouring']} of {v['n']} | {_pm(b)} | "
+                     f"{interval_text(b)} | {ttt} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 

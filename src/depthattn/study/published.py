@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compare.records import BASELINE, val_curve
-from ..stats import paired_difference, tokens_to_target, verdict
+from ..stats import interval_text, mean_pm, paired_difference, tokens_to_target, verdict
 from . import depth as study_depth
 from . import partfile as study_results
 from . import trend as study_trend
@@ -132,10 +132,6 @@ def collect(published: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
     return out
 
 
-def _fmt_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
-    return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
-
-
 def paired_runs(label: str, by_seed: dict[int, dict], base: dict[int, dict] | None, ref: str = BASELINE,
                 allowed: frozenset[str] = frozenset()):
     """``(runs, the reference's runs, paired_difference of final val loss)`` over the seeds both have, or None for
@@ -189,20 +185,20 @@ def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) 
         vals = [by_seed[s]["val_loss"] for s in seeds]
         mean = sum(vals) / len(vals)
         std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
-        cells = [label, str(len(seeds)), _fmt_pm(mean, std, "{:.4f}")]
+        cells = [label, str(len(seeds)), mean_pm(mean, std, "{:.4f}")]
         pair = paired_runs(label, by_seed, base)
         if pair is None:
             cells += ["—", "—", "—", "—", "—"]
         else:
             a, b, d = pair
-            ci = "n/a (one seed)" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
+            ci = interval_text(d)
             ttt = [tokens_to_target(val_curve(x), val_curve(y)[-1][1]) for x, y in zip(a, b)]
             reached = [t for t in ttt if t is not None]
             ttt_cell = (f"{sum(reached) / len(reached):,.0f} ({len(reached)}/{len(ttt)} reached)" if reached
                         else "not reached")
             bt = sum(y.get("train_seconds", 0.0) for y in b)
             ratio = f"{sum(x.get('train_seconds', 0.0) for x in a) / bt:.2f}" if bt else "n/a"
-            cells += [_fmt_pm(d["mean"], d["std"]), ci, f"{d['favouring']} of {d['n']}", ttt_cell, ratio]
+            cells += [mean_pm(d["mean"], d["std"]), ci, f"{d['favouring']} of {d['n']}", ttt_cell, ratio]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -320,7 +316,7 @@ def long_trend(runs: dict) -> list[str]:
             seeds = [x for x in mine if x in base]
             if seeds:
                 d = paired_difference([mine[x]["val_loss"] for x in seeds], [base[x]["val_loss"] for x in seeds])
-                cells.append(f"{_fmt_pm(d['mean'], d['std'])} ({d['n']} seed{'s' if d['n'] > 1 else ''})")
+                cells.append(f"{mean_pm(d['mean'], d['std'])} ({d['n']} seed{'s' if d['n'] > 1 else ''})")
             else:
                 cells.append("—")
         lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
