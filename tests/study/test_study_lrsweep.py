@@ -2,8 +2,9 @@
 mean, ties to the smaller, diverged rates out, the grid's edge flagged), the sweep's table from published parts,
 some missing, and, after a complete hand-made sweep, the tuned 4 × Δ table beside the shared-rate one, a method's
 runs at the shared rate taken from mix4cpu, with numbers computed here by hand; a published part of a learning-rate
-grid is matched to its cell by its train settings; and, once the sweep is published, lr4cpu.toml and lr4cpunb.toml
-list exactly the sweep's best and neighbouring rates that are not the shared one."""
+grid is matched to its cell by its train settings; a method counts at 4 × at the best of its rates with runs, the
+shared rate's among them; and, once the sweep is published, lr4cpu.toml and lr4cpunb.toml list exactly the sweep's
+best and neighbouring rates that are not the shared one."""
 
 from __future__ import annotations
 
@@ -263,6 +264,15 @@ def interval(xs: list[float]) -> str:
     return f"{m:+.4f} ± {s:.4f} [{m - half:+.4f}, {m + half:+.4f}] ({sum(x < 0 for x in xs)} of {len(xs)} lower)"
 
 
+def lead_verdict(xs: list[float]) -> str:
+    """``stats.verdict``'s words for per-seed gaps ``xs`` (three seeds), the interval computed here."""
+    m, s = mean_std(xs)
+    half = T2 * s / math.sqrt(len(xs))
+    if m - half <= 0 <= m + half:
+        return "inconclusive at this budget (the 95 % interval includes 0)"
+    return ("lower" if m + half < 0 else "higher") + " at this budget (the 95 % interval excludes 0)"
+
+
 def test_the_tuned_table_beside_the_shared_rate_one(tmp_path):
     """After the complete sweep: none at its neighbour 0.004 (lr4cpunb; lower than mix4cpu's at its best 0.002),
     depth_attention at its neighbour 0.002, which is mix4cpu's runs (lower than lr4cpu's at its best 0.004), attnres
@@ -279,12 +289,17 @@ def test_the_tuned_table_beside_the_shared_rate_one(tmp_path):
     assert "**Incomplete:**" not in text  # the sweep and every tuned part are published
     mix = "(the shared-rate runs of `mix4cpu`)"
     mean = {k: sum(v) / 3 for k, v in [("none nb", NEIGHBOUR["none"]), ("none mix", SHARED["none"]),
-                                       ("da mix", SHARED["depth_attention"]), ("da own", TUNED["depth_attention"])]}
-    assert mean["none nb"] < mean["none mix"] and mean["da mix"] < mean["da own"]
+                                       ("da mix", SHARED["depth_attention"]), ("da own", TUNED["depth_attention"]),
+                                       ("u own", TUNED["depth_attention_uniform"]),
+                                       ("u mix", SHARED["depth_attention_uniform"])]}
+    assert mean["none nb"] < mean["none mix"] and mean["da mix"] < mean["da own"] and mean["u own"] < mean["u mix"]
+    above, below = "the highest of its 4 × rates (one above it is untried)", "the lowest of its 4 × rates (one below " \
+        "it is untried)"
     assert (f"Rates at 4 ×: `none` at 0.004, mean {mean['none nb']:.4f}, against {mean['none mix']:.4f} at 0.002 "
-            f"{mix} over seeds 0, 1, 2; `depth_attention` at 0.002 {mix}, mean {mean['da mix']:.4f}, against "
-            f"{mean['da own']:.4f} at 0.004 over seeds 0, 1, 2; `depth_attention_uniform` at 0.008; `attnres` at "
-            f"0.002 {mix}.") in text
+            f"{mix} over seeds 0, 1, 2, {above}; `depth_attention` at 0.002 {mix}, mean {mean['da mix']:.4f}, "
+            f"against {mean['da own']:.4f} at 0.004 over seeds 0, 1, 2, {below}; `depth_attention_uniform` at 0.008, "
+            f"mean {mean['u own']:.4f}, against {mean['u mix']:.4f} at 0.002 {mix} over seeds 0, 1, 2, {above}; "
+            f"`attnres` at 0.002 {mix}.") in text
     none, da = NEIGHBOUR["none"], SHARED["depth_attention"]  # each at its better 4 x rate
     tuned = [a - b for a, b in zip(da, none)]
     shared = [a - b for a, b in zip(SHARED["depth_attention"], SHARED["none"])]
@@ -311,6 +326,67 @@ def test_the_tuned_table_beside_the_shared_rate_one(tmp_path):
     assert f"| `depth_attention` − `depth_attention_uniform` | {interval(dau)} |" in text
     m_t, s_t = mean_std(tuned)
     assert f"- `depth_attention` − `none`, each at its own rate: Δ {m_t:+.3f} ± {s_t:.3f} nats over 3 seeds" in text
+    studies = published.load_studies(studies_with(tmp_path, OWN, NEAR))
+    every = published.load_published(pub, studies)
+    parts = published.plan(studies)
+    lead = lrsweep.lead_sentence(every, studies, parts, published.done_parts(parts, every, studies))
+    m_u, m_a = mean_std(tuned_u)[0], mean_std(tuned_a)[0]
+    assert lead == (
+        "Each method's best learning rate at 1 × is `none` 0.002, `depth_attention` 0.004, "
+        "`depth_attention_uniform` 0.008 (at the grid’s edge), `attnres` 0.002; at 4 ×, each at the best of the rates "
+        "it was trained at there (`none` 0.004, `depth_attention` 0.002, `depth_attention_uniform` 0.008, `attnres` "
+        "0.002; `depth_attention` at the lowest rate tried there, so a lower one may do better; `none`, "
+        "`depth_attention_uniform` at the highest rate tried there, so a higher one may do better), the gaps to "
+        f"`none` are `depth_attention` {m_t:+.3f} nats, lower at this budget (the 95 % interval excludes 0); "
+        f"`depth_attention_uniform` {m_u:+.3f} nats, {lead_verdict(tuned_u)}; `attnres` {m_a:+.3f} nats, "
+        f"{lead_verdict(tuned_a)}.")
+
+
+def test_a_method_counts_at_the_shared_rate_where_its_runs_there_are_better_and_an_unrun_rate_is_no_candidate():
+    """The best rate at 1 × can be too high at 4 ×: none's mix4cpu runs (0.002, the shared rate, not its neighbour)
+    are a candidate at no cost; while its neighbour has no run it is no candidate, then its seeds decide."""
+    def run(lr: float, loss: float, seed: int) -> dict:
+        return {"val_loss": loss, "train_settings": {"lr": lr}, "seed": seed}
+
+    best = lrsweep.Best(0.004, 6.05, False, 0.008)
+    assert lrsweep.candidate_rates(best, "none", 0.002) == [0.004, 0.008, 0.002]
+    assert lrsweep.candidate_rates(lrsweep.Best(0.004, 6.0, False, 0.002), "attnres", 0.002) == [0.004, 0.002]
+    assert lrsweep.candidate_rates(lrsweep.Best(0.002, 6.0, False, 0.004), "depth_attention_uniform", 0.002) == [
+        0.002]
+    assert lrsweep.candidate_rates(best, "none", None) == [0.004, 0.008]
+    runs = {"mix4cpu": {"none": {s: run(0.002, x, s) for s, x in enumerate([5.25, 5.23, 5.24])}},
+            "lr4cpu": {"none": {0: run(0.004, 5.22, 0), 1: run(0.004, 5.30, 1)}}}
+    rates = lrsweep.candidate_rates(best, "none", 0.002)
+    c = lrsweep.tuned_choice(runs, "none", rates)
+    assert {s: r["val_loss"] for s, r in c.runs.items()} == {0: 5.25, 1: 5.23, 2: 5.24}
+    assert (c.lr, c.edge) == (0.002, "lowest")
+    # means over seeds 0 and 1, the seeds both rates with runs have: (5.25 + 5.23) / 2 and (5.22 + 5.30) / 2
+    assert c.note == ("`none` at 0.002 (the shared-rate runs of `mix4cpu`), mean 5.2400, against 5.2600 at 0.004 "
+                      "over seeds 0, 1, the lowest of its 4 × rates (one below it is untried)")
+    runs["lr4cpunb"] = {"none": {0: run(0.008, 5.10, 0)}}
+    c = lrsweep.tuned_choice(runs, "none", rates)
+    assert {s: r["val_loss"] for s, r in c.runs.items()} == {0: 5.10} and (c.lr, c.edge) == (0.008, "highest")
+    assert c.note == ("`none` at 0.008, mean 5.1000, against 5.2200 at 0.004; 5.2500 at 0.002 (the shared-rate "
+                      "runs of `mix4cpu`) over seed 0, the highest of its 4 × rates (one above it is untried)")
+    runs["lr4cpunb"] = {"none": {0: run(0.008, 5.30, 0)}}
+    c = lrsweep.tuned_choice(runs, "none", rates)
+    assert (c.lr, c.edge) == (0.004, "") and c.note.startswith("`none` at 0.004, mean 5.2200, against 5.3000 at")
+    assert lrsweep.tuned_choice(runs, "attnres", [0.004]) == lrsweep.Choice({}, None, "", "")
+
+
+def test_a_pair_whose_methods_both_count_at_the_shared_rate_is_the_same_runs_and_no_change():
+    def run(method: str, seed: int, loss: float) -> dict:
+        return {"method": method, "seed": seed, "val_loss": loss, "train_settings": {"lr": 0.002}, "data": "D",
+                "tokens": 100}
+
+    shared = {m: {s: run(m, s, x + 0.01 * s) for s in range(3)} for m, x in (("none", 5.24), ("attnres", 5.05))}
+    lines = lrsweep.delta_lines(dict(shared), shared, frozenset({"lr"}))
+    row = next(x for x in lines if x.startswith("| `attnres` − `none` |"))
+    assert row.endswith("| 0 (the same runs) |")
+    assert "- `attnres` − `none`: both count at the shared rate, so these are the same runs: no change." in lines
+    own = {"none": shared["none"], "attnres": {s: dict(r) for s, r in shared["attnres"].items()}}  # equal, not same
+    lines = lrsweep.delta_lines(own, shared, frozenset({"lr"}))
+    assert next(x for x in lines if x.startswith("| `attnres` − `none` |")).endswith("| +0.0000 [+0.0000, +0.0000] |")
 
 
 def test_a_published_part_of_an_lr_grid_is_matched_on_its_train_settings(tmp_path):

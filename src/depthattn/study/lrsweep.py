@@ -12,11 +12,14 @@ study (``groups.lr_groups``) gives each method its own:
   ``lr4cpunb`` or ``mix4cpu`` (the shared-rate runs, every method at one rate, the **shared rate**), a seed in two
   of them taken from the first (``runs_at``). A method is tuned over its best rate and, for ``NEAR_METHODS``, its
   neighbour too (``tuned_rates``); it counts at the one of lowest mean final validation loss over the seeds all
-  those rates have, ties to the smaller (``tuned_choice``). So the study files list only what ``mix4cpu`` lacks
-  (``to_train``): ``lr4cpu`` each method whose best rate is not the shared one (``[method_set.METHOD] lr``),
-  ``lr4cpunb`` each of ``NEAR_METHODS`` whose neighbour is not; ``rates_check`` says whether they do. The tuned
-  comparison waits for the complete sweep (its rates are the sweep's best). The complete sweep's own runs give the
-  same table at 1 × (``sweep_delta_lines``), each method at its best rate beside every method at the shared one.
+  its candidate rates have, ties to the smaller (``tuned_choice``), the candidates being those rates and the shared
+  rate, whose runs cost nothing more (``candidate_rates``): so tuning never leaves a method's mean above its
+  shared-rate one, whichever way the best rate moves from 1 × to 4 ×. So the study files list only what
+  ``mix4cpu`` lacks (``to_train``): ``lr4cpu`` each method whose best rate is not the shared one
+  (``[method_set.METHOD] lr``), ``lr4cpunb`` each of ``NEAR_METHODS`` whose neighbour is not; ``rates_check``
+  says whether they do. The tuned comparison waits for the complete sweep (its rates are the sweep's best). The
+  complete sweep's own runs give the same table at 1 × (``sweep_delta_lines``), each method at its best rate beside
+  every method at the shared one.
 
 Beside the shared-rate runs of the same budget and seeds (``mix4cpu``), per pair of the budget study's Δ table
 (every method − none, and depth_attention − depth_attention_uniform): the tuned Δ and the shared Δ, each a
@@ -166,6 +169,13 @@ def shared_rate(runs: dict) -> float | None:
 def tuned_rates(best: Best, method: str) -> list[float]:
     """The rates ``method`` is tuned over at 4 ×: its best rate and, for ``NEAR_METHODS``, its neighbour."""
     return [best.lr] + ([best.neighbour] if method in NEAR_METHODS and best.neighbour is not None else [])
+
+
+def candidate_rates(best: Best, method: str, shared: float | None) -> list[float]:
+    """The rates ``method`` counts at at 4 × (``tuned_choice``): ``tuned_rates``' and the ``shared`` rate (every
+    method has 4 × runs there, ``mix4cpu``'s), once each, in that order."""
+    rates = tuned_rates(best, method)
+    return rates + ([shared] if shared is not None and shared not in rates else [])
 
 
 def to_train(best: dict[str, Best], shared: float | None) -> tuple[dict[str, float], dict[str, float]]:
@@ -330,27 +340,48 @@ def rates_check(best: dict[str, Best], tuned: Study | None, near: Study | None, 
             "before their parts train.", ""]
 
 
-def tuned_choice(runs: dict, method: str, rates: Sequence[float]) -> tuple[dict[int, dict], str]:
-    """``method``'s 4 × runs (``{seed: run}``; ``runs``: ``method_runs``' of ``FOUR_X``) at the one of ``rates``
-    (``tuned_rates``') of lowest mean final validation loss over the seeds every rate has (ties: the smaller rate),
-    at ``rates[0]`` while no seed has them all; and a note naming the means when there were several, and where the
-    chosen runs are ``mix4cpu``'s (the shared rate's), "" otherwise."""
+@dataclass(frozen=True)
+class Choice:
+    """A method's 4 × rate (``tuned_choice``): its ``runs`` there (``{seed: run}``), the rate ``lr`` (None without
+    runs), ``edge`` ("lowest" or "highest" when ``lr`` is that end of two or more rates with runs, else "") and the
+    ``note`` saying how it was chosen ("" when there was nothing to choose and the runs are its own)."""
+
+    runs: dict[int, dict]
+    lr: float | None
+    edge: str
+    note: str
+
+
+def tuned_choice(runs: dict, method: str, rates: Sequence[float]) -> Choice:
+    """``method``'s 4 × runs (``runs``: ``method_runs``' of ``FOUR_X``) at the one of ``rates``
+    (``candidate_rates``') that have runs, of lowest mean final validation loss over the seeds all of those have
+    (ties: the smaller rate), at ``rates[0]`` while no seed has them all. A rate with no run yet (its parts not
+    published) is no candidate: the report names its parts as missing. The note names the means when there were
+    several, where the chosen runs are ``mix4cpu``'s (the shared rate's), and an edge: a rate beyond it is
+    untried."""
     at = runs_at(runs, method)
-    seeds = sorted(set.intersection(*(set(at.get(r, {})) for r in rates))) if rates else []
-    means = {r: statistics.fmean(at[r][s][1]["val_loss"] for s in seeds) for r in rates} if seeds else {}
+    have = [r for r in rates if at.get(r)]
+    seeds = sorted(set.intersection(*(set(at[r]) for r in have))) if have else []
+    means = {r: statistics.fmean(at[r][s][1]["val_loss"] for s in seeds) for r in have} if seeds else {}
     lr = min(means, key=lambda r: (means[r], r)) if means else rates[0]
     chosen = {s: run for s, (_, run) in sorted(at.get(lr, {}).items())}
+    if not chosen:
+        return Choice({}, None, "", "")
+    edge = "" if len(means) < 2 else "lowest" if lr == min(means) else "highest" if lr == max(means) else ""
 
     def name(r: float) -> str:
         mine = at.get(r, {}).values()
         return _lr(r) + (f" (the shared-rate runs of `{SHARED}`)" if mine and all(g == SHARED for g, _ in mine)
                          else "")
 
+    note = f"`{method}` at {name(lr)}"
     if len(means) > 1:
-        others = "; ".join(f"{means[r]:.4f} at {name(r)}" for r in rates if r != lr)
-        return chosen, (f"`{method}` at {name(lr)}, mean {means[lr]:.4f}, against {others} over seeds "
-                        f"{', '.join(map(str, seeds))}")
-    return chosen, (f"`{method}` at {name(lr)}" if name(lr) != _lr(lr) else "")
+        others = "; ".join(f"{means[r]:.4f} at {name(r)}" for r in have if r != lr)
+        note += (f", mean {means[lr]:.4f}, against {others} over seed{'s' if len(seeds) > 1 else ''} "
+                 f"{', '.join(map(str, seeds))}")
+    if edge:
+        note += f", the {edge} of its 4 × rates (one {'below' if edge == 'lowest' else 'above'} it is untried)"
+    return Choice(chosen, lr, edge, "" if note == f"`{method}` at {_lr(lr)}" else note)
 
 
 def gaps(method: str, ref: str, mine: dict[int, dict], base: dict[int, dict], allowed: frozenset[str]
@@ -392,10 +423,9 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     head = [f"### 4 × at each method's own rate (`{TUNED}`, `{NEIGHBOUR}`) beside the shared rate (`{SHARED}`)", ""]
     if best is None:
         return head + ["The tuned 4 × comparison waits for the complete sweep: its rates are the sweep's best.", ""]
-    chosen, notes = {}, {}
-    for m, b in best.items():
-        chosen[m], notes[m] = tuned_choice(runs, m, tuned_rates(b, m))
-    methods = [m for m in best if chosen[m]]
+    shared = shared_rate(runs)
+    choice = {m: tuned_choice(runs, m, candidate_rates(b, m, shared)) for m, b in best.items()}
+    methods = [m for m in best if choice[m].runs]
     if not methods:
         return head + [f"The tuned 4 × runs (`{TUNED}`, `{NEIGHBOUR}`) are not yet run.", ""]
     lines = list(head)
@@ -406,10 +436,9 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     if BASELINE not in methods or len(methods) < 2:
         return lines + [f"No tuned pair yet: a pair needs `{BASELINE}`'s 4 × runs at its own rate and another "
                         "method's.", ""]
-    rates = "; ".join(notes[m] or f"`{m}` at {_lr(float(next(iter(chosen[m].values()))['train_settings']['lr']))}"
-                      for m in methods)
+    rates = "; ".join(choice[m].note or f"`{m}` at {_lr(choice[m].lr)}" for m in methods)
     lines += [f"Rates at 4 ×: {rates}.", ""]
-    return lines + delta_lines({m: chosen[m] for m in methods}, runs.get(SHARED, {}), tuned_keys(studies))
+    return lines + delta_lines({m: choice[m].runs for m in methods}, runs.get(SHARED, {}), tuned_keys(studies))
 
 
 def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dict]], allowed: frozenset[str]
@@ -432,14 +461,17 @@ def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dic
         at_shared = gaps(m, ref, shared.get(m, {}), shared.get(ref, {}), frozenset())
         dt, ds = _stats(tuned), _stats(at_shared)
         seeds = [s for s in sorted(tuned) if s in at_shared]
+        same = bool(seeds) and all(own[x][s] is shared[x][s] for x in (m, ref) for s in seeds)
         dc = paired_difference([tuned[s] for s in seeds], [at_shared[s] for s in seeds]) if seeds else None
-        change = "—" if dc is None else (f"{dc['mean']:+.4f} (1 seed)" if dc["ci95"] is None else
+        change = "—" if dc is None else ("0 (the same runs)" if same else f"{dc['mean']:+.4f} (1 seed)"
+                                         if dc["ci95"] is None else
                                          f"{dc['mean']:+.4f} [{dc['ci95'][0]:+.4f}, {dc['ci95'][1]:+.4f}]")
         lines.append(f"| `{m}` − `{ref}` | {study_trend.cell(tuned)} | {verdict(dt) if dt else '—'} | "
                      f"{study_trend.cell(at_shared)} | {verdict(ds) if ds else '—'} | {change} |")
         if dt:
             words.append(verdict_sentence(f"`{m}` − `{ref}`, each at its own rate", dt))
-        changes.append(change_sentence(m, ref, at_shared, tuned))
+        changes.append(f"- `{m}` − `{ref}`: both count at the shared rate, so these are the same runs: no change."
+                       if same else change_sentence(m, ref, at_shared, tuned))
     if words:
         lines += ["", "In words (no correction for multiple comparisons):", ""] + words
     return lines + [""] + ["From the shared rate to each method's own (the same seeds paired):", ""] + changes + [""]
@@ -476,10 +508,11 @@ def section(published: list[dict], studies: dict[str, Study], parts: list[Planne
              + (f" ({_lr(shared)})" if shared is not None else "") + ". Here each method has its own: "
              f"a sweep at the default budget over lr {', '.join(map(_lr, sweep.grid))} (`{SWEEP}`, seeds "
              f"{', '.join(map(str, sweep_study.seeds))}), then 4 × at each method's best rate (`{TUNED}`), and "
-             f"{near} also at the neighbouring rate (`{NEIGHBOUR}`), each of these two counting at the one of its "
-             "two rates of lower mean final validation loss at 4 ×, on the 2-core CPU. A 4 × run at the shared "
+             f"{near} also at the neighbouring rate (`{NEIGHBOUR}`), on the 2-core CPU. A 4 × run at the shared "
              f"rate is not trained again: `{SHARED}`'s run of the same method and seed is that run (same data, "
-             "initial weights and settings). " + SAME_SPLIT, ""]
+             "initial weights and settings). At 4 × each method counts at the one of its rates (its best, the "
+             "neighbour where trained, and the shared rate) of lowest mean final validation loss, so tuning never "
+             "leaves a method above its shared-rate mean. " + SAME_SPLIT, ""]
     lines += sweep_lines(sweep, studies, parts, done, out, shared)
     best = None if _missing(parts, done, SWEEP) else best_lrs(sweep.losses(), sweep.grid)
     return lines + tuned_lines(runs, studies, parts, done, best)
@@ -511,9 +544,17 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
                 f"{_gaps_said(own, frozenset({'lr'}))}; the tuned 4 × runs that test the ranking afresh are not "
                 f"yet all run ({tuned_done} of {tuned_all} published).")
     runs = method_runs(published, FOUR_X)
-    chosen = {m: tuned_choice(runs, m, tuned_rates(b, m))[0] for m, b in best.items()}
-    return (f"With each method at its own best learning rate ({rates}), at 4 × the gaps to `none` are "
-            f"{_gaps_said(chosen, tuned_keys(studies))}.")
+    shared = shared_rate(runs)
+    choice = {m: tuned_choice(runs, m, candidate_rates(b, m, shared)) for m, b in best.items()}
+    at_four = ", ".join(f"`{m}` {_lr(c.lr)}" for m, c in choice.items() if c.lr is not None)
+    edges = []
+    for edge, beyond in (("lowest", "lower"), ("highest", "higher")):
+        names = [f"`{m}`" for m, c in choice.items() if c.edge == edge]
+        if names:
+            edges.append(f"{', '.join(names)} at the {edge} rate tried there, so a {beyond} one may do better")
+    return (f"Each method's best learning rate at 1 × is {rates}; at 4 ×, each at the best of the rates it was "
+            f"trained at there ({at_four}{''.join('; ' + e for e in edges)}), the gaps to `none` are "
+            f"{_gaps_said({m: c.runs for m, c in choice.items()}, tuned_keys(studies))}.")
 
 
 def _gaps_said(own: dict[str, dict[int, dict]], allowed: frozenset[str]) -> str:
