@@ -521,7 +521,8 @@ def section(published: list[dict], studies: dict[str, Study], parts: list[Planne
 def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str]) -> str:
     """The learning-rate study in one sentence for the lead of docs/results.md (``lead``): how much is published
     while the sweep is incomplete; each method's best rate once it is complete; the tuned 4 × verdicts of every
-    method against none once the tuned runs are published. "" when the study has no study file."""
+    method against none once ``lr4cpu``'s runs are published (provisional, and saying so, while runs at the
+    neighbouring rates are not). "" when the study has no study file."""
     if SWEEP not in studies:
         return ""
     count = {g: (sum(p.group == g and p.name in done for p in parts), sum(p.group == g for p in parts))
@@ -536,7 +537,7 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     sweep = sweep_of(published, studies[SWEEP])
     best = best_lrs(sweep.losses(), sweep.grid)
     rates = ", ".join(f"`{m}` {_lr(b.lr)}{' (at the grid’s edge)' if b.at_edge else ''}" for m, b in best.items())
-    if tuned_done < tuned_all:
+    if count[TUNED][0] < count[TUNED][1]:
         seeds = len(studies[SWEEP].seeds)
         own = sweep.at_best(best)
         return (f"Each method's best learning rate at 1 × (by mean final validation loss over {seeds} seeds): "
@@ -552,9 +553,14 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
         names = [f"`{m}`" for m, c in choice.items() if c.edge == edge]
         if names:
             edges.append(f"{', '.join(names)} at the {edge} rate tried there, so a {beyond} one may do better")
+    if shared is not None and all(c.lr == shared for c in choice.values()):
+        edges.append("every method at the shared rate, so these are the shared-rate runs' gaps")
+    pending = count[NEIGHBOUR][1] - count[NEIGHBOUR][0]
     return (f"Each method's best learning rate at 1 × is {rates}; at 4 ×, each at the best of the rates it was "
             f"trained at there ({at_four}{''.join('; ' + e for e in edges)}), the gaps to `none` are "
-            f"{_gaps_said({m: c.runs for m, c in choice.items()}, tuned_keys(studies))}.")
+            f"{_gaps_said({m: c.runs for m, c in choice.items()}, tuned_keys(studies))}"
+            + (f" (provisional: {pending} of the {count[NEIGHBOUR][1]} runs at the neighbouring rates are not yet "
+               "published)" if pending else "") + ".")
 
 
 def _gaps_said(own: dict[str, dict[int, dict]], allowed: frozenset[str]) -> str:
