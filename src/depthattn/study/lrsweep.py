@@ -10,16 +10,15 @@ study (``groups.lr_groups``) gives each method its own:
   may lie outside it. Its **neighbour** is the grid value beside it of lower mean loss (ties: the smaller).
 - the **tuned** runs at 4 ×: a method's **4 × runs at rate r** are its published 4 × CPU runs at r of ``lr4cpu``,
   ``lr4cpunb`` or ``mix4cpu`` (the shared-rate runs, every method at one rate, the **shared rate**), a seed in two
-  of them taken from the first (``runs_at``). A method is tuned over its best rate and, for ``NEAR_METHODS``, its
-  neighbour too (``tuned_rates``); it counts at the one of lowest mean final validation loss over the seeds all
-  its candidate rates have, ties to the smaller (``tuned_choice``), the candidates being those rates and the shared
-  rate, whose runs cost nothing more (``candidate_rates``): so tuning never leaves a method's mean above its
-  shared-rate one, whichever way the best rate moves from 1 × to 4 ×. So the study files list only what
-  ``mix4cpu`` lacks (``to_train``): ``lr4cpu`` each method whose best rate is not the shared one
-  (``[method_set.METHOD] lr``), ``lr4cpunb`` each of ``NEAR_METHODS`` whose neighbour is not; ``rates_check``
-  says whether they do. The tuned comparison waits for the complete sweep (its rates are the sweep's best). The
-  complete sweep's own runs give the same table at 1 × (``sweep_delta_lines``), each method at its best rate beside
-  every method at the shared one.
+  of them taken from the first (``runs_at``). At 4 × a method has its best rate (``lr4cpu``) and the shared one
+  (``mix4cpu``'s runs cost nothing more); each of ``NEAR_METHODS`` also one more (``lr4cpunb``), a line search
+  since the optimum moves with the budget: a factor-2 step beyond the better of those two at 4 ×, on its side (its
+  1 × neighbour when the two are one, ``near_rates``). A method counts at the one of these rates with runs of
+  lowest mean final validation loss over the seeds they all have, ties to the smaller (``candidate_rates``,
+  ``tuned_choice``), so tuning never leaves a method's mean above its shared-rate one. The study files list only
+  what ``mix4cpu`` lacks (``to_train``); ``rates_check`` says whether they do. The tuned comparison waits for the
+  complete sweep (its rates are the sweep's best). The complete sweep's own runs give the same table at 1 ×
+  (``sweep_delta_lines``), each method at its best rate beside every method at the shared one.
 
 Beside the shared-rate runs of the same budget and seeds (``mix4cpu``), per pair of the budget study's Δ table
 (every method − none, and depth_attention − depth_attention_uniform): the tuned Δ and the shared Δ, each a
@@ -49,7 +48,7 @@ from .spec import Study
 SWEEP, TUNED, NEIGHBOUR, SHARED = "lr1cpu", "lr4cpu", "lr4cpunb", "mix4cpu"
 #: The groups of 4 × runs, in the order a method's run of a rate and seed is taken from (``runs_at``).
 FOUR_X = (TUNED, NEIGHBOUR, SHARED)
-#: The methods tuned at 4 × over their neighbouring rate too (issue 45: the baseline and the method under test).
+#: The methods tuned at 4 × over one more rate (``near_rates``; issue 45: the baseline and the method under test).
 NEAR_METHODS = ("none", "depth_attention")
 #: Where the report draws the sweep (beside its --out).
 FIGURE = Path("img") / "lr_sweep.png"
@@ -166,24 +165,48 @@ def shared_rate(runs: dict) -> float | None:
     return rates[0] if rates else None
 
 
-def tuned_rates(best: Best, method: str) -> list[float]:
-    """The rates ``method`` is tuned over at 4 ×: its best rate and, for ``NEAR_METHODS``, its neighbour."""
-    return [best.lr] + ([best.neighbour] if method in NEAR_METHODS and best.neighbour is not None else [])
+def near_rates(best: dict[str, Best], runs: dict, shared: float | None, seeds: Sequence[int]
+               ) -> dict[str, float | None]:
+    """``{method: rate}`` ``lr4cpunb`` trains each of ``NEAR_METHODS`` at (``runs``: ``method_runs``' of ``FOUR_X``),
+    a line search at 4 ×, since the optimum moves with the budget: one factor-2 step beyond the better of the
+    method's 4 × rates of ``lr4cpu`` and ``mix4cpu`` (its best ``best`` rate and the ``shared`` one), on that
+    rate's side; its 1 × neighbour when the best rate is the shared one (one 4 × rate gives no direction); None
+    while a seed of ``seeds`` (``lr4cpu``'s) has no run at either of the two."""
+    first = {g: runs.get(g, {}) for g in (TUNED, SHARED)}
+    out: dict[str, float | None] = {}
+    for m in NEAR_METHODS:
+        if m not in best:
+            continue
+        b = best[m]
+        if shared is None or b.lr == shared:
+            out[m] = b.neighbour
+            continue
+        at = runs_at(first, m)
+        if not seeds or not all(s in at.get(r, {}) for r in (b.lr, shared) for s in seeds):
+            out[m] = None
+            continue
+        lr = tuned_choice(first, m, [b.lr, shared]).lr
+        out[m] = lr / 2 if lr == min(b.lr, shared) else lr * 2
+    return out
 
 
-def candidate_rates(best: Best, method: str, shared: float | None) -> list[float]:
-    """The rates ``method`` counts at at 4 × (``tuned_choice``): ``tuned_rates``' and the ``shared`` rate (every
-    method has 4 × runs there, ``mix4cpu``'s), once each, in that order."""
-    rates = tuned_rates(best, method)
-    return rates + ([shared] if shared is not None and shared not in rates else [])
+def candidate_rates(best: Best, shared: float | None, near: float | None) -> list[float]:
+    """The rates a method counts at at 4 × (``tuned_choice``): its ``best`` rate, its ``near`` one (``near_rates``',
+    None for none) and the ``shared`` rate (every method has 4 × runs there, ``mix4cpu``'s), once each, in that
+    order."""
+    rates = [best.lr]
+    for r in (near, shared):
+        if r is not None and r not in rates:
+            rates.append(r)
+    return rates
 
 
-def to_train(best: dict[str, Best], shared: float | None) -> tuple[dict[str, float], dict[str, float]]:
-    """``({method: lr} of lr4cpu, {method: lr} of lr4cpunb)``: each 4 × rate of ``tuned_rates`` but the ``shared``
-    one (``mix4cpu`` has those runs), the best in the first, the neighbour in the second."""
+def to_train(best: dict[str, Best], shared: float | None, near: dict[str, float | None]
+             ) -> tuple[dict[str, float], dict[str, float]]:
+    """``({method: lr} of lr4cpu, {method: lr} of lr4cpunb)``: each method's ``best`` rate and each ``near`` rate
+    (``near_rates``'; None, not yet known, left out) but the ``shared`` one (``mix4cpu`` has those runs)."""
     own = {m: b.lr for m, b in best.items() if b.lr != shared}
-    near = {m: r for m, b in best.items() for r in tuned_rates(b, m)[1:] if r != shared}
-    return own, near
+    return own, {m: r for m, r in near.items() if r is not None and r != shared}
 
 
 def runs_at(runs: dict, method: str) -> dict[float, dict[int, tuple[str, dict]]]:
@@ -276,9 +299,11 @@ def _missing(parts: list[Planned], done: set[str], group: str) -> list[str]:
 
 
 def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path,
-                shared: float | None) -> list[str]:
+                runs: dict) -> list[str]:
     """The sweep's subsection: what is missing, the table, the edge lines, the figure and, once the sweep is
-    complete, whether the tuned study files train at its rates beside the ``shared`` one (``rates_check``)."""
+    complete, whether the tuned study files train at its rates (``rates_check``; ``runs``: ``method_runs``' of
+    ``FOUR_X``)."""
+    shared = shared_rate(runs)
     study = studies[SWEEP]
     head = [f"### The sweep at the default budget (`{SWEEP}`)", ""]
     if not sweep.runs and not sweep.diverged:
@@ -300,8 +325,9 @@ def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], d
         lines += [f"![final validation loss against the learning rate, per method]({FIGURE.as_posix()})", ""]
     if missing:
         return lines
+    near = near_rates(best, runs, shared, studies[TUNED].seeds if TUNED in studies else ())
     return (lines + sweep_delta_lines(sweep, best, shared)
-            + rates_check(best, studies.get(TUNED), studies.get(NEIGHBOUR), shared))
+            + rates_check(best, studies.get(TUNED), studies.get(NEIGHBOUR), shared, near))
 
 
 def _said(lrs: dict[str, float | None]) -> str:
@@ -314,16 +340,21 @@ def tuned_keys(studies: dict[str, Study]) -> frozenset[str]:
     return frozenset().union(*(studies[g].method_set_keys() for g in (TUNED, NEIGHBOUR) if g in studies))
 
 
-def rates_check(best: dict[str, Best], tuned: Study | None, near: Study | None, shared: float | None) -> list[str]:
-    """Whether the tuned study files (``tuned``: lr4cpu's, ``near``: lr4cpunb's, None for an absent file) list
-    exactly the methods and rates ``to_train`` gives for the complete sweep's ``best`` rates and the ``shared`` rate
-    (None: no shared-rate run is published), in one line; a file that should list nothing is told to be deleted,
-    an absent one that should list methods to be written."""
-    wants = to_train(best, shared)
+def rates_check(best: dict[str, Best], tuned: Study | None, near_study: Study | None, shared: float | None,
+                near: dict[str, float | None]) -> list[str]:
+    """Whether the tuned study files (``tuned``: lr4cpu's, ``near_study``: lr4cpunb's, None for an absent file)
+    list exactly the methods and rates ``to_train`` gives for the complete sweep's ``best`` rates, the ``shared``
+    rate (None: no shared-rate run is published) and the ``near`` ones (``near_rates``'), in one line; a file that
+    should list nothing is told to be deleted, an absent one that should list methods to be written; lr4cpunb's
+    rates, while some are not yet known, are not checked."""
+    wants = to_train(best, shared, near)
+    waiting = [m for m, r in near.items() if r is None]
     reused = ("" if shared is None else
               f"; every other 4 × rate is the shared rate {_lr(shared)}, whose runs `{SHARED}` already has")
     wrong = []
-    for group, study, want in zip((TUNED, NEIGHBOUR), (tuned, near), wants):
+    for group, study, want in zip((TUNED, NEIGHBOUR), (tuned, near_study), wants):
+        if group == NEIGHBOUR and waiting:
+            continue
         if study is None:
             if want:
                 wrong.append(f"{group}.toml is absent; it should train {_said(want)}")
@@ -332,12 +363,17 @@ def rates_check(best: dict[str, Best], tuned: Study | None, near: Study | None, 
         if has != want:
             wrong.append(f"{study.path.name} trains {_said(has)}; it should train " + (
                 _said(want) if want else f"nothing, as every such rate is the shared one {_lr(shared)} (delete it)"))
-    if not wrong:
-        own, near_ = (_said(w) if w else "nothing (no study file)" for w in wants)
-        return [f"`{TUNED}` trains {own} (the best rates) and `{NEIGHBOUR}` {near_} (the neighbouring ones)"
-                f"{reused}.", ""]
-    return [f"**The tuned study files do not train at the sweep's rates**: {'; '.join(wrong)}{reused}. Correct them "
-            "before their parts train.", ""]
+    if wrong:
+        return [f"**The tuned study files do not train at the sweep's rates**: {'; '.join(wrong)}{reused}. Correct "
+                "them before their parts train.", ""]
+    own = _said(wants[0]) if wants[0] else "nothing (no study file)"
+    if waiting:
+        return [f"`{TUNED}` trains {own} (the best rates){reused}. `{NEIGHBOUR}`'s rates for "
+                f"{', '.join(f'`{m}`' for m in waiting)} follow from `{TUNED}`'s runs (`lrsweep.near_rates`), not "
+                "all published yet.", ""]
+    near_ = _said(wants[1]) if wants[1] else "nothing (no study file)"
+    return [f"`{TUNED}` trains {own} (the best rates) and `{NEIGHBOUR}` {near_} (a step beyond the better of the "
+            f"best and the shared rate at 4 ×){reused}.", ""]
 
 
 @dataclass(frozen=True)
@@ -424,7 +460,8 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     if best is None:
         return head + ["The tuned 4 × comparison waits for the complete sweep: its rates are the sweep's best.", ""]
     shared = shared_rate(runs)
-    choice = {m: tuned_choice(runs, m, candidate_rates(b, m, shared)) for m, b in best.items()}
+    near = near_rates(best, runs, shared, studies[TUNED].seeds if TUNED in studies else ())
+    choice = {m: tuned_choice(runs, m, candidate_rates(b, shared, near.get(m))) for m, b in best.items()}
     methods = [m for m in best if choice[m].runs]
     if not methods:
         return head + [f"The tuned 4 × runs (`{TUNED}`, `{NEIGHBOUR}`) are not yet run.", ""]
@@ -508,12 +545,13 @@ def section(published: list[dict], studies: dict[str, Study], parts: list[Planne
              + (f" ({_lr(shared)})" if shared is not None else "") + ". Here each method has its own: "
              f"a sweep at the default budget over lr {', '.join(map(_lr, sweep.grid))} (`{SWEEP}`, seeds "
              f"{', '.join(map(str, sweep_study.seeds))}), then 4 × at each method's best rate (`{TUNED}`), and "
-             f"{near} also at the neighbouring rate (`{NEIGHBOUR}`), on the 2-core CPU. A 4 × run at the shared "
-             f"rate is not trained again: `{SHARED}`'s run of the same method and seed is that run (same data, "
-             "initial weights and settings). At 4 × each method counts at the one of its rates (its best, the "
-             "neighbour where trained, and the shared rate) of lowest mean final validation loss, so tuning never "
-             "leaves a method above its shared-rate mean. " + SAME_SPLIT, ""]
-    lines += sweep_lines(sweep, studies, parts, done, out, shared)
+             f"{near} also one factor-2 step beyond the better of their best and the shared rate at 4 × "
+             f"(`{NEIGHBOUR}`: a line search, since the best rate moves with the budget), on the 2-core CPU. A "
+             f"4 × run at the shared rate is not trained again: `{SHARED}`'s run of the same method and seed is that "
+             "run (same data, initial weights and settings). At 4 × each method counts at the one of its rates of "
+             "lowest mean final validation loss, so tuning never leaves a method above its shared-rate mean. "
+             + SAME_SPLIT, ""]
+    lines += sweep_lines(sweep, studies, parts, done, out, runs)
     best = None if _missing(parts, done, SWEEP) else best_lrs(sweep.losses(), sweep.grid)
     return lines + tuned_lines(runs, studies, parts, done, best)
 
@@ -521,8 +559,8 @@ def section(published: list[dict], studies: dict[str, Study], parts: list[Planne
 def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str]) -> str:
     """The learning-rate study in one sentence for the lead of docs/results.md (``lead``): how much is published
     while the sweep is incomplete; each method's best rate once it is complete; the tuned 4 × verdicts of every
-    method against none once ``lr4cpu``'s runs are published (provisional, and saying so, while runs at the
-    neighbouring rates are not). "" when the study has no study file."""
+    method against none once ``lr4cpu``'s runs are published (provisional, and saying so, while ``lr4cpunb``'s
+    are not). "" when the study has no study file."""
     if SWEEP not in studies:
         return ""
     count = {g: (sum(p.group == g and p.name in done for p in parts), sum(p.group == g for p in parts))
@@ -546,7 +584,8 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
                 f"yet all run ({tuned_done} of {tuned_all} published).")
     runs = method_runs(published, FOUR_X)
     shared = shared_rate(runs)
-    choice = {m: tuned_choice(runs, m, candidate_rates(b, m, shared)) for m, b in best.items()}
+    near = near_rates(best, runs, shared, studies[TUNED].seeds if TUNED in studies else ())
+    choice = {m: tuned_choice(runs, m, candidate_rates(b, shared, near.get(m))) for m, b in best.items()}
     at_four = ", ".join(f"`{m}` {_lr(c.lr)}" for m, c in choice.items() if c.lr is not None)
     edges = []
     for edge, beyond in (("lowest", "lower"), ("highest", "higher")):
@@ -559,8 +598,8 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     return (f"Each method's best learning rate at 1 × is {rates}; at 4 ×, each at the best of the rates it was "
             f"trained at there ({at_four}{''.join('; ' + e for e in edges)}), the gaps to `none` are "
             f"{_gaps_said({m: c.runs for m, c in choice.items()}, tuned_keys(studies))}"
-            + (f" (provisional: {pending} of the {count[NEIGHBOUR][1]} runs at the neighbouring rates are not yet "
-               "published)" if pending else "") + ".")
+            + (f" (provisional: {pending} of `{NEIGHBOUR}`'s {count[NEIGHBOUR][1]} runs are not yet published)"
+               if pending else "") + ".")
 
 
 def _gaps_said(own: dict[str, dict[int, dict]], allowed: frozenset[str]) -> str:
