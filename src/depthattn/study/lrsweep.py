@@ -376,6 +376,14 @@ def rates_check(best: dict[str, Best], tuned: Study | None, near_study: Study | 
             f"best and the shared rate at 4 ×){reused}.", ""]
 
 
+def choices(runs: dict, best: dict[str, Best], studies: dict[str, Study]) -> dict[str, Choice]:
+    """``{method: Choice}`` at 4 × for each method of the complete sweep's ``best`` rates (``runs``:
+    ``method_runs``' of ``FOUR_X``; ``studies``: ``published.load_studies``'): the best of its candidate rates."""
+    shared = shared_rate(runs)
+    near = near_rates(best, runs, shared, studies[TUNED].seeds if TUNED in studies else ())
+    return {m: tuned_choice(runs, m, candidate_rates(b, shared, near.get(m))) for m, b in best.items()}
+
+
 @dataclass(frozen=True)
 class Choice:
     """A method's 4 × rate (``tuned_choice``): its ``runs`` there (``{seed: run}``), the rate ``lr`` (None without
@@ -459,9 +467,7 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     head = [f"### 4 × at each method's own rate (`{TUNED}`, `{NEIGHBOUR}`) beside the shared rate (`{SHARED}`)", ""]
     if best is None:
         return head + ["The tuned 4 × comparison waits for the complete sweep: its rates are the sweep's best.", ""]
-    shared = shared_rate(runs)
-    near = near_rates(best, runs, shared, studies[TUNED].seeds if TUNED in studies else ())
-    choice = {m: tuned_choice(runs, m, candidate_rates(b, shared, near.get(m))) for m, b in best.items()}
+    choice = choices(runs, best, studies)
     methods = [m for m in best if choice[m].runs]
     if not methods:
         return head + [f"The tuned 4 × runs (`{TUNED}`, `{NEIGHBOUR}`) are not yet run.", ""]
@@ -583,20 +589,19 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
                 f"{_gaps_said(own, frozenset({'lr'}))}; the tuned 4 × runs that test the ranking afresh are not "
                 f"yet all run ({tuned_done} of {tuned_all} published).")
     runs = method_runs(published, FOUR_X)
-    shared = shared_rate(runs)
-    near = near_rates(best, runs, shared, studies[TUNED].seeds if TUNED in studies else ())
-    choice = {m: tuned_choice(runs, m, candidate_rates(b, shared, near.get(m))) for m, b in best.items()}
+    choice = choices(runs, best, studies)
     at_four = ", ".join(f"`{m}` {_lr(c.lr)}" for m, c in choice.items() if c.lr is not None)
-    edges = []
+    notes = []
     for edge, beyond in (("lowest", "lower"), ("highest", "higher")):
         names = [f"`{m}`" for m, c in choice.items() if c.edge == edge]
         if names:
-            edges.append(f"{', '.join(names)} at the {edge} rate tried there, so a {beyond} one may do better")
+            notes.append(f"{', '.join(names)} at the {edge} rate tried there, so a {beyond} one may do better")
+    shared = shared_rate(runs)
     if shared is not None and all(c.lr == shared for c in choice.values()):
-        edges.append("every method at the shared rate, so these are the shared-rate runs' gaps")
+        notes.append("every method at the shared rate, so these are the shared-rate runs' gaps")
     pending = count[NEIGHBOUR][1] - count[NEIGHBOUR][0]
     return (f"Each method's best learning rate at 1 × is {rates}; at 4 ×, each at the best of the rates it was "
-            f"trained at there ({at_four}{''.join('; ' + e for e in edges)}), the gaps to `none` are "
+            f"trained at there ({at_four}{''.join('; ' + e for e in notes)}), the gaps to `none` are "
             f"{_gaps_said({m: c.runs for m, c in choice.items()}, tuned_keys(studies))}"
             + (f" (provisional: {pending} of `{NEIGHBOUR}`'s {count[NEIGHBOUR][1]} runs are not yet published)"
                if pending else "") + ".")
