@@ -53,8 +53,10 @@ NEAR_METHODS = ("none", "depth_attention")
 #: Where the report draws the sweep (beside its --out).
 FIGURE = Path("img") / "lr_sweep.png"
 TITLE = "## Is the comparison fair once each method has its own learning rate?"
-SAME_SPLIT = ("The learning rate is chosen on the same validation split the loss is reported on (there is no "
-              "separate test split), so a tuned Δ is optimistic, for every method alike.")
+SAME_SPLIT = ("The learning rate is chosen on the same validation split and the same seeds the loss is reported on "
+              "(there is no separate test split), at 1 × and at 4 × alike, so a tuned Δ is optimistic; the more "
+              "rates a method is chosen among, the more, so a gap to `none` (chosen among the most) leans against "
+              "the method chosen among fewer.")
 
 
 @dataclass(frozen=True)
@@ -372,8 +374,9 @@ def rates_check(best: dict[str, Best], tuned: Study | None, near_study: Study | 
                 f"{', '.join(f'`{m}`' for m in waiting)} follow from `{TUNED}`'s runs (`lrsweep.near_rates`), not "
                 "all published yet.", ""]
     near_ = _said(wants[1]) if wants[1] else "nothing (no study file)"
-    return [f"`{TUNED}` trains {own} (the best rates) and `{NEIGHBOUR}` {near_} (a step beyond the better of the "
-            f"best and the shared rate at 4 ×){reused}.", ""]
+    return [f"`{TUNED}` trains {own} (the best rates) and `{NEIGHBOUR}` {near_} (`near_rates`: a step beyond the "
+            f"better of the best and the shared rate at 4 ×, or the 1 × neighbour where the two are one){reused}.",
+            ""]
 
 
 def choices(runs: dict, best: dict[str, Best], studies: dict[str, Study]) -> dict[str, Choice]:
@@ -388,26 +391,31 @@ def choices(runs: dict, best: dict[str, Best], studies: dict[str, Study]) -> dic
 class Choice:
     """A method's 4 × rate (``tuned_choice``): its ``runs`` there (``{seed: run}``), the rate ``lr`` (None without
     runs), ``edge`` ("lowest" or "highest" when ``lr`` is that end of two or more rates with runs, else "") and the
-    ``note`` saying how it was chosen ("" when there was nothing to choose and the runs are its own)."""
+    ``note`` saying how it was chosen ("" when there was nothing to choose and the runs are its own); ``tried``
+    the rates it was chosen among."""
 
     runs: dict[int, dict]
     lr: float | None
     edge: str
     note: str
+    tried: tuple[float, ...] = ()
 
 
 def tuned_choice(runs: dict, method: str, rates: Sequence[float]) -> Choice:
     """``method``'s 4 × runs (``runs``: ``method_runs``' of ``FOUR_X``) at the one of ``rates``
-    (``candidate_rates``') that have runs, of lowest mean final validation loss over the seeds all of those have
-    (ties: the smaller rate), at ``rates[0]`` while no seed has them all. A rate with no run yet (its parts not
-    published) is no candidate: the report names its parts as missing. The note names the means when there were
-    several, where the chosen runs are ``mix4cpu``'s (the shared rate's), and an edge: a rate beyond it is
-    untried."""
+    (``candidate_rates``') of lowest mean final validation loss over the seeds, among the rates that have a run on
+    every seed any of them has (ties: the smaller rate); while none has, at the one with the most runs (ties: the
+    first). A rate missing a seed (its
+    parts not all published) is no candidate: the report names its parts as missing. The note names the means when
+    there were several, where the chosen runs are ``mix4cpu``'s (the shared rate's), and an edge: a rate beyond it
+    is untried."""
     at = runs_at(runs, method)
-    have = [r for r in rates if at.get(r)]
-    seeds = sorted(set.intersection(*(set(at[r]) for r in have))) if have else []
-    means = {r: statistics.fmean(at[r][s][1]["val_loss"] for s in seeds) for r in have} if seeds else {}
-    lr = min(means, key=lambda r: (means[r], r)) if means else rates[0]
+    every = set().union(*(set(at.get(r, {})) for r in rates))
+    have = [r for r in rates if at.get(r) and set(at[r]) == every]
+    seeds = sorted(every)
+    means = {r: statistics.fmean(at[r][s][1]["val_loss"] for s in seeds) for r in have}
+    lr = (min(means, key=lambda r: (means[r], r)) if means else
+          max(rates, key=lambda r: (len(at.get(r, {})), -rates.index(r))))
     chosen = {s: run for s, (_, run) in sorted(at.get(lr, {}).items())}
     if not chosen:
         return Choice({}, None, "", "")
@@ -425,7 +433,7 @@ def tuned_choice(runs: dict, method: str, rates: Sequence[float]) -> Choice:
                  f"{', '.join(map(str, seeds))}")
     if edge:
         note += f", the {edge} of its 4 × rates (one {'below' if edge == 'lowest' else 'above'} it is untried)"
-    return Choice(chosen, lr, edge, "" if note == f"`{method}` at {_lr(lr)}" else note)
+    return Choice(chosen, lr, edge, "" if note == f"`{method}` at {_lr(lr)}" else note, tuple(means))
 
 
 def gaps(method: str, ref: str, mine: dict[int, dict], base: dict[int, dict], allowed: frozenset[str]
@@ -531,8 +539,8 @@ def sweep_delta_lines(sweep: Sweep, best: dict[str, Best], shared: float | None)
     return [f"At 1 ×, the same Δ from the sweep's own runs: each method at its best rate, and every method at the "
             f"shared rate {_lr(shared)}. The rates were chosen on these very runs, so the tuned Δ here carries the "
             f"choice's optimism in full, and {seeds} seed{'s give' if seeds > 1 else ' gives'} wide intervals; the "
-            "4 × runs below are trained afresh at the chosen rates.", ""] + delta_lines(own, at_shared,
-                                                                                     frozenset({"lr"}))
+            "4 × runs below are new runs at the chosen rates (their rate, too, chosen on the seeds they report).",
+            ""] + delta_lines(own, at_shared, frozenset({"lr"}))
 
 
 def section(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str], out: Path
@@ -570,7 +578,7 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     if SWEEP not in studies:
         return ""
     count = {g: (sum(p.group == g and p.name in done for p in parts), sum(p.group == g for p in parts))
-             for g in (SWEEP, TUNED, NEIGHBOUR)}
+             for g in (SWEEP, TUNED, NEIGHBOUR, SHARED)}
     sweep_done, sweep_all = count[SWEEP]
     tuned_done = count[TUNED][0] + count[NEIGHBOUR][0]
     tuned_all = count[TUNED][1] + count[NEIGHBOUR][1]
@@ -581,12 +589,12 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     sweep = sweep_of(published, studies[SWEEP])
     best = best_lrs(sweep.losses(), sweep.grid)
     rates = ", ".join(f"`{m}` {_lr(b.lr)}{' (at the grid’s edge)' if b.at_edge else ''}" for m, b in best.items())
-    if count[TUNED][0] < count[TUNED][1]:
+    if count[TUNED][0] < count[TUNED][1] or count[SHARED][0] < count[SHARED][1]:
         seeds = len(studies[SWEEP].seeds)
         own = sweep.at_best(best)
         return (f"Each method's best learning rate at 1 × (by mean final validation loss over {seeds} seeds): "
                 f"{rates}. At those rates, on the sweep's own runs, the gaps to `none` at 1 × are "
-                f"{_gaps_said(own, frozenset({'lr'}))}; the tuned 4 × runs that test the ranking afresh are not "
+                f"{_gaps_said(own, frozenset({'lr'}))}; the tuned 4 × runs, new runs at the chosen rates, are not "
                 f"yet all run ({tuned_done} of {tuned_all} published).")
     runs = method_runs(published, FOUR_X)
     choice = choices(runs, best, studies)
@@ -596,6 +604,9 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
         names = [f"`{m}`" for m, c in choice.items() if c.edge == edge]
         if names:
             notes.append(f"{', '.join(names)} at the {edge} rate tried there, so a {beyond} one may do better")
+    one = [f"`{m}`" for m, c in choice.items() if len(c.tried) == 1]
+    if one:
+        notes.append(f"{', '.join(one)} tried at one rate only")
     shared = shared_rate(runs)
     if shared is not None and all(c.lr == shared for c in choice.values()):
         notes.append("every method at the shared rate, so these are the shared-rate runs' gaps")
