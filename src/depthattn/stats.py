@@ -70,10 +70,22 @@ def mean_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
     return fmt.format(mean) + ("" if std is None else " ± " + fmt.format(std).lstrip("+"))
 
 
+def difference_text(d: dict[str, Any]) -> str:
+    """A ``paired_difference`` result's mean difference ± its sample std over seeds, as ``mean_pm`` writes it
+    (signed, 4 decimals, in the difference's unit); the mean alone with one seed."""
+    return mean_pm(d["mean"], d["std"])
+
+
 def interval_text(d: dict[str, Any]) -> str:
     """A ``paired_difference`` result's 95 % interval as ``"lo to hi"`` (signed, 4 decimals, in the difference's
     unit), or ``"n/a (one seed)"`` when it has none."""
     return "n/a (one seed)" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
+
+
+def interval_brackets(d: dict[str, Any]) -> str:
+    """A ``paired_difference`` result's 95 % interval as ``"[lo, hi]"`` (signed, 4 decimals), or ``"(1 seed)"``
+    when it has none."""
+    return "(1 seed)" if d["ci95"] is None else f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
 
 
 def tokens_to_target(curve: Sequence[tuple[float, float]], target: float) -> float | None:

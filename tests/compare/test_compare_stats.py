@@ -11,7 +11,8 @@ from depthattn.compare.conclusions import conclusions
 from depthattn.compare.paired import paired_stats
 from depthattn.compare.report import render_paired, render_report, render_table, render_throughput, render_zero_shot
 from depthattn.compare.runner import previous_history
-from depthattn.stats import binomial_se, interval_text, mean_pm, paired_difference, t_quantile_975, tokens_to_target
+from depthattn.stats import (binomial_se, difference_text, interval_brackets, interval_text, mean_pm, paired_difference,
+                             t_quantile_975, tokens_to_target)
 
 from helpers import hand_made_results as results
 
@@ -39,14 +40,15 @@ def test_paired_difference_by_hand():
     assert d["ci95"][0] == pytest.approx(-0.0848, abs=1e-4) and d["ci95"][1] == pytest.approx(0.0488, abs=1e-4)
     assert d["favouring"] == 2 and d["n"] == 3
     # the words every report writes them in (stats owns them)
-    assert mean_pm(d["mean"], d["std"]) == "-0.0180 ± 0.0269"
-    assert interval_text(d) == "-0.0848 to +0.0488"
+    assert mean_pm(d["mean"], d["std"]) == difference_text(d) == "-0.0180 ± 0.0269"
+    assert interval_text(d) == "-0.0848 to +0.0488" and interval_brackets(d) == "[-0.0848, +0.0488]"
 
 
 def test_one_seed_has_no_interval_not_zero():
     d = paired_difference([4.9], [5.0])
     assert d["mean"] == pytest.approx(-0.1) and d["std"] is None and d["ci95"] is None and d["favouring"] == 1
-    assert mean_pm(d["mean"], d["std"]) == "-0.1000" and interval_text(d) == "n/a (one seed)"
+    assert difference_text(d) == "-0.1000" and interval_text(d) == "n/a (one seed)"
+    assert interval_brackets(d) == "(1 seed)"
     assert mean_pm(5.2264, None, "{:.4f}") == "5.2264"
     with pytest.raises(ValueError, match="equal non-empty"):
         paired_difference([1.0], [1.0, 2.0])

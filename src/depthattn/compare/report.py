@@ -8,7 +8,7 @@ import os
 import statistics
 from pathlib import Path
 
-from ..stats import binomial_se, interval_text, mean_pm
+from ..stats import binomial_se, difference_text, interval_text
 from .conclusions import conclusions
 from .records import COLUMNS, SAMPLE_TOKENS
 
@@ -82,10 +82,6 @@ def shown_path(path: str | os.PathLike) -> str:
     return p.name
 
 
-def _pm(d: dict, fmt: str = "{:+.4f}") -> str:
-    return mean_pm(d["mean"], d["std"], fmt)
-
-
 def render_paired(results: dict) -> str:
     """The paired table: each method minus ``none``, per seed pair."""
     paired = results.get("paired") or {}
@@ -104,7 +100,7 @@ def render_paired(results: dict) -> str:
         else:
             ttt = "not reached"
         ratio = "n/a" if p["train_time_ratio"] is None else f"{p['train_time_ratio']:.2f}"
-        lines.append(f"| {name} | {_pm(v)} | {interval_text(v)} | {v['favouring']} of {v['n']} | {_pm(b)} | "
+        lines.append(f"| {name} | {difference_text(v)} | {interval_text(v)} | {v['favouring']} of {v['n']} | {difference_text(b)} | "
                      f"{interval_text(b)} | {ttt} | {ratio} |")
     return "\n".join(lines) + "\n"
 

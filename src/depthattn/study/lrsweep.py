@@ -40,7 +40,7 @@ from typing import Sequence
 
 from ..fileio import atomic_path
 from ..compare.records import BASELINE
-from ..stats import paired_difference, verdict
+from ..stats import interval_brackets, paired_difference, verdict
 from . import trend as study_trend
 from .published import Planned, paired_runs, run_record, verdict_sentence
 from .spec import Study
@@ -514,9 +514,8 @@ def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dic
         seeds = [s for s in sorted(tuned) if s in at_shared]
         same = bool(seeds) and all(own[x][s] is shared[x][s] for x in (m, ref) for s in seeds)
         dc = paired_difference([tuned[s] for s in seeds], [at_shared[s] for s in seeds]) if seeds else None
-        change = "—" if dc is None else ("0 (the same runs)" if same else f"{dc['mean']:+.4f} (1 seed)"
-                                         if dc["ci95"] is None else
-                                         f"{dc['mean']:+.4f} [{dc['ci95'][0]:+.4f}, {dc['ci95'][1]:+.4f}]")
+        change = ("—" if dc is None else "0 (the same runs)" if same
+                  else f"{dc['mean']:+.4f} {interval_brackets(dc)}")
         lines.append(f"| `{m}` − `{ref}` | {study_trend.cell(tuned)} | {verdict(dt) if dt else '—'} | "
                      f"{study_trend.cell(at_shared)} | {verdict(ds) if ds else '—'} | {change} |")
         if dt:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compare.records import BASELINE, val_curve
-from ..stats import interval_text, mean_pm, paired_difference, tokens_to_target, verdict
+from ..stats import difference_text, interval_text, mean_pm, paired_difference, tokens_to_target, verdict
 from . import depth as study_depth
 from . import partfile as study_results
 from . import trend as study_trend
@@ -198,7 +198,7 @@ def group_table(runs: dict[str, dict[int, dict]], base: dict[int, dict] | None) 
                         else "not reached")
             bt = sum(y.get("train_seconds", 0.0) for y in b)
             ratio = f"{sum(x.get('train_seconds', 0.0) for x in a) / bt:.2f}" if bt else "n/a"
-            cells += [mean_pm(d["mean"], d["std"]), ci, f"{d['favouring']} of {d['n']}", ttt_cell, ratio]
+            cells += [difference_text(d), ci, f"{d['favouring']} of {d['n']}", ttt_cell, ratio]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -316,7 +316,7 @@ def long_trend(runs: dict) -> list[str]:
             seeds = [x for x in mine if x in base]
             if seeds:
                 d = paired_difference([mine[x]["val_loss"] for x in seeds], [base[x]["val_loss"] for x in seeds])
-                cells.append(f"{mean_pm(d['mean'], d['std'])} ({d['n']} seed{'s' if d['n'] > 1 else ''})")
+                cells.append(f"{difference_text(d)} ({d['n']} seed{'s' if d['n'] > 1 else ''})")
             else:
                 cells.append("—")
         lines.append(f"| {label} | {cells[0]} | {cells[1]} |")

@@ -25,7 +25,7 @@ from ..compare.paired import paired_stats, run_differences
 from ..fileio import read_json
 from ..layout import RESULTS_FILE
 from ..run.folder import RunFolder
-from ..stats import interval_text, mean_pm, paired_difference, verdict
+from ..stats import difference_text, interval_text, paired_difference, verdict
 from .report_plot import delta_figure
 from .spec import Part, Study
 from .status import part_status, run_dir
@@ -93,10 +93,6 @@ def cell_stats(study: Study, cell: Cell) -> dict[str, dict]:
     return out
 
 
-def _pm(d: dict, fmt: str = "{:+.4f}") -> str:
-    return mean_pm(d["mean"], d["std"], fmt)
-
-
 def losses_table(study: Study, cells: dict[str, Cell]) -> list[str]:
     """Final validation loss per cell and method: mean ± sample std over the seeds done, and their number."""
     lines = ["| cell | " + " | ".join(f"`{m}`" for m in study.methods) + " |",
@@ -121,8 +117,8 @@ def paired_table(study: Study, stats: dict[str, dict[str, dict]]) -> list[str]:
     for cell, by_method in stats.items():
         for method, p in by_method.items():
             v, b = p["val_loss"], p["bits_per_byte"]
-            lines.append(f"| {cell} | `{method}` | {_pm(v)} | {interval_text(v)} | {v['favouring']} of {v['n']} | "
-                         f"{_pm(b)} | {interval_text(b)} | {verdict(v)} |")
+            lines.append(f"| {cell} | `{method}` | {difference_text(v)} | {interval_text(v)} | {v['favouring']} of {v['n']} | "
+                         f"{difference_text(b)} | {interval_text(b)} | {verdict(v)} |")
     return lines
 
 
@@ -195,7 +191,7 @@ def trend_lines(study: Study, cells: dict[str, Cell], stats: dict[str, dict[str,
                 if d is not None:
                     where = ("the interval includes 0: no change detectable" if d["ci95"] is None
                              or d["ci95"][0] <= 0 <= d["ci95"][1] else "the interval excludes 0")
-                    change = f"{_pm(d)} ({interval_text(d)}; seeds {', '.join(map(str, seeds))}): {where}"
+                    change = f"{difference_text(d)} ({interval_text(d)}; seeds {', '.join(map(str, seeds))}): {where}"
             lines.append(f"| {label} | `{method}` | " + " | ".join(cols) + f" | {change} |")
     return lines + [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
 

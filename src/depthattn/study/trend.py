@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 from ..compare.paired import pairable_train_differences
-from ..stats import paired_difference
+from ..stats import difference_text, interval_brackets, paired_difference
 
 #: The train settings two runs may differ in and still be paired: those that change neither a fresh run's initial
 #: weights nor its arithmetic beyond rounding — what a resumed run may change (``RESUMABLE_KEYS``: compile, saving,
@@ -44,9 +44,8 @@ def cell(g: dict[int, float]) -> str:
         return "—"
     d = paired_difference(list(g.values()), [0.0] * len(g))
     if d["ci95"] is None:
-        return f"{d['mean']:+.4f} (1 seed)"
-    lo, hi = d["ci95"]
-    return f"{d['mean']:+.4f} ± {d['std']:.4f} [{lo:+.4f}, {hi:+.4f}] ({d['favouring']} of {d['n']} lower)"
+        return f"{difference_text(d)} {interval_brackets(d)}"
+    return f"{difference_text(d)} {interval_brackets(d)} ({d['favouring']} of {d['n']} lower)"
 
 
 def direction(m1: float, change: float, last: dict[int, float]) -> str:
