@@ -192,6 +192,15 @@ def near_rates(best: dict[str, Best], runs: dict, shared: float | None, seeds: S
     return out
 
 
+def four_x_rates(best: dict[str, Best], runs: dict, studies: dict[str, Study]
+                 ) -> tuple[float | None, dict[str, float | None]]:
+    """``(shared, near)``: the shared rate (``shared_rate``) and the rates ``lr4cpunb`` trains (``near_rates``, at
+    ``lr4cpu``'s seeds) for the complete sweep's ``best`` rates (``runs``: ``method_runs``' of ``FOUR_X``;
+    ``studies``: ``published.load_studies``'). Raises ``ValueError`` as ``shared_rate`` does."""
+    shared = shared_rate(runs)
+    return shared, near_rates(best, runs, shared, studies[TUNED].seeds if TUNED in studies else ())
+
+
 def candidate_rates(best: Best, shared: float | None, near: float | None) -> list[float]:
     """The rates a method counts at at 4 × (``tuned_choice``): its ``best`` rate, its ``near`` one (``near_rates``',
     None for none) and the ``shared`` rate (every method has 4 × runs there, ``mix4cpu``'s), once each, in that
@@ -305,7 +314,6 @@ def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], d
     """The sweep's subsection: what is missing, the table, the edge lines, the figure and, once the sweep is
     complete, whether the tuned study files train at its rates (``rates_check``; ``runs``: ``method_runs``' of
     ``FOUR_X``)."""
-    shared = shared_rate(runs)
     study = studies[SWEEP]
     head = [f"### The sweep at the default budget (`{SWEEP}`)", ""]
     if not sweep.runs and not sweep.diverged:
@@ -327,7 +335,7 @@ def sweep_lines(sweep: Sweep, studies: dict[str, Study], parts: list[Planned], d
         lines += [f"![final validation loss against the learning rate, per method]({FIGURE.as_posix()})", ""]
     if missing:
         return lines
-    near = near_rates(best, runs, shared, studies[TUNED].seeds if TUNED in studies else ())
+    shared, near = four_x_rates(best, runs, studies)
     return (lines + sweep_delta_lines(sweep, best, shared)
             + rates_check(best, studies.get(TUNED), studies.get(NEIGHBOUR), shared, near))
 
@@ -382,8 +390,7 @@ def rates_check(best: dict[str, Best], tuned: Study | None, near_study: Study | 
 def choices(runs: dict, best: dict[str, Best], studies: dict[str, Study]) -> dict[str, Choice]:
     """``{method: Choice}`` at 4 × for each method of the complete sweep's ``best`` rates (``runs``:
     ``method_runs``' of ``FOUR_X``; ``studies``: ``published.load_studies``'): the best of its candidate rates."""
-    shared = shared_rate(runs)
-    near = near_rates(best, runs, shared, studies[TUNED].seeds if TUNED in studies else ())
+    shared, near = four_x_rates(best, runs, studies)
     return {m: tuned_choice(runs, m, candidate_rates(b, shared, near.get(m))) for m, b in best.items()}
 
 
