@@ -201,10 +201,12 @@ def test_the_lead_gives_the_best_rates_and_the_gaps_at_them_while_the_tuned_runs
     assert lrsweep.lead_sentence(every, studies, parts, done) == (
         "Each method's best learning rate at 1 × (by mean final validation loss over 2 seeds): `none` 0.002, "
         "`depth_attention` 0.004, `depth_attention_uniform` 0.008 (at the grid’s edge), `attnres` 0.002. At those "
-        "rates, on the sweep's own runs, the gaps to `none` at 1 × are `depth_attention` -0.100 nats, lower at this "
-        "budget (the 95 % interval excludes 0); `depth_attention_uniform` +0.000 nats, inconclusive at this budget "
-        "(the 95 % interval includes 0); `attnres` -0.100 nats, lower at this budget (the 95 % interval excludes "
-        "0); the tuned 4 × runs, new runs at the chosen rates, are not yet all run (0 of 9 published).")
+        "rates, on the sweep's own runs, the gaps at 1 × are `depth_attention` − `none` -0.100 nats, lower at this "
+        "budget (the 95 % interval excludes 0); `depth_attention_uniform` − `none` +0.000 nats, inconclusive at "
+        "this budget (the 95 % interval includes 0); `attnres` − `none` -0.100 nats, lower at this budget (the 95 % "
+        "interval excludes 0); `depth_attention` − `depth_attention_uniform` -0.100 nats, lower at this budget (the "
+        "95 % interval excludes 0); the tuned 4 × runs, new runs at the chosen rates, are not yet all run (0 of 9 "
+        "published).")
 
 
 def test_no_tuned_table_before_none_has_a_4x_run_at_its_own_rate():
@@ -336,27 +338,36 @@ def test_the_tuned_table_beside_the_shared_rate_one(tmp_path):
     every = published.load_published(pub, studies)
     parts = published.plan(studies)
     lead = lrsweep.lead_sentence(every, studies, parts, published.done_parts(parts, every, studies))
-    m_u, m_a = mean_std(tuned_u)[0], mean_std(tuned_a)[0]
+    m_u, m_a, m_d = mean_std(tuned_u)[0], mean_std(tuned_a)[0], mean_std(dau)[0]
+    # the uniform control's verdict against none moves with tuned rates; the others' stay
+    assert [lead_verdict(x).split()[0] for x in (shared_u, tuned_u)] == ["lower", "inconclusive"]
+    shared_a = [a - b for a, b in zip(SHARED["attnres"], SHARED["none"])]
+    shared_d = [a - b for a, b in zip(da, SHARED["depth_attention_uniform"])]
+    assert all(lead_verdict(x).split()[0] == lead_verdict(y).split()[0]
+               for x, y in ((shared, tuned), (shared_a, tuned_a), (shared_d, dau)))
     assert lead == (
-        "Each method's best learning rate at 1 × is `none` 0.002, `depth_attention` 0.004, "
-        "`depth_attention_uniform` 0.008 (at the grid’s edge), `attnres` 0.002; at 4 ×, each at the best of the "
-        "rates it was trained at there (`none` 0.004, `depth_attention` 0.002, `depth_attention_uniform` 0.008, "
-        "`attnres` 0.002; `depth_attention` at the lowest rate tried there, so a lower one may do better; `none`, "
-        "`depth_attention_uniform` at the highest rate tried there, so a higher one may do better; `attnres` tried at "
-        "one rate only), the gaps to "
-        f"`none` are `depth_attention` {m_t:+.3f} nats, lower at this budget (the 95 % interval excludes 0); "
-        f"`depth_attention_uniform` {m_u:+.3f} nats, {lead_verdict(tuned_u)}; `attnres` {m_a:+.3f} nats, "
-        f"{lead_verdict(tuned_a)}.")
+        "Giving each method its own learning rate changes verdicts at 4 × (`depth_attention_uniform` − `none` from "
+        "lower at the shared rate to inconclusive): with each method at the best of its 4 × rates (`none` 0.004, "
+        "`depth_attention` 0.002, `depth_attention_uniform` 0.008, `attnres` 0.002; "
+        "`depth_attention` at the lowest rate tried at 4 ×, so a lower one may do better; `none`, "
+        "`depth_attention_uniform` at the highest rate tried at 4 ×, so a higher one may do better; `attnres` tried "
+        "at one rate only), the gaps are "
+        f"`depth_attention` − `none` {m_t:+.3f} nats, lower at this budget (the 95 % interval excludes 0); "
+        f"`depth_attention_uniform` − `none` {m_u:+.3f} nats, {lead_verdict(tuned_u)}; `attnres` − `none` "
+        f"{m_a:+.3f} nats, {lead_verdict(tuned_a)}; `depth_attention` − `depth_attention_uniform` {m_d:+.3f} nats, "
+        f"{lead_verdict(dau)}. Each method's best learning rate at 1 × was `none` 0.002, `depth_attention` 0.004, "
+        "`depth_attention_uniform` 0.008 (at the grid’s edge), `attnres` 0.002.")
     for f in pub.glob("lr4cpunb-*.json"):  # lr4cpu complete, the neighbouring rate not yet: a provisional lead
         f.unlink()
     every = published.load_published(pub, studies)
     lead = lrsweep.lead_sentence(every, studies, parts, published.done_parts(parts, every, studies))
     gap = [a - b for a, b in zip(da, SHARED["none"])]  # none at 0.002 now: its neighbour's runs are not published
-    assert lead.startswith("Each method's best learning rate at 1 × is `none` 0.002, `depth_attention` 0.004, ")
-    assert "at 4 ×, each at the best of the rates it was trained at there (`none` 0.002, `depth_attention` 0.002, " \
+    assert lead.endswith(" (provisional: 3 of `lr4cpunb`'s 3 runs are not yet published). Each method's best "
+                         "learning rate at 1 × was `none` 0.002, `depth_attention` 0.004, `depth_attention_uniform` "
+                         "0.008 (at the grid’s edge), `attnres` 0.002.")
+    assert "with each method at the best of its 4 × rates (`none` 0.002, `depth_attention` 0.002, " \
         "`depth_attention_uniform` 0.008, `attnres` 0.002; " in lead
-    assert f"the gaps to `none` are `depth_attention` {mean_std(gap)[0]:+.3f} nats, " in lead
-    assert lead.endswith(" (provisional: 3 of `lr4cpunb`'s 3 runs are not yet published).")
+    assert f"the gaps are `depth_attention` − `none` {mean_std(gap)[0]:+.3f} nats, " in lead
 
 
 def test_a_method_counts_at_the_shared_rate_where_its_runs_there_are_better_and_an_unrun_rate_is_no_candidate():

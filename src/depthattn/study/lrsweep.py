@@ -36,7 +36,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..fileio import atomic_path
 from ..compare.records import BASELINE
@@ -499,6 +499,14 @@ def tuned_lines(runs: dict, studies: dict[str, Study], parts: list[Planned], don
     return lines + delta_lines({m: choice[m].runs for m in methods}, runs.get(SHARED, {}), tuned_keys(studies))
 
 
+def pairs_of(methods: Iterable[str]) -> list[tuple[str, str]]:
+    """The budget study's ``(method, reference)`` pairs among ``methods``: each but none against none, then
+    depth_attention against depth_attention_uniform (``trend.UNIFORM_PAIR``) when both are there."""
+    methods = list(methods)
+    pairs = [(m, BASELINE) for m in methods if m != BASELINE]
+    return pairs + ([study_trend.UNIFORM_PAIR] if all(m in methods for m in study_trend.UNIFORM_PAIR) else [])
+
+
 def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dict]], allowed: frozenset[str]
                 ) -> list[str]:
     """The Δ table of the budget study's pairs (every method of ``own`` − none, and depth_attention −
@@ -510,11 +518,8 @@ def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dic
              "Δ_tuned(s) − Δ_shared(s), paired by seed, [95 % t-interval].", "",
              "| Δ | each at its own rate | verdict | shared rate | verdict | tuned − shared |",
              "|---|---:|---|---:|---|---:|"]
-    pairs = [(m, BASELINE) for m in own if m != BASELINE]
-    if all(m in own for m in study_trend.UNIFORM_PAIR):
-        pairs.append(study_trend.UNIFORM_PAIR)
     words, changes = [], []
-    for m, ref in pairs:
+    for m, ref in pairs_of(own):
         tuned = gaps(m, ref, own.get(m, {}), own.get(ref, {}), allowed)
         at_shared = gaps(m, ref, shared.get(m, {}), shared.get(ref, {}), frozenset())
         dt, ds = _stats(tuned), _stats(at_shared)
@@ -599,7 +604,7 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
         seeds = len(studies[SWEEP].seeds)
         own = sweep.at_best(best)
         return (f"Each method's best learning rate at 1 × (by mean final validation loss over {seeds} seeds): "
-                f"{rates}. At those rates, on the sweep's own runs, the gaps to `none` at 1 × are "
+                f"{rates}. At those rates, on the sweep's own runs, the gaps at 1 × are "
                 f"{_gaps_said(own, frozenset({'lr'}))}; the tuned 4 × runs, new runs at the chosen rates, are not "
                 f"yet all run ({tuned_done} of {tuned_all} published).")
     runs = method_runs(published, FOUR_X)
@@ -609,7 +614,7 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     for edge, beyond in (("lowest", "lower"), ("highest", "higher")):
         names = [f"`{m}`" for m, c in choice.items() if c.edge == edge]
         if names:
-            notes.append(f"{', '.join(names)} at the {edge} rate tried there, so a {beyond} one may do better")
+            notes.append(f"{', '.join(names)} at the {edge} rate tried at 4 ×, so a {beyond} one may do better")
     one = [f"`{m}`" for m, c in choice.items() if len(c.tried) == 1]
     if one:
         notes.append(f"{', '.join(one)} tried at one rate only")
@@ -617,18 +622,36 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     if shared is not None and all(c.lr == shared for c in choice.values()):
         notes.append("every method at the shared rate, so these are the shared-rate runs' gaps")
     pending = count[NEIGHBOUR][1] - count[NEIGHBOUR][0]
-    return (f"Each method's best learning rate at 1 × is {rates}; at 4 ×, each at the best of the rates it was "
-            f"trained at there ({at_four}{''.join('; ' + e for e in notes)}), the gaps to `none` are "
-            f"{_gaps_said({m: c.runs for m, c in choice.items()}, tuned_keys(studies))}"
+    own = {m: c.runs for m, c in choice.items()}
+    return (f"{_answer(own, runs.get(SHARED, {}), tuned_keys(studies))}: with each method at the best of its "
+            f"4 × rates ({at_four}{''.join('; ' + e for e in notes)}), the gaps are "
+            f"{_gaps_said(own, tuned_keys(studies))}"
             + (f" (provisional: {pending} of `{NEIGHBOUR}`'s {count[NEIGHBOUR][1]} runs are not yet published)"
-               if pending else "") + ".")
+               if pending else "") + f". Each method's best learning rate at 1 × was {rates}.")
+
+
+def _answer(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dict]], allowed: frozenset[str]) -> str:
+    """Whether tuning changes a verdict at 4 ×, in words: each pair of ``pairs_of`` with each method at its own
+    rate (``own``, ``{method: {seed: run}}``, runs that may differ in the ``allowed`` keys) against the same pair at
+    the shared rate (``shared``); a verdict is its first word (lower, higher, inconclusive)."""
+    moved = []
+    for m, ref in pairs_of(own):
+        dt = _stats(gaps(m, ref, own.get(m, {}), own.get(ref, {}), allowed))
+        ds = _stats(gaps(m, ref, shared.get(m, {}), shared.get(ref, {}), frozenset()))
+        if dt and ds and verdict(dt).split()[0] != verdict(ds).split()[0]:
+            moved.append(f"`{m}` − `{ref}` from {verdict(ds).split()[0]} at the shared rate to "
+                         f"{verdict(dt).split()[0]}")
+    if not moved:
+        return "Giving each method its own learning rate changes no verdict at 4 ×"
+    return "Giving each method its own learning rate changes verdicts at 4 × (" + "; ".join(moved) + ")"
 
 
 def _gaps_said(own: dict[str, dict[int, dict]], allowed: frozenset[str]) -> str:
-    """Each method of ``own`` ({method: {seed: run}}) but none: its mean paired Δ to none, in nats, and verdict."""
+    """Each pair of ``own``'s methods (``{method: {seed: run}}``; ``pairs_of``): its mean paired Δ, in nats, and
+    verdict."""
     said = []
-    for m in own:
-        d = None if m == BASELINE else _stats(gaps(m, BASELINE, own[m], own.get(BASELINE, {}), allowed))
+    for m, ref in pairs_of(own):
+        d = _stats(gaps(m, ref, own[m], own.get(ref, {}), allowed))
         if d is not None:
-            said.append(f"`{m}` {d['mean']:+.3f} nats, {verdict(d)}")
+            said.append(f"`{m}` − `{ref}` {d['mean']:+.3f} nats, {verdict(d)}")
     return "; ".join(said)
