@@ -583,9 +583,9 @@ def section(published: list[dict], studies: dict[str, Study], parts: list[Planne
 
 def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str]) -> str:
     """The learning-rate study in one sentence for the lead of docs/results.md (``lead``): how much is published
-    while the sweep is incomplete; each method's best rate once it is complete; the tuned 4 × verdicts of every
-    method against none once ``lr4cpu``'s runs are published (provisional, and saying so, while ``lr4cpunb``'s
-    are not). "" when the study has no study file."""
+    while the sweep is incomplete; each method's best rate once it is complete; once ``lr4cpu``'s runs are
+    published, whether tuning changes a verdict at 4 × (``_answer``) and the tuned 4 × gaps of every pair
+    (``pairs_of``), provisional, and saying so, while ``lr4cpunb``'s are not. "" when the study has no study file."""
     if SWEEP not in studies:
         return ""
     count = {g: (sum(p.group == g and p.name in done for p in parts), sum(p.group == g for p in parts))
