@@ -72,7 +72,7 @@ def mean_pm(mean: float, std: float | None, fmt: str = "{:+.4f}") -> str:
 
 def difference_text(d: dict[str, Any]) -> str:
     """A ``paired_difference`` result's mean difference ± its sample std over seeds, as ``mean_pm`` writes it
-    (signed, 4 decimals, in the difference's unit); the mean alone with one seed."""
+    (the mean signed, 4 decimals, in the difference's unit); the mean alone with one seed."""
     return mean_pm(d["mean"], d["std"])
 
 

@@ -201,12 +201,12 @@ def test_the_lead_gives_the_best_rates_and_the_gaps_at_them_while_the_tuned_runs
     assert lrsweep.lead_sentence(every, studies, parts, done) == (
         "Each method's best learning rate at 1 × (by mean final validation loss over 2 seeds): `none` 0.002, "
         "`depth_attention` 0.004, `depth_attention_uniform` 0.008 (at the grid’s edge), `attnres` 0.002. At those "
-        "rates, on the sweep's own runs, the gaps at 1 × are `depth_attention` − `none` -0.100 nats, lower at this "
-        "budget (the 95 % interval excludes 0); `depth_attention_uniform` − `none` +0.000 nats, inconclusive at "
-        "this budget (the 95 % interval includes 0); `attnres` − `none` -0.100 nats, lower at this budget (the 95 % "
-        "interval excludes 0); `depth_attention` − `depth_attention_uniform` -0.100 nats, lower at this budget (the "
-        "95 % interval excludes 0); the tuned 4 × runs, new runs at the chosen rates, are not yet all run (0 of 9 "
-        "published).")
+        "rates, on the sweep's own runs, the gaps at 1 × are `depth_attention` − `none` = -0.100 nats, lower at "
+        "this budget (the 95 % interval excludes 0); `depth_attention_uniform` − `none` = +0.000 nats, inconclusive "
+        "at this budget (the 95 % interval includes 0); `attnres` − `none` = -0.100 nats, lower at this budget (the "
+        "95 % interval excludes 0); `depth_attention` − `depth_attention_uniform` = -0.100 nats, lower at this "
+        "budget (the 95 % interval excludes 0); the tuned 4 × runs, new runs at the chosen rates, are not yet all "
+        "run (0 of 9 published).")
 
 
 def test_no_tuned_table_before_none_has_a_4x_run_at_its_own_rate():
@@ -339,35 +339,84 @@ def test_the_tuned_table_beside_the_shared_rate_one(tmp_path):
     parts = published.plan(studies)
     lead = lrsweep.lead_sentence(every, studies, parts, published.done_parts(parts, every, studies))
     m_u, m_a, m_d = mean_std(tuned_u)[0], mean_std(tuned_a)[0], mean_std(dau)[0]
-    # the uniform control's verdict against none moves with tuned rates; the others' stay
-    assert [lead_verdict(x).split()[0] for x in (shared_u, tuned_u)] == ["lower", "inconclusive"]
     shared_a = [a - b for a, b in zip(SHARED["attnres"], SHARED["none"])]
     shared_d = [a - b for a, b in zip(da, SHARED["depth_attention_uniform"])]
-    assert all(lead_verdict(x).split()[0] == lead_verdict(y).split()[0]
-               for x, y in ((shared, tuned), (shared_a, tuned_a), (shared_d, dau)))
+    # a change is called by its paired interval (the section's rule), not by two verdicts: the uniform control's
+    # verdict against none moves (lower -> inconclusive), yet its change is inconclusive; none's own rate moves
+    # the gaps of depth_attention and attnres (the same runs) by the same called amount
+    assert [lead_verdict(x).split()[0] for x in (shared_u, tuned_u)] == ["lower", "inconclusive"]
+    called = change_called([t - s for t, s in zip(tuned_a, shared_a)])
+    assert called == change_called(change) and called is not None
+    assert change_called([t - s for t, s in zip(tuned_u, shared_u)]) is None
+    assert change_called([t - s for t, s in zip(dau, shared_d)]) is None
     assert lead == (
-        "Giving each method its own learning rate changes verdicts at 4 × (`depth_attention_uniform` − `none` from "
-        "lower at the shared rate to inconclusive): with each method at the best of its 4 × rates (`none` 0.004, "
-        "`depth_attention` 0.002, `depth_attention_uniform` 0.008, `attnres` 0.002; "
+        f"Giving each method its own learning rate changes gaps at 4 ×: `depth_attention` − `none` by {called}; "
+        f"`attnres` − `none` by {called}; the other changes are inconclusive: with each method at the best of its "
+        "4 × rates (`none` 0.004, `depth_attention` 0.002, `depth_attention_uniform` 0.008, `attnres` 0.002; "
         "`depth_attention` at the lowest rate tried at 4 ×, so a lower one may do better; `none`, "
         "`depth_attention_uniform` at the highest rate tried at 4 ×, so a higher one may do better; `attnres` tried "
         "at one rate only), the gaps are "
-        f"`depth_attention` − `none` {m_t:+.3f} nats, lower at this budget (the 95 % interval excludes 0); "
-        f"`depth_attention_uniform` − `none` {m_u:+.3f} nats, {lead_verdict(tuned_u)}; `attnres` − `none` "
-        f"{m_a:+.3f} nats, {lead_verdict(tuned_a)}; `depth_attention` − `depth_attention_uniform` {m_d:+.3f} nats, "
-        f"{lead_verdict(dau)}. Each method's best learning rate at 1 × was `none` 0.002, `depth_attention` 0.004, "
-        "`depth_attention_uniform` 0.008 (at the grid’s edge), `attnres` 0.002.")
+        f"`depth_attention` − `none` = {m_t:+.3f} nats, lower at this budget (the 95 % interval excludes 0); "
+        f"`depth_attention_uniform` − `none` = {m_u:+.3f} nats, {lead_verdict(tuned_u)}; `attnres` − `none` = "
+        f"{m_a:+.3f} nats, {lead_verdict(tuned_a)}; `depth_attention` − `depth_attention_uniform` = {m_d:+.3f} "
+        f"nats, {lead_verdict(dau)}. Each method's best learning rate at 1 × was `none` 0.002, `depth_attention` "
+        "0.004, `depth_attention_uniform` 0.008 (at the grid’s edge), `attnres` 0.002.")
     for f in pub.glob("lr4cpunb-*.json"):  # lr4cpu complete, the neighbouring rate not yet: a provisional lead
         f.unlink()
     every = published.load_published(pub, studies)
     lead = lrsweep.lead_sentence(every, studies, parts, published.done_parts(parts, every, studies))
     gap = [a - b for a, b in zip(da, SHARED["none"])]  # none at 0.002 now: its neighbour's runs are not published
-    assert lead.endswith(" (provisional: 3 of `lr4cpunb`'s 3 runs are not yet published). Each method's best "
-                         "learning rate at 1 × was `none` 0.002, `depth_attention` 0.004, `depth_attention_uniform` "
-                         "0.008 (at the grid’s edge), `attnres` 0.002.")
-    assert "with each method at the best of its 4 × rates (`none` 0.002, `depth_attention` 0.002, " \
-        "`depth_attention_uniform` 0.008, `attnres` 0.002; " in lead
-    assert f"the gaps are `depth_attention` − `none` {mean_std(gap)[0]:+.3f} nats, " in lead
+    # only the uniform control has runs of its own; its changes are inconclusive, the others' are 0 (the same runs)
+    assert lead.startswith("Provisional, with 0 of `lr4cpunb`'s 3 runs published: giving each method its own "
+                           "learning rate changes no gap at 4 × detectably (each paired change tuned − shared has a "
+                           "95 % interval including 0): with each method at the best of its 4 × rates (`none` "
+                           "0.002, `depth_attention` 0.002, `depth_attention_uniform` 0.008, `attnres` 0.002; ")
+    assert f"the gaps are `depth_attention` − `none` = {mean_std(gap)[0]:+.3f} nats, " in lead
+    assert lead.endswith(". Each method's best learning rate at 1 × was `none` 0.002, `depth_attention` 0.004, "
+                         "`depth_attention_uniform` 0.008 (at the grid’s edge), `attnres` 0.002.")
+
+
+def change_called(xs: list[float]) -> str | None:
+    """``"+m nats (95 % interval lo to hi)"`` (3 decimals) for per-seed changes ``xs`` whose t-interval excludes 0,
+    None when it includes 0; computed here."""
+    m, s = mean_std(xs)
+    half = T2 * s / math.sqrt(len(xs))
+    return None if m - half <= 0 <= m + half else f"{m:+.3f} nats (95 % interval {m - half:+.3f} to {m + half:+.3f})"
+
+
+def test_the_lead_says_nothing_changes_when_every_best_4x_rate_is_the_shared_one(tmp_path):
+    """Every method's own 4 x runs worse than its shared-rate ones: each counts at the shared rate, the pairs are the
+    very same runs, and the lead says so in place of repeating the shared-rate gaps; provisional, first, while
+    lr4cpunb is incomplete."""
+    assert lrsweep.pairs_of(["none", "attnres", "depth_attention"]) == [("attnres", "none"),
+                                                                         ("depth_attention", "none")]
+    assert lrsweep.pairs_of(["depth_attention_uniform", "depth_attention"]) == [
+        ("depth_attention_uniform", "none"), ("depth_attention", "none"),
+        ("depth_attention", "depth_attention_uniform")]
+    pub = tmp_path / "pub"
+    publish_sweep_and_shared(pub, SHARED)
+    worse = {"lr4cpu": ({m: [x + 0.2 for x in SHARED[m]] for m in OWN}, OWN),
+             "lr4cpunb": ({m: [x + 0.2 for x in SHARED[m]] for m in NEAR}, NEAR)}
+    for group, (table, lrs) in worse.items():
+        for method, losses in table.items():
+            for seed, loss in enumerate(losses):
+                part_file(pub, "mix4cpu-s0-none.json", f"{group}-s{seed}-{method}", group, method, seed, loss,
+                          lr=lrs[method])
+    studies = published.load_studies(studies_with(tmp_path, OWN, NEAR))
+    parts = published.plan(studies)
+    every = published.load_published(pub, studies)
+    lead = lrsweep.lead_sentence(every, studies, parts, published.done_parts(parts, every, studies))
+    assert lead == (
+        "At 4 × the best rate tried was the shared one, 0.002, for every method (`none`, `depth_attention`, "
+        "`depth_attention_uniform` at the lowest rate tried at 4 ×, so a lower one may do better; `attnres` tried at "
+        "one rate only), so giving each method its own rate changes no gap: the 4 × gaps are the shared-rate ones "
+        "above. Each method's best learning rate at 1 × was `none` 0.002, `depth_attention` 0.004, "
+        "`depth_attention_uniform` 0.008 (at the grid’s edge), `attnres` 0.002.")
+    (pub / "lr4cpunb-s2-none.json").unlink()
+    every = published.load_published(pub, studies)
+    lead = lrsweep.lead_sentence(every, studies, parts, published.done_parts(parts, every, studies))
+    assert lead.startswith("Provisional, with 2 of `lr4cpunb`'s 3 runs published: at 4 × the best rate tried was "
+                           "the shared one, 0.002, for every method (")
 
 
 def test_a_method_counts_at_the_shared_rate_where_its_runs_there_are_better_and_an_unrun_rate_is_no_candidate():

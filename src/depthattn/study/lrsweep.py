@@ -507,6 +507,31 @@ def pairs_of(methods: Iterable[str]) -> list[tuple[str, str]]:
     return pairs + ([study_trend.UNIFORM_PAIR] if all(m in methods for m in study_trend.UNIFORM_PAIR) else [])
 
 
+@dataclass(frozen=True)
+class PairChange:
+    """A pair's gaps (``{seed: Δ}``, ``gaps``) with each method at its own rate (``tuned``) and at the shared rate
+    (``shared``), and the paired change tuned − shared over the seeds both have (``change``, ``paired_difference``'s,
+    None without such a seed); ``same`` when on those seeds both are the very same runs."""
+
+    tuned: dict[int, float]
+    shared: dict[int, float]
+    change: dict | None
+    same: bool
+
+
+def pair_change(method: str, ref: str, own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dict]],
+                allowed: frozenset[str]) -> PairChange:
+    """The gap ``method − ref`` with each at its own rate (``own``: ``{method: {seed: run}}``, runs that may
+    differ in the ``allowed`` keys) and at the shared rate (``shared``, the same shape, runs trained alike), and its
+    change (``PairChange``). Raises ``ValueError`` as ``gaps`` does."""
+    tuned = gaps(method, ref, own.get(method, {}), own.get(ref, {}), allowed)
+    at_shared = gaps(method, ref, shared.get(method, {}), shared.get(ref, {}), frozenset())
+    seeds = [s for s in sorted(tuned) if s in at_shared]
+    same = bool(seeds) and all(own[x][s] is shared[x][s] for x in (method, ref) for s in seeds)
+    dc = paired_difference([tuned[s] for s in seeds], [at_shared[s] for s in seeds]) if seeds else None
+    return PairChange(tuned, at_shared, dc, same)
+
+
 def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dict]], allowed: frozenset[str]
                 ) -> list[str]:
     """The Δ table of the budget study's pairs (every method of ``own`` − none, and depth_attention −
@@ -520,12 +545,9 @@ def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dic
              "|---|---:|---|---:|---|---:|"]
     words, changes = [], []
     for m, ref in pairs_of(own):
-        tuned = gaps(m, ref, own.get(m, {}), own.get(ref, {}), allowed)
-        at_shared = gaps(m, ref, shared.get(m, {}), shared.get(ref, {}), frozenset())
+        pc = pair_change(m, ref, own, shared, allowed)
+        tuned, at_shared, dc, same = pc.tuned, pc.shared, pc.change, pc.same
         dt, ds = _stats(tuned), _stats(at_shared)
-        seeds = [s for s in sorted(tuned) if s in at_shared]
-        same = bool(seeds) and all(own[x][s] is shared[x][s] for x in (m, ref) for s in seeds)
-        dc = paired_difference([tuned[s] for s in seeds], [at_shared[s] for s in seeds]) if seeds else None
         change = ("—" if dc is None else "0 (the same runs)" if same
                   else f"{dc['mean']:+.4f} {interval_brackets(dc)}")
         lines.append(f"| `{m}` − `{ref}` | {study_trend.cell(tuned)} | {verdict(dt) if dt else '—'} | "
@@ -584,8 +606,10 @@ def section(published: list[dict], studies: dict[str, Study], parts: list[Planne
 def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[Planned], done: set[str]) -> str:
     """The learning-rate study in one sentence for the lead of docs/results.md (``lead``): how much is published
     while the sweep is incomplete; each method's best rate once it is complete; once ``lr4cpu``'s runs are
-    published, whether tuning changes a verdict at 4 × (``_answer``) and the tuned 4 × gaps of every pair
-    (``pairs_of``), provisional, and saying so, while ``lr4cpunb``'s are not. "" when the study has no study file."""
+    published, whether giving each method its own rate changes a gap at 4 × (``_answer``, by the section's rule) and
+    the tuned 4 × gaps of every pair (``pairs_of``), or, when every method's best 4 × rate is the shared one, that
+    nothing changes; provisional, and saying so first, while ``lr4cpunb``'s runs are not all published. "" when the
+    study has no study file."""
     if SWEEP not in studies:
         return ""
     count = {g: (sum(p.group == g and p.name in done for p in parts), sum(p.group == g for p in parts))
@@ -618,32 +642,40 @@ def lead_sentence(published: list[dict], studies: dict[str, Study], parts: list[
     one = [f"`{m}`" for m, c in choice.items() if len(c.tried) == 1]
     if one:
         notes.append(f"{', '.join(one)} tried at one rate only")
-    shared = shared_rate(runs)
-    if shared is not None and all(c.lr == shared for c in choice.values()):
-        notes.append("every method at the shared rate, so these are the shared-rate runs' gaps")
-    pending = count[NEIGHBOUR][1] - count[NEIGHBOUR][0]
+    done_nb, all_nb = count[NEIGHBOUR]
+    head = (f"Provisional, with {done_nb} of `{NEIGHBOUR}`'s {all_nb} runs published: " if done_nb < all_nb
+            else "")
     own = {m: c.runs for m, c in choice.items()}
-    return (f"{_answer(own, runs.get(SHARED, {}), tuned_keys(studies))}: with each method at the best of its "
-            f"4 × rates ({at_four}{''.join('; ' + e for e in notes)}), the gaps are "
-            f"{_gaps_said(own, tuned_keys(studies))}"
-            + (f" (provisional: {pending} of `{NEIGHBOUR}`'s {count[NEIGHBOUR][1]} runs are not yet published)"
-               if pending else "") + f". Each method's best learning rate at 1 × was {rates}.")
+    changes = {p: pair_change(*p, own, runs.get(SHARED, {}), tuned_keys(studies)) for p in pairs_of(own)}
+    closing = f" Each method's best learning rate at 1 × was {rates}."
+    if changes and all(c.same for c in changes.values()):
+        extra = f" ({'; '.join(notes)})" if notes else ""
+        body = (f"at 4 × the best rate tried was the shared one, {_lr(shared_rate(runs))}, for every method{extra}, "
+                "so giving each method its own rate changes no gap: the 4 × gaps are the shared-rate ones above.")
+    else:
+        said = f"{at_four}{''.join('; ' + e for e in notes)}"
+        body = (_answer(changes) + f": with each method at the best of its 4 × rates ({said}), the gaps are "
+                f"{_gaps_said(own, tuned_keys(studies))}.")
+    return (head + body if head else body[0].upper() + body[1:]) + closing
 
 
-def _answer(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dict]], allowed: frozenset[str]) -> str:
-    """Whether tuning changes a verdict at 4 ×, in words: each pair of ``pairs_of`` with each method at its own
-    rate (``own``, ``{method: {seed: run}}``, runs that may differ in the ``allowed`` keys) against the same pair at
-    the shared rate (``shared``); a verdict is its first word (lower, higher, inconclusive)."""
-    moved = []
-    for m, ref in pairs_of(own):
-        dt = _stats(gaps(m, ref, own.get(m, {}), own.get(ref, {}), allowed))
-        ds = _stats(gaps(m, ref, shared.get(m, {}), shared.get(ref, {}), frozenset()))
-        if dt and ds and verdict(dt).split()[0] != verdict(ds).split()[0]:
-            moved.append(f"`{m}` − `{ref}` from {verdict(ds).split()[0]} at the shared rate to "
-                         f"{verdict(dt).split()[0]}")
-    if not moved:
-        return "Giving each method its own learning rate changes no verdict at 4 ×"
-    return "Giving each method its own learning rate changes verdicts at 4 × (" + "; ".join(moved) + ")"
+def _answer(changes: dict[tuple[str, str], PairChange]) -> str:
+    """Whether giving each method its own rate changes a gap at 4 ×, in words, by the section's rule
+    (``change_sentence``): a pair's change is called only when the 95 % interval of its paired change tuned −
+    shared excludes 0; pairs without a change on two or more seeds are named as not yet comparable."""
+    called, open_ = [], []
+    for (m, ref), c in changes.items():
+        if c.change is None or c.change["ci95"] is None:
+            open_.append(f"`{m}` − `{ref}`")
+        elif not c.change["ci95"][0] <= 0 <= c.change["ci95"][1]:
+            lo, hi = c.change["ci95"]
+            called.append(f"`{m}` − `{ref}` by {c.change['mean']:+.3f} nats (95 % interval {lo:+.3f} to {hi:+.3f})")
+    unsure = f" ({', '.join(open_)}: not yet comparable on two seeds)" if open_ else ""
+    if not called:
+        return ("giving each method its own learning rate changes no gap at 4 × detectably (each paired change "
+                f"tuned − shared has a 95 % interval including 0){unsure}")
+    rest = "; the other changes are inconclusive" if len(called) + len(open_) < len(changes) else ""
+    return f"giving each method its own learning rate changes gaps at 4 ×: {'; '.join(called)}{rest}{unsure}"
 
 
 def _gaps_said(own: dict[str, dict[int, dict]], allowed: frozenset[str]) -> str:
@@ -653,5 +685,5 @@ def _gaps_said(own: dict[str, dict[int, dict]], allowed: frozenset[str]) -> str:
     for m, ref in pairs_of(own):
         d = _stats(gaps(m, ref, own[m], own.get(ref, {}), allowed))
         if d is not None:
-            said.append(f"`{m}` − `{ref}` {d['mean']:+.3f} nats, {verdict(d)}")
+            said.append(f"`{m}` − `{ref}` = {d['mean']:+.3f} nats, {verdict(d)}")
     return "; ".join(said)

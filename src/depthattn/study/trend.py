@@ -43,9 +43,8 @@ def cell(g: dict[int, float]) -> str:
     if not g:
         return "—"
     d = paired_difference(list(g.values()), [0.0] * len(g))
-    if d["ci95"] is None:
-        return f"{difference_text(d)} {interval_brackets(d)}"
-    return f"{difference_text(d)} {interval_brackets(d)} ({d['favouring']} of {d['n']} lower)"
+    lower = "" if d["ci95"] is None else f" ({d['favouring']} of {d['n']} lower)"
+    return f"{difference_text(d)} {interval_brackets(d)}{lower}"
 
 
 def direction(m1: float, change: float, last: dict[int, float]) -> str:
