@@ -100,8 +100,8 @@ def render_paired(results: dict) -> str:
         else:
             ttt = "not reached"
         ratio = "n/a" if p["train_time_ratio"] is None else f"{p['train_time_ratio']:.2f}"
-        lines.append(f"| {name} | {difference_text(v)} | {interval_text(v)} | {v['favouring']} of {v['n']} | {difference_text(b)} | "
-                     f"{interval_text(b)} | {ttt} | {ratio} |")
+        lines.append(f"| {name} | {difference_text(v)} | {interval_text(v)} | {v['favouring']} of {v['n']} | "
+                     f"{difference_text(b)} | {interval_text(b)} | {ttt} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,7 @@ Four sentences, each computed by the function its section uses, so the lead and 
    from the smallest budget to the largest, called only when its interval excludes 0 (``trend.change_sentence``'s
    rule);
 4. **the learning-rate study**: what of it is published, each method's best rate once the sweep is complete, and
-   once the tuned 4 × runs are, whether tuning changes a verdict and the tuned gaps (``lrsweep.lead_sentence``).
+   once the tuned 4 × runs are, whether tuning changes a gap and the tuned gaps (``lrsweep.lead_sentence``).
 
 The README quotes the same sentences (``tests/docs`` checks that they are these).
 """

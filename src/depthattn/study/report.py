@@ -117,8 +117,8 @@ def paired_table(study: Study, stats: dict[str, dict[str, dict]]) -> list[str]:
     for cell, by_method in stats.items():
         for method, p in by_method.items():
             v, b = p["val_loss"], p["bits_per_byte"]
-            lines.append(f"| {cell} | `{method}` | {difference_text(v)} | {interval_text(v)} | {v['favouring']} of {v['n']} | "
-                         f"{difference_text(b)} | {interval_text(b)} | {verdict(v)} |")
+            lines.append(f"| {cell} | `{method}` | {difference_text(v)} | {interval_text(v)} | "
+                         f"{v['favouring']} of {v['n']} | {difference_text(b)} | {interval_text(b)} | {verdict(v)} |")
     return lines
 
 
@@ -191,7 +191,8 @@ def trend_lines(study: Study, cells: dict[str, Cell], stats: dict[str, dict[str,
                 if d is not None:
                     where = ("the interval includes 0: no change detectable" if d["ci95"] is None
                              or d["ci95"][0] <= 0 <= d["ci95"][1] else "the interval excludes 0")
-                    change = f"{difference_text(d)} ({interval_text(d)}; seeds {', '.join(map(str, seeds))}): {where}"
+                    seed_names = ", ".join(map(str, seeds))
+                    change = f"{difference_text(d)} ({interval_text(d)}; seeds {seed_names}): {where}"
             lines.append(f"| {label} | `{method}` | " + " | ".join(cols) + f" | {change} |")
     return lines + [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
 
