@@ -412,10 +412,9 @@ def tuned_choice(runs: dict, method: str, rates: Sequence[float]) -> Choice:
     """``method``'s 4 × runs (``runs``: ``method_runs``' of ``FOUR_X``) at the one of ``rates``
     (``candidate_rates``') of lowest mean final validation loss over the seeds, among the rates that have a run on
     every seed any of them has (ties: the smaller rate); while none has, at the one with the most runs (ties: the
-    first). A rate missing a seed (its
-    parts not all published) is no candidate: the report names its parts as missing. The note names the means when
-    there were several, where the chosen runs are ``mix4cpu``'s (the shared rate's), and an edge: a rate beyond it
-    is untried."""
+    first). A rate missing a seed (its parts not all published) is no candidate: the report names its parts as
+    missing. The note names the means when there were several, where the chosen runs are ``mix4cpu``'s (the shared
+    rate's), and an edge: a rate beyond it is untried."""
     at = runs_at(runs, method)
     every = set().union(*(set(at.get(r, {})) for r in rates))
     have = [r for r in rates if at.get(r) and set(at[r]) == every]
@@ -546,16 +545,15 @@ def delta_lines(own: dict[str, dict[int, dict]], shared: dict[str, dict[int, dic
     words, changes = [], []
     for m, ref in pairs_of(own):
         pc = pair_change(m, ref, own, shared, allowed)
-        tuned, at_shared, dc, same = pc.tuned, pc.shared, pc.change, pc.same
-        dt, ds = _stats(tuned), _stats(at_shared)
-        change = ("—" if dc is None else "0 (the same runs)" if same
+        dt, ds, dc = _stats(pc.tuned), _stats(pc.shared), pc.change
+        change = ("—" if dc is None else "0 (the same runs)" if pc.same
                   else f"{dc['mean']:+.4f} {interval_brackets(dc)}")
-        lines.append(f"| `{m}` − `{ref}` | {study_trend.cell(tuned)} | {verdict(dt) if dt else '—'} | "
-                     f"{study_trend.cell(at_shared)} | {verdict(ds) if ds else '—'} | {change} |")
+        lines.append(f"| `{m}` − `{ref}` | {study_trend.cell(pc.tuned)} | {verdict(dt) if dt else '—'} | "
+                     f"{study_trend.cell(pc.shared)} | {verdict(ds) if ds else '—'} | {change} |")
         if dt:
             words.append(verdict_sentence(f"`{m}` − `{ref}`, each at its own rate", dt))
         changes.append(f"- `{m}` − `{ref}`: both count at the shared rate, so these are the same runs: no change."
-                       if same else change_sentence(m, ref, at_shared, tuned))
+                       if pc.same else change_sentence(m, ref, pc.shared, pc.tuned))
     if words:
         lines += ["", "In words (no correction for multiple comparisons):", ""] + words
     return lines + [""] + ["From the shared rate to each method's own (the same seeds paired):", ""] + changes + [""]
